@@ -1,0 +1,437 @@
+package tables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// element is one set or map element the compiler wants in the table.
+type element struct {
+	set   string
+	isMap bool
+	key   []string
+	value []string
+}
+
+// id identifies the element with its value, so a changed value is a delete plus an add.
+func (e element) id() string {
+	return e.set + "|" + strings.Join(e.key, " . ") + "|" + strings.Join(e.value, " . ")
+}
+
+func (e element) object() *knftables.Element {
+	el := &knftables.Element{Key: e.key, Value: e.value}
+	if e.isMap {
+		el.Map = e.set
+	} else {
+		el.Set = e.set
+	}
+	return el
+}
+
+// entry is one (address, protocol, port) a Service port is reached on. Each entry belongs
+// to exactly one Service port; the first claimant keeps it.
+type entry struct {
+	addr  netip.Addr
+	proto Protocol
+	port  uint16
+}
+
+func (en entry) key() []string {
+	return []string{en.addr.String(), string(en.proto), strconv.Itoa(int(en.port))}
+}
+
+func (en entry) String() string {
+	return strings.Join(en.key(), " . ")
+}
+
+// compiled is what one Service port puts into the table.
+type compiled struct {
+	// entries maps each entry this port reaches to the elements that exist because of it.
+	entries map[string][]element
+	// shared are elements several ports may want (cluster IPs, hairpin pairs): refcounted.
+	shared []element
+	// chains are the pick and affinity chains the elements jump to.
+	chains []string
+}
+
+// compiler turns ServicePorts into elements and knows the family's tokens.
+type compiler struct {
+	cfg     *Config
+	ip      string // "ip" or "ip6"
+	addrTyp string // "ipv4_addr" or "ipv6_addr"
+	nodeIPs []netip.Addr
+	npIPs   []netip.Addr
+}
+
+func newCompiler(cfg *Config) *compiler {
+	c := &compiler{cfg: cfg, ip: "ip", addrTyp: "ipv4_addr"}
+	if cfg.Family == IPv6 {
+		c.ip, c.addrTyp = "ip6", "ipv6_addr"
+	}
+	for _, a := range cfg.NodeIPs {
+		if cfg.Family.Contains(a) {
+			c.nodeIPs = append(c.nodeIPs, a)
+		}
+	}
+	for _, a := range cfg.NodePortIPs {
+		// NodePorts are never served on loopback: that would need route_localnet and
+		// would let anything on the node reach Services through 127.0.0.1.
+		if cfg.Family.Contains(a) && !a.IsLoopback() && !a.IsUnspecified() && !slices.Contains(c.npIPs, a) {
+			c.npIPs = append(c.npIPs, a)
+		}
+	}
+	return c
+}
+
+// compile computes the elements of one Service port. Entries for which owned returns
+// false are left out (another port already serves that address and port).
+func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
+	out := &compiled{entries: map[string][]element{}}
+	if !c.cfg.Family.Contains(sp.ClusterIP) || sp.Port == 0 {
+		return out
+	}
+	chains := map[string]bool{}
+	out.shared = append(out.shared, element{set: setClusterIPs, key: []string{sp.ClusterIP.String()}})
+
+	internal := sp.internalEndpoints()
+	external := sp.externalEndpoints()
+	noEndpointVerdict := "goto " + chainReject
+	if sp.HasEndpoints {
+		// Endpoints exist elsewhere, just not for this policy: drop, as upstream does.
+		noEndpointVerdict = "drop"
+	}
+
+	add := func(en entry, elems ...element) {
+		id := en.String()
+		out.entries[id] = append(out.entries[id], elems...)
+	}
+	dispatch := func(en entry, eps []Endpoint, vmap, epMap, chain string) {
+		add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
+		for i, ep := range eps {
+			add(en, element{set: epMap, isMap: true,
+				key:   append(en.key(), strconv.Itoa(i)),
+				value: []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}})
+		}
+		chains[chain] = true
+	}
+	affinity := func(en entry) {
+		if sp.AffinityTimeout <= 0 {
+			return
+		}
+		ch := affinityChain(sp.AffinityTimeout)
+		add(en, element{set: mapAffinityServices, isMap: true, key: en.key(), value: []string{"goto " + ch}})
+		chains[ch] = true
+	}
+
+	// The cluster IP.
+	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
+	if owned(cip.String()) {
+		if len(internal) > 0 {
+			dispatch(cip, internal, mapServiceIPs, mapEndpoints, pickChain(len(internal)))
+			affinity(cip)
+		} else {
+			add(cip, element{set: mapNoEndpoints, isMap: true, key: cip.key(), value: []string{noEndpointVerdict}})
+		}
+	}
+
+	// External IPs, load-balancer IPs and NodePorts share one treatment.
+	var ext []entry
+	seen := map[netip.Addr]bool{}
+	lbs := map[netip.Addr]bool{}
+	for _, a := range sp.ExternalIPs {
+		if c.cfg.Family.Contains(a) && !seen[a] {
+			seen[a] = true
+			ext = append(ext, entry{a, sp.Protocol, sp.Port})
+		}
+	}
+	for _, a := range sp.LoadBalancerIPs {
+		if c.cfg.Family.Contains(a) && !seen[a] {
+			seen[a] = true
+			lbs[a] = true
+			ext = append(ext, entry{a, sp.Protocol, sp.Port})
+		}
+	}
+	if sp.NodePort != 0 {
+		for _, a := range c.npIPs {
+			ext = append(ext, entry{a, sp.Protocol, sp.NodePort})
+		}
+	}
+	ranges := c.sourceRanges(sp.SourceRanges)
+	allowLocal := false
+	for _, r := range ranges {
+		for _, n := range c.nodeIPs {
+			if r.Contains(n) {
+				allowLocal = true
+			}
+		}
+	}
+	for _, en := range ext {
+		if !owned(en.String()) {
+			continue
+		}
+		if sp.ExternalLocal {
+			// Local policy keeps the client IP, except for the node itself, whose source
+			// would be the external address; local pods and the node short-circuit to all
+			// endpoints, as if they had gone out to the load balancer and back.
+			add(en, element{set: setExternalLocal, key: en.key()})
+			if len(sp.ClusterEndpoints) > 0 {
+				dispatch(en, sp.ClusterEndpoints, mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(sp.ClusterEndpoints)))
+			}
+		} else {
+			add(en, element{set: setExternalMasq, key: en.key()})
+		}
+		if len(external) > 0 {
+			dispatch(en, external, mapServiceIPs, mapEndpoints, pickChain(len(external)))
+		} else {
+			add(en, element{set: mapNoEndpoints, isMap: true, key: en.key(), value: []string{noEndpointVerdict}})
+		}
+		if sp.HasEndpoints {
+			affinity(en)
+		}
+		if lbs[en.addr] && en.port == sp.Port && len(ranges) > 0 {
+			add(en, element{set: setFirewallIPs, key: en.key()})
+			for _, r := range ranges {
+				add(en, element{set: setFirewallAllow, key: append(en.key(), r.String())})
+			}
+			if allowLocal {
+				add(en, element{set: setFirewallLocal, key: en.key()})
+			}
+		}
+	}
+
+	// Hairpin: a pod that reaches itself through the Service must be masqueraded.
+	hp := map[netip.Addr]bool{}
+	for _, eps := range [][]Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, ep := range eps {
+			if !hp[ep.IP] {
+				hp[ep.IP] = true
+				out.shared = append(out.shared, element{set: setHairpin, key: []string{ep.IP.String(), ep.IP.String()}})
+			}
+		}
+	}
+	for ch := range chains {
+		out.chains = append(out.chains, ch)
+	}
+	slices.Sort(out.chains)
+	return out
+}
+
+// sourceRanges keeps this family's ranges, masked and without ranges another one covers
+// (the kernel refuses overlapping intervals).
+func (c *compiler) sourceRanges(in []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range in {
+		if !p.IsValid() || !c.cfg.Family.Contains(p.Addr()) {
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Bits() - b.Bits() })
+	var kept []netip.Prefix
+	for _, p := range out {
+		covered := false
+		for _, k := range kept {
+			if k.Contains(p.Addr()) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			kept = append(kept, p)
+		}
+	}
+	return kept
+}
+
+// dynamicChainRules returns the rules of a pick or affinity chain, from its name.
+func (c *compiler) dynamicChainRules(name string) ([]string, error) {
+	ip := c.ip
+	switch {
+	case strings.HasPrefix(name, pickClusterPrefix), strings.HasPrefix(name, pickPrefix):
+		prefix, epMap := pickPrefix, mapEndpoints
+		if strings.HasPrefix(name, pickClusterPrefix) {
+			prefix, epMap = pickClusterPrefix, mapClusterEndpoints
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad pick chain name %q", name)
+		}
+		return []string{fmt.Sprintf(
+			"meta l4proto { tcp, udp, sctp } dnat %s to %s daddr . meta l4proto . th dport . numgen random mod %d map @%s",
+			ip, ip, n, epMap)}, nil
+	case strings.HasPrefix(name, affinityPrefix):
+		secs, err := strconv.Atoi(strings.TrimPrefix(name, affinityPrefix))
+		if err != nil || secs <= 0 {
+			return nil, fmt.Errorf("bad affinity chain name %q", name)
+		}
+		var rules []string
+		// The original destination's port only has a type once the protocol is known,
+		// hence one rule per protocol.
+		for _, proto := range []Protocol{TCP, UDP, SCTP} {
+			rules = append(rules, fmt.Sprintf(
+				"meta l4proto %s update @%s { %s saddr . ct original %s daddr . ct original protocol . ct original proto-dst timeout %ds : %s daddr . th dport }",
+				proto, mapAffinity, ip, ip, secs, ip))
+		}
+		return rules, nil
+	}
+	return nil, fmt.Errorf("unknown dynamic chain %q", name)
+}
+
+// isDynamicChain reports whether a chain is a pick or affinity chain.
+func isDynamicChain(name string) bool {
+	return strings.HasPrefix(name, pickPrefix) || strings.HasPrefix(name, affinityPrefix)
+}
+
+// markMasq is the statement that asks nat-postrouting to masquerade.
+func (c *compiler) markMasq() string {
+	return fmt.Sprintf("meta mark set meta mark or %s", c.masqMark())
+}
+
+func (c *compiler) masqMark() string {
+	return fmt.Sprintf("0x%08x", uint32(1)<<c.cfg.MasqueradeBit)
+}
+
+// localMatch returns the match for traffic from local pods, or its negation; "" when
+// local detection is off for this family.
+func (c *compiler) localMatch(negate bool) string {
+	op := ""
+	if negate {
+		op = "!= "
+	}
+	l := c.cfg.Local
+	switch l.Mode {
+	case LocalClusterCIDR, LocalNodeCIDR:
+		var cidrs []string
+		for _, p := range l.CIDRs {
+			if p.IsValid() && c.cfg.Family.Contains(p.Addr()) {
+				cidrs = append(cidrs, p.Masked().String())
+			}
+		}
+		if len(cidrs) == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%s saddr %s{ %s }", c.ip, op, strings.Join(cidrs, ", "))
+	case LocalBridgeInterface:
+		if l.Interface == "" {
+			return ""
+		}
+		return fmt.Sprintf("iifname %s%q", op, l.Interface)
+	case LocalInterfaceNamePrefix:
+		if l.Interface == "" {
+			return ""
+		}
+		return fmt.Sprintf("iifname %s%q", op, l.Interface+"*")
+	}
+	return ""
+}
+
+// entryKey is the packet's entry: destination address, protocol and port.
+func (c *compiler) entryKey() string {
+	return c.ip + " daddr . meta l4proto . th dport"
+}
+
+// skeleton returns the fixed sets, maps and chains with their rules.
+func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knftables.Map, chains []*knftables.Chain, rules []*knftables.Rule) {
+	ip, at := c.ip, c.addrTyp
+	entryType := at + " . inet_proto . inet_service"
+	sets = []*knftables.Set{
+		{Name: setClusterIPs, Type: at, Comment: ptr("cluster IPs of this instance's Services")},
+		{Name: setExternalMasq, Type: entryType, Comment: ptr("external entries of Cluster-policy Services")},
+		{Name: setExternalLocal, Type: entryType, Comment: ptr("external entries of Local-policy Services")},
+		{Name: setFirewallIPs, Type: entryType, Comment: ptr("LB entries with loadBalancerSourceRanges")},
+		{Name: setFirewallAllow, Type: entryType + " . " + at, Flags: []knftables.SetFlag{knftables.IntervalFlag}, Comment: ptr("LB entry . allowed source range")},
+		{Name: setFirewallLocal, Type: entryType, Comment: ptr("LB entries whose source ranges hold a node IP")},
+		{Name: setHairpin, Type: at + " . " + at, Comment: ptr("endpoint . endpoint, for hairpin masquerade")},
+	}
+	epTypeOf := fmt.Sprintf("%s daddr . meta l4proto . th dport . numgen random mod 1 : %s daddr . th dport", ip, ip)
+	maps = []*knftables.Map{
+		{Name: mapServiceIPs, Type: entryType + " : verdict", Comment: ptr("entry -> pick chain")},
+		{Name: mapShortCircuit, Type: entryType + " : verdict", Comment: ptr("Local-policy entry, from pods and node -> pick chain")},
+		{Name: mapEndpoints, TypeOf: epTypeOf, Comment: ptr("entry . index -> endpoint")},
+		{Name: mapClusterEndpoints, TypeOf: epTypeOf, Comment: ptr("entry . index -> cluster-policy endpoint")},
+		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
+		{Name: mapAffinityServices, Type: entryType + " : verdict", Comment: ptr("entry of a ClientIP-affinity Service -> affinity chain")},
+	}
+	for _, b := range baseChains(prio) {
+		chains = append(chains, b.chain())
+	}
+	for _, name := range []string{chainServices, chainFirewallCheck, chainReject, chainAffinityUpdate} {
+		chains = append(chains, &knftables.Chain{Name: name})
+	}
+
+	rule := func(chain string, parts ...string) {
+		var nonEmpty []string
+		for _, p := range parts {
+			if p != "" {
+				nonEmpty = append(nonEmpty, p)
+			}
+		}
+		rules = append(rules, &knftables.Rule{Chain: chain, Rule: strings.Join(nonEmpty, " ")})
+	}
+	key := c.entryKey()
+
+	rule(chainFirewallPrerouting, key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
+	rule(chainFirewallOutput, key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
+	rule(chainFirewallCheck, key, ".", ip, "saddr", "@"+setFirewallAllow, "return")
+	rule(chainFirewallCheck, "fib saddr type local", key, "@"+setFirewallLocal, "return")
+	rule(chainFirewallCheck, "drop")
+
+	rule(chainNATPrerouting, "jump", chainServices)
+	rule(chainNATOutput, "jump", chainServices)
+
+	// Masquerade decisions come first: the DNAT rules below end the chain.
+	mark := c.markMasq()
+	if c.cfg.MasqueradeAll {
+		rule(chainServices, ip, "daddr", "@"+setClusterIPs, mark)
+	} else if notLocal := c.localMatch(true); notLocal != "" {
+		rule(chainServices, ip, "daddr", "@"+setClusterIPs, notLocal, mark)
+	}
+	rule(chainServices, key, "@"+setExternalMasq, mark)
+	rule(chainServices, "fib saddr type local", key, "@"+setExternalLocal, mark)
+	rule(chainServices, "meta l4proto { tcp, udp, sctp }", "dnat", ip, "to", ip, "saddr .", key, "map", "@"+mapAffinity)
+	if local := c.localMatch(false); local != "" {
+		rule(chainServices, local, key, "vmap", "@"+mapShortCircuit)
+	}
+	rule(chainServices, "fib saddr type local", key, "vmap", "@"+mapShortCircuit)
+	rule(chainServices, key, "vmap", "@"+mapServiceIPs)
+
+	for _, proto := range []Protocol{TCP, UDP, SCTP} {
+		rule(chainAffinityUpdate, "meta l4proto", string(proto),
+			"ct original", ip, "daddr . ct original protocol . ct original proto-dst", "vmap", "@"+mapAffinityServices)
+	}
+	rule(chainFilterPrerouting, "ct state new ct status dnat jump", chainAffinityUpdate)
+	rule(chainFilterOutput, "ct state new ct status dnat jump", chainAffinityUpdate)
+	for _, ch := range []string{chainFilterInput, chainFilterForward, chainFilterOutput} {
+		rule(ch, "ct state new", key, "vmap", "@"+mapNoEndpoints)
+	}
+	// Anything still addressed to a cluster IP after DNAT is on an undefined port.
+	rule(chainFilterForward, ip, "daddr", "@"+setClusterIPs, "reject")
+	rule(chainFilterOutput, ip, "daddr", "@"+setClusterIPs, "reject")
+	rule(chainReject, "reject")
+
+	m := c.masqMark()
+	rule(chainNATPostrouting, "meta mark &", m, "!= 0 meta mark set meta mark xor", m, "masquerade fully-random")
+	rule(chainNATPostrouting, "ct status dnat", ip, "saddr .", ip, "daddr", "@"+setHairpin, "masquerade fully-random")
+	return sets, maps, chains, rules
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// affinityMap is the dynamic map the packet path fills; it is never flushed by a sync.
+func (c *compiler) affinityMap() *knftables.Map {
+	at := c.addrTyp
+	return &knftables.Map{
+		Name:    mapAffinity,
+		Type:    fmt.Sprintf("%s . %s . inet_proto . inet_service : %s . inet_service", at, at, at),
+		Flags:   []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+		Size:    ptr(uint64(affinityMapSize)),
+		Timeout: ptr(10800 * time.Second),
+		Comment: ptr("client . entry -> endpoint, for ClientIP affinity"),
+	}
+}

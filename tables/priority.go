@@ -1,0 +1,83 @@
+package tables
+
+import (
+	"fmt"
+	"strconv"
+
+	"sigs.k8s.io/knftables"
+)
+
+// MaxSlots is the number of instances one node can run side by side: each slot owns one
+// priority in each band below.
+const MaxSlots = 32
+
+// Priority bands. Upstream kube-proxy (and iptables-nft) DNAT at exactly dstnat (-100)
+// and masquerade at srcnat (100). Every instance hooks strictly after them, so during a
+// migration a legacy proxy wins any overlap; and inside one instance the order is
+// firewall < DNAT < filter, with SNAT on its own hook:
+//
+//	band       hooks                      priorities (slot 0 .. 31)
+//	firewall   prerouting, output         -99 .. -68
+//	dnat       prerouting, output         -67 .. -36   (type nat; stays above -200)
+//	filter     prerouting, input,         -35 .. -4
+//	           forward, output
+//	snat       postrouting                101 .. 132   (type nat)
+//
+// No two slots share a priority on any hook, and no band overlaps another.
+const (
+	firewallBase = -100 + 1
+	dnatBase     = firewallBase + MaxSlots
+	filterBase   = dnatBase + MaxSlots
+	snatBase     = 100 + 1
+)
+
+// Priorities are the base-chain priorities of one slot.
+type Priorities struct {
+	Firewall, DNAT, Filter, SNAT int
+}
+
+// PrioritiesFor returns the priorities of a slot, or an error if the slot is out of range.
+func PrioritiesFor(slot int) (Priorities, error) {
+	if slot < 0 || slot >= MaxSlots {
+		return Priorities{}, fmt.Errorf("slot %d is out of range [0, %d)", slot, MaxSlots)
+	}
+	return Priorities{
+		Firewall: firewallBase + slot,
+		DNAT:     dnatBase + slot,
+		Filter:   filterBase + slot,
+		SNAT:     snatBase + slot,
+	}, nil
+}
+
+// baseChain is one hooked chain of the table.
+type baseChain struct {
+	name     string
+	typ      knftables.BaseChainType
+	hook     knftables.BaseChainHook
+	priority int
+}
+
+// baseChains lists the instance's base chains with their hooks and priorities.
+func baseChains(p Priorities) []baseChain {
+	return []baseChain{
+		{chainFirewallPrerouting, knftables.FilterType, knftables.PreroutingHook, p.Firewall},
+		{chainFirewallOutput, knftables.FilterType, knftables.OutputHook, p.Firewall},
+		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, p.DNAT},
+		{chainNATOutput, knftables.NATType, knftables.OutputHook, p.DNAT},
+		{chainFilterPrerouting, knftables.FilterType, knftables.PreroutingHook, p.Filter},
+		{chainFilterInput, knftables.FilterType, knftables.InputHook, p.Filter},
+		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, p.Filter},
+		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, p.Filter},
+		{chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, p.SNAT},
+	}
+}
+
+func (b baseChain) chain() *knftables.Chain {
+	prio := knftables.BaseChainPriority(strconv.Itoa(b.priority))
+	return &knftables.Chain{
+		Name:     b.name,
+		Type:     &b.typ,
+		Hook:     &b.hook,
+		Priority: &prio,
+	}
+}

@@ -1,0 +1,377 @@
+package tables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// ServiceName identifies a Service (namespace and name).
+type ServiceName struct {
+	Namespace, Name string
+}
+
+// String returns "namespace/name".
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// Stats describes one sync.
+type Stats struct {
+	// Full is true for a full sync.
+	Full bool
+	// Operations is the number of operations in the transaction.
+	Operations int
+	// Added and Deleted count set and map elements.
+	Added, Deleted int
+	// Conflicts lists entries (address . protocol . port) a Service port wanted but
+	// another one already serves; the first one keeps them.
+	Conflicts []string
+	// Elapsed is the wall time of the sync, including the transaction.
+	Elapsed time.Duration
+}
+
+// ErrNeedFullSync is returned by Partial when the table state is unknown (before the
+// first full sync or after a failed sync).
+var ErrNeedFullSync = errors.New("a full sync is needed first")
+
+// Syncer keeps one instance's table of one family in step with its Services. It
+// remembers what it last wrote, so a partial sync costs what changed, never what exists.
+// It is not safe for concurrent use.
+type Syncer struct {
+	cfg  Config
+	nft  knftables.Interface
+	c    *compiler
+	prio Priorities
+
+	// synced is true while the state below matches the kernel.
+	synced bool
+	// recreate asks the next full sync to delete the table first (after a failed full
+	// sync, e.g. an incompatible table left by another version or another slot).
+	recreate bool
+
+	ports    map[ServiceName]map[ServicePortName]*compiled
+	refs     map[string]int             // element id -> number of owners
+	elems    map[string]element         // element id -> element, while refs > 0
+	owner    map[string]ServicePortName // entry -> the port that serves it
+	chainRef map[string]int             // dynamic chain -> number of owners
+}
+
+// NewSyncer returns a Syncer for cfg, writing through nft (bound to cfg's family and table).
+func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
+	prio, err := PrioritiesFor(cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("masquerade bit %d is out of range [0, 31]", cfg.MasqueradeBit)
+	}
+	s := &Syncer{cfg: cfg, nft: nft, prio: prio}
+	s.c = newCompiler(&s.cfg)
+	s.reset()
+	return s, nil
+}
+
+// Family returns the family the Syncer writes.
+func (s *Syncer) Family() Family { return s.cfg.Family }
+
+// NeedsFull reports whether the next sync must be a full one.
+func (s *Syncer) NeedsFull() bool { return !s.synced }
+
+func (s *Syncer) reset() {
+	s.ports = map[ServiceName]map[ServicePortName]*compiled{}
+	s.refs = map[string]int{}
+	s.elems = map[string]element{}
+	s.owner = map[string]ServicePortName{}
+	s.chainRef = map[string]int{}
+}
+
+// batch accumulates the element and chain changes of one sync.
+type batch struct {
+	before      map[string]int // element id -> refs before the batch, for touched ids
+	chainBefore map[string]int
+	gone        map[string]element // elements whose last owner left during the batch
+	conflicts   []string
+}
+
+func (s *Syncer) newBatch() *batch {
+	return &batch{before: map[string]int{}, chainBefore: map[string]int{}, gone: map[string]element{}}
+}
+
+func (s *Syncer) touch(b *batch, id string) {
+	if _, ok := b.before[id]; !ok {
+		b.before[id] = s.refs[id]
+	}
+}
+
+func (s *Syncer) touchChain(b *batch, name string) {
+	if _, ok := b.chainBefore[name]; !ok {
+		b.chainBefore[name] = s.chainRef[name]
+	}
+}
+
+// release forgets everything a Service contributed.
+func (s *Syncer) release(b *batch, svc ServiceName) {
+	for spn, comp := range s.ports[svc] {
+		for en, elems := range comp.entries {
+			if s.owner[en] == spn {
+				delete(s.owner, en)
+			}
+			for _, e := range elems {
+				s.unref(b, e)
+			}
+		}
+		for _, e := range comp.shared {
+			s.unref(b, e)
+		}
+		for _, ch := range comp.chains {
+			s.touchChain(b, ch)
+			s.chainRef[ch]--
+			if s.chainRef[ch] <= 0 {
+				delete(s.chainRef, ch)
+			}
+		}
+	}
+	delete(s.ports, svc)
+}
+
+func (s *Syncer) unref(b *batch, e element) {
+	id := e.id()
+	s.touch(b, id)
+	s.refs[id]--
+	if s.refs[id] <= 0 {
+		b.gone[id] = e
+		delete(s.refs, id)
+		delete(s.elems, id)
+	}
+}
+
+func (s *Syncer) ref(b *batch, e element) {
+	id := e.id()
+	s.touch(b, id)
+	s.refs[id]++
+	s.elems[id] = e
+}
+
+// acquire compiles a Service's ports and takes what they need.
+func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
+	if len(ports) == 0 {
+		return
+	}
+	sorted := slices.Clone(ports)
+	slices.SortFunc(sorted, func(a, b *ServicePort) int {
+		return strings.Compare(a.Name.String()+string(a.Protocol), b.Name.String()+string(b.Protocol))
+	})
+	byPort := map[ServicePortName]*compiled{}
+	for _, sp := range sorted {
+		spn := sp.Name
+		spn.Protocol = sp.Protocol
+		comp := s.c.compile(sp, func(en string) bool {
+			o, taken := s.owner[en]
+			if taken && o != spn {
+				b.conflicts = append(b.conflicts, fmt.Sprintf("%s wants %s, already served by %s", spn, en, o))
+				return false
+			}
+			return true
+		})
+		for en, elems := range comp.entries {
+			s.owner[en] = spn
+			for _, e := range elems {
+				s.ref(b, e)
+			}
+		}
+		for _, e := range comp.shared {
+			s.ref(b, e)
+		}
+		for _, ch := range comp.chains {
+			s.touchChain(b, ch)
+			s.chainRef[ch]++
+		}
+		byPort[spn] = comp
+	}
+	s.ports[svc] = byPort
+}
+
+// Full replaces the whole table with the given Services in one atomic transaction.
+// Nothing that works is removed before the replacement is in place.
+func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePort) (Stats, error) {
+	start := time.Now()
+	stats := Stats{Full: true}
+	s.synced = false
+	s.reset()
+	b := s.newBatch()
+	names := make([]ServiceName, 0, len(services))
+	for n := range services {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
+	for _, n := range names {
+		s.acquire(b, n, services[n])
+	}
+	stats.Conflicts = b.conflicts
+
+	// Chains of an earlier run that nothing needs any more are deleted; listing chain
+	// names is cheap next to listing the whole table, and only a full sync does it.
+	var stale []string
+	if !s.recreate {
+		existing, err := s.nft.List(ctx, "chains")
+		if err != nil && !knftables.IsNotFound(err) {
+			return stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
+		}
+		for _, ch := range existing {
+			if isDynamicChain(ch) && s.chainRef[ch] == 0 {
+				stale = append(stale, ch)
+			}
+		}
+	}
+
+	tx := s.nft.NewTransaction()
+	table := &knftables.Table{Comment: ptr(fmt.Sprintf("shardproxy instance %q", s.cfg.Instance))}
+	if s.recreate {
+		tx.Add(table)
+		tx.Delete(table)
+	}
+	tx.Add(table)
+	sets, maps, chains, rules := s.c.skeleton(s.prio)
+	for _, ch := range chains {
+		tx.Add(ch)
+		tx.Flush(ch)
+	}
+	for _, st := range sets {
+		tx.Add(st)
+		tx.Flush(st)
+	}
+	for _, m := range maps {
+		tx.Add(m)
+		tx.Flush(m)
+	}
+	tx.Add(s.c.affinityMap())
+	for _, r := range rules {
+		tx.Add(r)
+	}
+	if err := s.addChains(tx, sortedKeys(s.chainRef), true); err != nil {
+		return stats, err
+	}
+	ids := sortedKeys(s.refs)
+	for _, id := range ids {
+		tx.Add(s.elems[id].object())
+	}
+	stats.Added = len(ids)
+	for _, ch := range stale {
+		tx.Delete(&knftables.Chain{Name: ch})
+	}
+	stats.Operations = tx.NumOperations()
+	if err := s.nft.Run(ctx, tx); err != nil {
+		s.recreate = true
+		return stats, fmt.Errorf("full sync of table %s %s: %w", s.c.ip, s.cfg.TableName(), err)
+	}
+	s.recreate = false
+	s.synced = true
+	stats.Elapsed = time.Since(start)
+	return stats, nil
+}
+
+// Partial applies the changes of the given Services: each one's ports become exactly
+// the ports given (none: the Service is gone). Its cost depends only on those Services.
+func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*ServicePort) (Stats, error) {
+	start := time.Now()
+	stats := Stats{}
+	if !s.synced {
+		return stats, ErrNeedFullSync
+	}
+	b := s.newBatch()
+	names := make([]ServiceName, 0, len(changes))
+	for n := range changes {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
+	// Release everything first, so ports that move between Services in one batch (or a
+	// changed value of one key) are deleted before they are added again.
+	for _, n := range names {
+		s.release(b, n)
+	}
+	for _, n := range names {
+		s.acquire(b, n, changes[n])
+	}
+	stats.Conflicts = b.conflicts
+
+	tx := s.nft.NewTransaction()
+	var added, deleted []string
+	for id, before := range b.before {
+		after := s.refs[id]
+		switch {
+		case before == 0 && after > 0:
+			added = append(added, id)
+		case before > 0 && after == 0:
+			deleted = append(deleted, id)
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(deleted)
+	var newChains, goneChains []string
+	for ch, before := range b.chainBefore {
+		after := s.chainRef[ch]
+		switch {
+		case before == 0 && after > 0:
+			newChains = append(newChains, ch)
+		case before > 0 && after == 0:
+			goneChains = append(goneChains, ch)
+		}
+	}
+	slices.Sort(newChains)
+	slices.Sort(goneChains)
+	for _, id := range deleted {
+		tx.Delete(b.gone[id].object())
+	}
+	if err := s.addChains(tx, newChains, true); err != nil {
+		s.synced = false
+		return stats, err
+	}
+	for _, id := range added {
+		tx.Add(s.elems[id].object())
+	}
+	for _, ch := range goneChains {
+		tx.Delete(&knftables.Chain{Name: ch})
+	}
+	stats.Added, stats.Deleted = len(added), len(deleted)
+	stats.Operations = tx.NumOperations()
+	if stats.Operations > 0 {
+		if err := s.nft.Run(ctx, tx); err != nil {
+			s.synced = false
+			return stats, fmt.Errorf("partial sync of table %s %s: %w", s.c.ip, s.cfg.TableName(), err)
+		}
+	}
+	stats.Elapsed = time.Since(start)
+	return stats, nil
+}
+
+// addChains adds dynamic chains with their rules (flushing first, so a chain left over
+// by an earlier run gets exactly the rules wanted).
+func (s *Syncer) addChains(tx *knftables.Transaction, names []string, flush bool) error {
+	for _, ch := range names {
+		rules, err := s.c.dynamicChainRules(ch)
+		if err != nil {
+			return err
+		}
+		tx.Add(&knftables.Chain{Name: ch})
+		if flush {
+			tx.Flush(&knftables.Chain{Name: ch})
+		}
+		for _, r := range rules {
+			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
+		}
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

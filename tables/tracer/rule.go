@@ -1,0 +1,528 @@
+package tracer
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+)
+
+// value is one evaluated expression component.
+type value struct {
+	addr  netip.Addr
+	num   uint64
+	str   string
+	isNum bool
+	// numRange, when > 0, means "any of 0..numRange-1" (numgen random).
+	numRange uint64
+}
+
+func (v value) String() string {
+	switch {
+	case v.addr.IsValid():
+		return v.addr.String()
+	case v.isNum:
+		return strconv.FormatUint(v.num, 10)
+	}
+	return v.str
+}
+
+// tokens is a rule being read.
+type tokens struct {
+	toks []string
+	pos  int
+}
+
+func tokenize(rule string) []string {
+	var out []string
+	for _, f := range strings.Fields(rule) {
+		// Split "{", "}", "," off words; our rules put spaces around them anyway.
+		for f != "" {
+			switch {
+			case strings.HasPrefix(f, "{") || strings.HasPrefix(f, "}") || strings.HasPrefix(f, ","):
+				out = append(out, f[:1])
+				f = f[1:]
+			case strings.HasSuffix(f, ",") || strings.HasSuffix(f, "}"):
+				out = append(out, f[:len(f)-1])
+				f = f[len(f)-1:]
+			default:
+				out = append(out, f)
+				f = ""
+			}
+		}
+	}
+	return out
+}
+
+func (t *tokens) peek(n int) string {
+	if t.pos+n < len(t.toks) {
+		return t.toks[t.pos+n]
+	}
+	return ""
+}
+
+func (t *tokens) next() string {
+	s := t.peek(0)
+	t.pos++
+	return s
+}
+
+func (t *tokens) done() bool { return t.pos >= len(t.toks) }
+
+func (t *tokens) expect(words ...string) error {
+	for _, w := range words {
+		if got := t.next(); got != w {
+			return fmt.Errorf("expected %q, got %q", w, got)
+		}
+	}
+	return nil
+}
+
+// selector reads one selector expression (no concatenation) and evaluates it.
+func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
+	w := t.next()
+	switch w {
+	case "ip", "ip6":
+		switch t.next() {
+		case "saddr":
+			return value{addr: s.src}, nil
+		case "daddr":
+			return value{addr: s.dst}, nil
+		}
+	case "meta":
+		switch t.next() {
+		case "l4proto":
+			return value{str: s.proto}, nil
+		case "mark":
+			return value{num: uint64(s.mark), isNum: true}, nil
+		}
+	case "th":
+		if t.next() == "dport" {
+			return value{num: uint64(s.port), isNum: true}, nil
+		}
+	case "iifname":
+		return value{str: s.iif}, nil
+	case "ct":
+		switch t.next() {
+		case "state":
+			return value{str: "new"}, nil
+		case "status":
+			if s.dnatted {
+				return value{str: "dnat"}, nil
+			}
+			return value{str: ""}, nil
+		case "original":
+			switch t.next() {
+			case "ip", "ip6":
+				switch t.next() {
+				case "daddr":
+					return value{addr: s.origDst}, nil
+				case "saddr":
+					return value{addr: s.src}, nil
+				}
+			case "protocol":
+				return value{str: s.proto}, nil
+			case "proto-dst":
+				return value{num: uint64(s.origPort), isNum: true}, nil
+			}
+		}
+	case "fib":
+		if t.next() == "saddr" && t.next() == "type" {
+			if tr.isLocal(s.src) {
+				return value{str: "local"}, nil
+			}
+			return value{str: "unicast"}, nil
+		}
+	case "numgen":
+		if err := t.expect("random", "mod"); err != nil {
+			return value{}, err
+		}
+		n, err := strconv.ParseUint(t.next(), 10, 32)
+		if err != nil || n == 0 {
+			return value{}, fmt.Errorf("bad numgen modulus")
+		}
+		return value{numRange: n, isNum: true}, nil
+	}
+	return value{}, fmt.Errorf("unknown selector at %q", w)
+}
+
+// expr reads a concatenation of selectors.
+func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
+	var vals []value
+	for {
+		v, err := tr.selector(t, s)
+		if err != nil {
+			return nil, err
+		}
+		vals = append(vals, v)
+		if t.peek(0) != "." {
+			return vals, nil
+		}
+		t.next()
+	}
+}
+
+func isSelectorStart(w string) bool {
+	switch w {
+	case "ip", "ip6", "meta", "th", "iifname", "ct", "fib", "numgen":
+		return true
+	}
+	return false
+}
+
+// componentMatches compares one evaluated value with one element or literal component.
+func componentMatches(lit string, v value) bool {
+	lit = strings.Trim(lit, `"`)
+	switch {
+	case v.addr.IsValid():
+		if strings.Contains(lit, "/") {
+			p, err := netip.ParsePrefix(lit)
+			return err == nil && p.Contains(v.addr)
+		}
+		a, err := netip.ParseAddr(lit)
+		return err == nil && a == v.addr
+	case v.isNum:
+		lo, hi, err := parseRange(lit)
+		return err == nil && v.num >= lo && v.num <= hi
+	default:
+		if strings.HasSuffix(lit, "*") {
+			return strings.HasPrefix(v.str, strings.TrimSuffix(lit, "*"))
+		}
+		return lit == v.str
+	}
+}
+
+func parseRange(lit string) (uint64, uint64, error) {
+	if lo, hi, ok := strings.Cut(lit, "-"); ok {
+		l, err1 := strconv.ParseUint(lo, 0, 64)
+		h, err2 := strconv.ParseUint(hi, 0, 64)
+		if err1 != nil || err2 != nil {
+			return 0, 0, fmt.Errorf("bad range %q", lit)
+		}
+		return l, h, nil
+	}
+	n, err := strconv.ParseUint(lit, 0, 64)
+	return n, n, err
+}
+
+// expand turns values with a numgen range into every concrete combination.
+func expand(vals []value) [][]value {
+	out := [][]value{{}}
+	for _, v := range vals {
+		var next [][]value
+		if v.numRange > 0 {
+			for n := uint64(0); n < v.numRange; n++ {
+				for _, o := range out {
+					next = append(next, append(append([]value{}, o...), value{num: n, isNum: true}))
+				}
+			}
+		} else {
+			for _, o := range out {
+				next = append(next, append(append([]value{}, o...), v))
+			}
+		}
+		out = next
+	}
+	return out
+}
+
+// lookup finds the elements of a set or map matching the key.
+func lookup(tbl *knftables.FakeTable, name string, key []value) ([]*knftables.Element, error) {
+	var elems []*knftables.Element
+	if st, ok := tbl.Sets[name]; ok {
+		elems = st.Elements
+	} else if m, ok := tbl.Maps[name]; ok {
+		elems = m.Elements
+	} else {
+		return nil, fmt.Errorf("no set or map %q", name)
+	}
+	var out []*knftables.Element
+	for _, e := range elems {
+		if len(e.Key) != len(key) {
+			return nil, fmt.Errorf("key of %d parts against @%s elements of %d", len(key), name, len(e.Key))
+		}
+		ok := true
+		for i := range key {
+			if !componentMatches(e.Key[i], key[i]) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// literal reads a literal or a { a, b } set literal.
+func literal(t *tokens) []string {
+	if t.peek(0) != "{" {
+		return []string{t.next()}
+	}
+	t.next()
+	var out []string
+	for !t.done() {
+		w := t.next()
+		switch w {
+		case "}":
+			return out
+		case ",":
+		default:
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// evalRule runs one rule on a state and returns the resulting states.
+func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, depth int) ([]*state, error) {
+	t := &tokens{toks: tokenize(rule)}
+	s = s.clone()
+	for !t.done() {
+		w := t.peek(0)
+		switch {
+		case isSelectorStart(w) && !(w == "meta" && t.peek(1) == "mark" && t.peek(2) == "set"):
+			vals, err := tr.expr(t, s)
+			if err != nil {
+				return nil, err
+			}
+			matched, res, err := tr.evalMatch(tbl, t, s, vals, depth)
+			if err != nil {
+				return nil, err
+			}
+			if res != nil {
+				return res, nil
+			}
+			if !matched {
+				return []*state{s}, nil
+			}
+		case w == "meta":
+			// meta mark set meta mark (or|xor) X
+			if err := t.expect("meta", "mark", "set", "meta", "mark"); err != nil {
+				return nil, err
+			}
+			op := t.next()
+			n, err := strconv.ParseUint(t.next(), 0, 32)
+			if err != nil {
+				return nil, fmt.Errorf("bad mark: %w", err)
+			}
+			switch op {
+			case "or":
+				s.mark |= uint32(n)
+			case "xor":
+				s.mark ^= uint32(n)
+			default:
+				return nil, fmt.Errorf("unknown mark operation %q", op)
+			}
+		case w == "jump" || w == "goto":
+			t.next()
+			return tr.jump(tbl, w, t.next(), s, depth)
+		case w == "return" || w == "drop" || w == "reject" || w == "accept":
+			t.next()
+			s.verdict = w
+			return []*state{s}, nil
+		case w == "masquerade":
+			t.next()
+			if t.peek(0) == "fully-random" {
+				t.next()
+			}
+			s.masq = true
+			s.verdict = "nat"
+			return []*state{s}, nil
+		case w == "dnat":
+			return tr.evalDNAT(tbl, t, s)
+		case w == "update":
+			if err := tr.evalUpdate(t, s); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("unknown statement at %q", w)
+		}
+	}
+	return []*state{s}, nil
+}
+
+// evalMatch handles what follows an expression: a comparison, a set lookup or a vmap.
+// It returns matched=false to stop the rule, or final states when a vmap decided.
+func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) (bool, []*state, error) {
+	w := t.peek(0)
+	negate := false
+	if w == "!=" {
+		negate = true
+		t.next()
+		w = t.peek(0)
+	}
+	switch {
+	case w == "&":
+		t.next()
+		mask, err := strconv.ParseUint(t.next(), 0, 32)
+		if err != nil {
+			return false, nil, err
+		}
+		op := t.next()
+		want, err := strconv.ParseUint(t.next(), 0, 32)
+		if err != nil || len(vals) != 1 {
+			return false, nil, fmt.Errorf("bad mask comparison")
+		}
+		got := vals[0].num & mask
+		if op == "!=" {
+			return got != want, nil, nil
+		}
+		return got == want, nil, nil
+	case w == "vmap":
+		if negate {
+			return false, nil, fmt.Errorf("negated vmap")
+		}
+		t.next()
+		name := strings.TrimPrefix(t.next(), "@")
+		elems, err := lookup(tbl, name, vals)
+		if err != nil {
+			return false, nil, err
+		}
+		if len(elems) == 0 {
+			return false, nil, nil
+		}
+		verdict := strings.Fields(strings.Join(elems[0].Value, " "))
+		switch verdict[0] {
+		case "goto", "jump":
+			res, err := tr.jump(tbl, verdict[0], verdict[1], s, depth)
+			return true, res, err
+		case "drop", "accept", "return":
+			s.verdict = verdict[0]
+			return true, []*state{s}, nil
+		}
+		return false, nil, fmt.Errorf("unknown verdict %q in @%s", verdict, name)
+	case strings.HasPrefix(w, "@"):
+		t.next()
+		elems, err := lookup(tbl, strings.TrimPrefix(w, "@"), vals)
+		if err != nil {
+			return false, nil, err
+		}
+		return (len(elems) > 0) != negate, nil, nil
+	default:
+		if len(vals) != 1 {
+			return false, nil, fmt.Errorf("comparison of a concatenation with %q", w)
+		}
+		lits := literal(t)
+		any := false
+		for _, l := range lits {
+			if componentMatches(l, vals[0]) {
+				any = true
+			}
+		}
+		return any != negate, nil, nil
+	}
+}
+
+func (tr *Tracer) jump(tbl *knftables.FakeTable, how, chain string, s *state, depth int) ([]*state, error) {
+	res, err := tr.runChain(tbl, chain, s, depth+1)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		if how == "goto" && r.verdict == "" {
+			// The end of a goto'd chain ends the chain that went there.
+			r.verdict = "return"
+		}
+	}
+	return res, nil
+}
+
+// evalDNAT handles "dnat ip to <expr> map @m": one state per distinct target.
+func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*state, error) {
+	t.next()
+	fam := t.next()
+	if fam != "ip" && fam != "ip6" {
+		return nil, fmt.Errorf("dnat without family")
+	}
+	if err := t.expect("to"); err != nil {
+		return nil, err
+	}
+	vals, err := tr.expr(t, s)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.expect("map"); err != nil {
+		return nil, err
+	}
+	name := strings.TrimPrefix(t.next(), "@")
+	if !t.done() {
+		return nil, fmt.Errorf("unexpected %q after dnat", t.peek(0))
+	}
+	seen := map[string]bool{}
+	var out []*state
+	for _, key := range expand(vals) {
+		elems, err := lookup(tbl, name, key)
+		if err != nil {
+			return nil, err
+		}
+		if len(elems) == 0 {
+			continue
+		}
+		v := elems[0].Value
+		if len(v) != 2 {
+			return nil, fmt.Errorf("dnat map @%s value %v is not addr . port", name, v)
+		}
+		if seen[strings.Join(v, ":")] {
+			continue
+		}
+		seen[strings.Join(v, ":")] = true
+		addr, err := netip.ParseAddr(v[0])
+		if err != nil {
+			return nil, err
+		}
+		port, err := strconv.ParseUint(v[1], 10, 16)
+		if err != nil {
+			return nil, err
+		}
+		n := s.clone()
+		n.dst, n.port, n.dnatted, n.verdict = addr, uint16(port), true, "nat"
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		// A lookup miss makes the rule not match.
+		return []*state{s}, nil
+	}
+	return out, nil
+}
+
+// evalUpdate records "update @m { key timeout Ns : value }".
+func (tr *Tracer) evalUpdate(t *tokens, s *state) error {
+	t.next()
+	name := t.next()
+	if err := t.expect("{"); err != nil {
+		return err
+	}
+	key, err := tr.expr(t, s)
+	if err != nil {
+		return err
+	}
+	timeout := ""
+	if t.peek(0) == "timeout" {
+		t.next()
+		timeout = t.next()
+	}
+	if err := t.expect(":"); err != nil {
+		return err
+	}
+	val, err := tr.expr(t, s)
+	if err != nil {
+		return err
+	}
+	if err := t.expect("}"); err != nil {
+		return err
+	}
+	s.updates = append(s.updates, fmt.Sprintf("%s { %s : %s } timeout %s", name, join(key), join(val), timeout))
+	return nil
+}
+
+func join(vals []value) string {
+	parts := make([]string, len(vals))
+	for i, v := range vals {
+		parts[i] = v.String()
+	}
+	return strings.Join(parts, " . ")
+}
