@@ -56,8 +56,17 @@ type compiled struct {
 	entries map[string][]element
 	// shared are elements several ports may want (cluster IPs, hairpin pairs): refcounted.
 	shared []element
-	// chains are the pick and affinity chains the elements jump to.
+	// chains are the shared pick chains the elements jump to (refcounted).
 	chains []string
+	// ownChains and ownSets belong to this port alone (ClientIP affinity).
+	ownChains []ownedChain
+	ownSets   []string
+}
+
+// ownedChain is a chain only one Service port uses, with its rules.
+type ownedChain struct {
+	name  string
+	rules []string
 }
 
 // compiler turns ServicePorts into elements and knows the family's tokens.
@@ -111,30 +120,31 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		id := en.String()
 		out.entries[id] = append(out.entries[id], elems...)
 	}
-	dispatch := func(en entry, eps []Endpoint, vmap, epMap, chain string) {
+	aff := c.newAffinity(sp, out)
+	// dispatch sends an entry to the endpoints of one policy class.
+	dispatch := func(en entry, eps []Endpoint, class string) {
+		vmap, epMap, chain := mapServiceIPs, mapEndpoints, pickChain(len(eps))
+		if class == classCluster {
+			vmap, epMap, chain = mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(eps))
+		}
+		if aff != nil {
+			add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + aff.chain(class, eps)}})
+			return
+		}
 		add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
 		for i, ep := range eps {
-			add(en, element{set: epMap, isMap: true,
-				key:   append(en.key(), strconv.Itoa(i)),
+			add(en, element{set: endpointsMap(epMap, en.proto), isMap: true,
+				key:   []string{en.addr.String(), strconv.Itoa(int(en.port)), strconv.Itoa(i)},
 				value: []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}})
 		}
 		chains[chain] = true
-	}
-	affinity := func(en entry) {
-		if sp.AffinityTimeout <= 0 {
-			return
-		}
-		ch := affinityChain(sp.AffinityTimeout)
-		add(en, element{set: mapAffinityServices, isMap: true, key: en.key(), value: []string{"goto " + ch}})
-		chains[ch] = true
 	}
 
 	// The cluster IP.
 	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
 	if owned(cip.String()) {
 		if len(internal) > 0 {
-			dispatch(cip, internal, mapServiceIPs, mapEndpoints, pickChain(len(internal)))
-			affinity(cip)
+			dispatch(cip, internal, classInternal)
 		} else {
 			add(cip, element{set: mapNoEndpoints, isMap: true, key: cip.key(), value: []string{noEndpointVerdict}})
 		}
@@ -181,18 +191,15 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 			// endpoints, as if they had gone out to the load balancer and back.
 			add(en, element{set: setExternalLocal, key: en.key()})
 			if len(sp.ClusterEndpoints) > 0 {
-				dispatch(en, sp.ClusterEndpoints, mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(sp.ClusterEndpoints)))
+				dispatch(en, sp.ClusterEndpoints, classCluster)
 			}
 		} else {
 			add(en, element{set: setExternalMasq, key: en.key()})
 		}
 		if len(external) > 0 {
-			dispatch(en, external, mapServiceIPs, mapEndpoints, pickChain(len(external)))
+			dispatch(en, external, classExternal)
 		} else {
 			add(en, element{set: mapNoEndpoints, isMap: true, key: en.key(), value: []string{noEndpointVerdict}})
-		}
-		if sp.HasEndpoints {
-			affinity(en)
 		}
 		if lbs[en.addr] && en.port == sp.Port && len(ranges) > 0 {
 			add(en, element{set: setFirewallIPs, key: en.key()})
@@ -219,7 +226,91 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		out.chains = append(out.chains, ch)
 	}
 	slices.Sort(out.chains)
+	if aff != nil {
+		aff.finish()
+	}
 	return out
+}
+
+// Endpoint classes of a Service port: which endpoints a way in uses.
+const (
+	classInternal = "int" // cluster IP: internalTrafficPolicy
+	classExternal = "ext" // from outside: externalTrafficPolicy
+	classCluster  = "clu" // Local-policy short circuit for pods and the node: all endpoints
+)
+
+// affinity builds the per-port chains and sets of a ClientIP-affinity Service port, the
+// way upstream does: a set per endpoint remembers its clients, a chain per class first
+// sends remembered clients back to their endpoint, then picks one at random.
+type affinity struct {
+	c       *compiler
+	sp      *ServicePort
+	out     *compiled
+	id      string
+	classes map[string]bool
+	eps     map[Endpoint]bool
+}
+
+func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
+	if sp.AffinityTimeout <= 0 {
+		return nil
+	}
+	spn := sp.Name
+	spn.Protocol = sp.Protocol
+	// The timeout is part of the id: sets cannot change their timeout in place.
+	id := portID(spn, sp.AffinityTimeout)
+	return &affinity{c: c, sp: sp, out: out, id: id, classes: map[string]bool{}, eps: map[Endpoint]bool{}}
+}
+
+func (a *affinity) epChain(ep Endpoint) string { return affinityPrefix + a.id + "-ep-" + endpointID(ep) }
+func (a *affinity) epSet(ep Endpoint) string   { return affinityPrefix + a.id + "-" + endpointID(ep) }
+
+// chain returns the class chain for eps, creating it on first use.
+func (a *affinity) chain(class string, eps []Endpoint) string {
+	name := affinityPrefix + a.id + "-" + class
+	if a.classes[class] {
+		return name
+	}
+	a.classes[class] = true
+	ip := a.c.ip
+	var rules []string
+	var picks []string
+	for i, ep := range eps {
+		a.eps[ep] = true
+		rules = append(rules, fmt.Sprintf("%s saddr @%s goto %s", ip, a.epSet(ep), a.epChain(ep)))
+		picks = append(picks, fmt.Sprintf("%d : goto %s", i, a.epChain(ep)))
+	}
+	rules = append(rules, fmt.Sprintf("numgen random mod %d vmap { %s }", len(eps), strings.Join(picks, " , ")))
+	a.out.ownChains = append(a.out.ownChains, ownedChain{name: name, rules: rules})
+	return name
+}
+
+// finish adds the per-endpoint chains and sets the class chains jump to.
+func (a *affinity) finish() {
+	eps := make([]Endpoint, 0, len(a.eps))
+	for ep := range a.eps {
+		eps = append(eps, ep)
+	}
+	slices.SortFunc(eps, func(x, y Endpoint) int { return strings.Compare(x.String(), y.String()) })
+	for _, ep := range eps {
+		a.out.ownSets = append(a.out.ownSets, a.epSet(ep))
+		a.out.ownChains = append(a.out.ownChains, ownedChain{name: a.epChain(ep), rules: []string{
+			fmt.Sprintf("update @%s { %s saddr }", a.epSet(ep), a.c.ip),
+			fmt.Sprintf("meta l4proto %s dnat %s to %s", a.sp.Protocol, a.c.ip, ep),
+		}})
+	}
+	slices.SortFunc(a.out.ownChains, func(x, y ownedChain) int { return strings.Compare(x.name, y.name) })
+}
+
+// affinitySet is the set object of an affinity endpoint.
+func (c *compiler) affinitySet(name string, timeout time.Duration) *knftables.Set {
+	return &knftables.Set{
+		Name:    name,
+		Type:    c.addrTyp,
+		Flags:   []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
+		Size:    ptr(uint64(affinitySetSize)),
+		Timeout: ptr(timeout),
+	}
 }
 
 // sourceRanges keeps this family's ranges, masked and without ranges another one covers
@@ -249,41 +340,27 @@ func (c *compiler) sourceRanges(in []netip.Prefix) []netip.Prefix {
 	return kept
 }
 
-// dynamicChainRules returns the rules of a pick or affinity chain, from its name.
-func (c *compiler) dynamicChainRules(name string) ([]string, error) {
+// pickChainRules returns the rules of a pick chain, from its name.
+func (c *compiler) pickChainRules(name string) ([]string, error) {
 	ip := c.ip
-	switch {
-	case strings.HasPrefix(name, pickClusterPrefix), strings.HasPrefix(name, pickPrefix):
-		prefix, epMap := pickPrefix, mapEndpoints
-		if strings.HasPrefix(name, pickClusterPrefix) {
-			prefix, epMap = pickClusterPrefix, mapClusterEndpoints
-		}
-		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("bad pick chain name %q", name)
-		}
-		return []string{fmt.Sprintf(
-			"meta l4proto { tcp, udp, sctp } dnat %s to %s daddr . meta l4proto . th dport . numgen random mod %d map @%s",
-			ip, ip, n, epMap)}, nil
-	case strings.HasPrefix(name, affinityPrefix):
-		secs, err := strconv.Atoi(strings.TrimPrefix(name, affinityPrefix))
-		if err != nil || secs <= 0 {
-			return nil, fmt.Errorf("bad affinity chain name %q", name)
-		}
-		var rules []string
-		// The original destination's port only has a type once the protocol is known,
-		// hence one rule per protocol.
-		for _, proto := range []Protocol{TCP, UDP, SCTP} {
-			rules = append(rules, fmt.Sprintf(
-				"meta l4proto %s update @%s { %s saddr . ct original %s daddr . ct original protocol . ct original proto-dst timeout %ds : %s daddr . th dport }",
-				proto, mapAffinity, ip, ip, secs, ip))
-		}
-		return rules, nil
+	prefix, epMap := pickPrefix, mapEndpoints
+	if strings.HasPrefix(name, pickClusterPrefix) {
+		prefix, epMap = pickClusterPrefix, mapClusterEndpoints
 	}
-	return nil, fmt.Errorf("unknown dynamic chain %q", name)
+	n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+	if err != nil || n <= 0 {
+		return nil, fmt.Errorf("bad pick chain name %q", name)
+	}
+	var rules []string
+	for _, proto := range allProtocols() {
+		rules = append(rules, fmt.Sprintf(
+			"meta l4proto %s dnat %s to %s daddr . %s dport . numgen random mod %d map @%s",
+			proto, ip, ip, proto, n, endpointsMap(epMap, proto)))
+	}
+	return rules, nil
 }
 
-// isDynamicChain reports whether a chain is a pick or affinity chain.
+// isDynamicChain reports whether a chain is a pick or affinity chain (not in the skeleton).
 func isDynamicChain(name string) bool {
 	return strings.HasPrefix(name, pickPrefix) || strings.HasPrefix(name, affinityPrefix)
 }
@@ -349,19 +426,22 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 		{Name: setFirewallLocal, Type: entryType, Comment: ptr("LB entries whose source ranges hold a node IP")},
 		{Name: setHairpin, Type: at + " . " + at, Comment: ptr("endpoint . endpoint, for hairpin masquerade")},
 	}
-	epTypeOf := fmt.Sprintf("%s daddr . meta l4proto . th dport . numgen random mod 1 : %s daddr . th dport", ip, ip)
 	maps = []*knftables.Map{
 		{Name: mapServiceIPs, Type: entryType + " : verdict", Comment: ptr("entry -> pick chain")},
 		{Name: mapShortCircuit, Type: entryType + " : verdict", Comment: ptr("Local-policy entry, from pods and node -> pick chain")},
-		{Name: mapEndpoints, TypeOf: epTypeOf, Comment: ptr("entry . index -> endpoint")},
-		{Name: mapClusterEndpoints, TypeOf: epTypeOf, Comment: ptr("entry . index -> cluster-policy endpoint")},
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
-		{Name: mapAffinityServices, Type: entryType + " : verdict", Comment: ptr("entry of a ClientIP-affinity Service -> affinity chain")},
+	}
+	for _, proto := range allProtocols() {
+		// typeof, because the index has numgen's type, which has no name of its own.
+		typeOf := fmt.Sprintf("%s daddr . %s dport . numgen random mod 1 : %s daddr . %s dport", ip, proto, ip, proto)
+		maps = append(maps,
+			&knftables.Map{Name: endpointsMap(mapEndpoints, proto), TypeOf: typeOf, Comment: ptr("address . port . index -> endpoint")},
+			&knftables.Map{Name: endpointsMap(mapClusterEndpoints, proto), TypeOf: typeOf, Comment: ptr("address . port . index -> cluster-policy endpoint")})
 	}
 	for _, b := range baseChains(prio) {
 		chains = append(chains, b.chain())
 	}
-	for _, name := range []string{chainServices, chainFirewallCheck, chainReject, chainAffinityUpdate} {
+	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
 		chains = append(chains, &knftables.Chain{Name: name})
 	}
 
@@ -394,19 +474,12 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 	}
 	rule(chainServices, key, "@"+setExternalMasq, mark)
 	rule(chainServices, "fib saddr type local", key, "@"+setExternalLocal, mark)
-	rule(chainServices, "meta l4proto { tcp, udp, sctp }", "dnat", ip, "to", ip, "saddr .", key, "map", "@"+mapAffinity)
 	if local := c.localMatch(false); local != "" {
 		rule(chainServices, local, key, "vmap", "@"+mapShortCircuit)
 	}
 	rule(chainServices, "fib saddr type local", key, "vmap", "@"+mapShortCircuit)
 	rule(chainServices, key, "vmap", "@"+mapServiceIPs)
 
-	for _, proto := range []Protocol{TCP, UDP, SCTP} {
-		rule(chainAffinityUpdate, "meta l4proto", string(proto),
-			"ct original", ip, "daddr . ct original protocol . ct original proto-dst", "vmap", "@"+mapAffinityServices)
-	}
-	rule(chainFilterPrerouting, "ct state new ct status dnat jump", chainAffinityUpdate)
-	rule(chainFilterOutput, "ct state new ct status dnat jump", chainAffinityUpdate)
 	for _, ch := range []string{chainFilterInput, chainFilterForward, chainFilterOutput} {
 		rule(ch, "ct state new", key, "vmap", "@"+mapNoEndpoints)
 	}
@@ -422,16 +495,3 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// affinityMap is the dynamic map the packet path fills; it is never flushed by a sync.
-func (c *compiler) affinityMap() *knftables.Map {
-	at := c.addrTyp
-	return &knftables.Map{
-		Name:    mapAffinity,
-		Type:    fmt.Sprintf("%s . %s . inet_proto . inet_service : %s . inet_service", at, at, at),
-		Flags:   []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag},
-		Size:    ptr(uint64(affinityMapSize)),
-		Timeout: ptr(10800 * time.Second),
-		Comment: ptr("client . entry -> endpoint, for ClientIP affinity"),
-	}
-}

@@ -1,8 +1,10 @@
 package tables
 
 import (
+	"crypto/sha256"
+	"encoding/base32"
 	"fmt"
-	"time"
+	"strings"
 )
 
 // Names of the objects in an instance's table. Everything is fixed except the pick and
@@ -18,8 +20,6 @@ const (
 	// chainNATPrerouting and chainNATOutput jump to chainServices, where DNAT happens.
 	chainNATPrerouting = "nat-prerouting"
 	chainNATOutput     = "nat-output"
-	// chainFilterPrerouting records ClientIP affinity after DNAT.
-	chainFilterPrerouting = "filter-prerouting"
 	// chainFilterInput, chainFilterForward and chainFilterOutput reject or drop traffic to
 	// Services without usable endpoints, and to undefined ports of cluster IPs.
 	chainFilterInput   = "filter-input"
@@ -37,15 +37,16 @@ const (
 	chainFirewallCheck = "firewall-check"
 	// chainReject rejects; a verdict map cannot say "reject" itself.
 	chainReject = "reject-chain"
-	// chainAffinityUpdate sends new DNATed connections of affinity Services to the
-	// affinity chain of their timeout.
-	chainAffinityUpdate = "affinity-update"
-	// pickPrefix chains ("pick-<n>") DNAT to one of n endpoints of mapEndpoints;
-	// pickClusterPrefix chains do the same over mapClusterEndpoints.
+	// pickPrefix chains ("pick-<n>") DNAT to one of n endpoints of the endpoints-<proto>
+	// maps; pickClusterPrefix chains do the same over the cluster-endpoints-<proto> maps.
 	pickPrefix        = "pick-"
 	pickClusterPrefix = "pick-cluster-"
-	// affinityPrefix chains ("affinity-<seconds>") remember the endpoint a client was sent to.
-	affinityPrefix = "affinity-"
+	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
+	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
+	// external or cluster endpoints, "aff-<id>-ep-<ep>" DNATs to one endpoint and
+	// remembers the client in set "aff-<id>-<ep>". A dynamic map could do this without
+	// per-Service chains, but nft 1.0.6 cannot update IPv6 concatenated maps.
+	affinityPrefix = "aff-"
 
 	// Sets and maps.
 
@@ -64,9 +65,11 @@ const (
 	// mapShortCircuit sends the external entries of Local-policy Services, for traffic from
 	// local pods and the node, to the cluster-endpoints pick chains (upstream's short circuit).
 	mapShortCircuit = "short-circuit-ips"
-	// mapEndpoints is entry . index -> endpoint, for mapServiceIPs.
+	// mapEndpoints ("endpoints-<proto>") is address . port . index -> endpoint, for
+	// mapServiceIPs. There is one map per protocol because nft 1.0.6 cannot read back a
+	// map typed by "th dport" and then add rules using it.
 	mapEndpoints = "endpoints"
-	// mapClusterEndpoints is entry . index -> endpoint, for mapShortCircuit.
+	// mapClusterEndpoints ("cluster-endpoints-<proto>") is the same for mapShortCircuit.
 	mapClusterEndpoints = "cluster-endpoints"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject
 	// chain (no endpoints at all) or to drop (Local policy, no local endpoints).
@@ -77,19 +80,28 @@ const (
 	setFirewallAllow = "firewall-allow"
 	// setFirewallLocal holds LB entries whose ranges hold a node IP: the node may connect.
 	setFirewallLocal = "firewall-allow-local"
-	// mapAffinity is client . entry -> endpoint, filled by the packet path (dynamic).
-	mapAffinity = "affinity"
-	// mapAffinityServices sends entries of affinity Services to their affinity chain.
-	mapAffinityServices = "affinity-services"
 	// setHairpin holds endpoint . endpoint pairs: a pod sent to itself is masqueraded.
 	setHairpin = "hairpin"
 )
 
-// affinityMapSize bounds the dynamic affinity map (clients x entries).
-const affinityMapSize = 1 << 20
+// affinitySetSize bounds the clients one endpoint of an affinity Service remembers.
+const affinitySetSize = 65535
+
+// allProtocols returns the transport protocols Services use, in a fixed order.
+func allProtocols() []Protocol { return []Protocol{TCP, UDP, SCTP} }
 
 func pickChain(n int) string        { return fmt.Sprintf("%s%d", pickPrefix, n) }
 func pickClusterChain(n int) string { return fmt.Sprintf("%s%d", pickClusterPrefix, n) }
-func affinityChain(timeout time.Duration) string {
-	return fmt.Sprintf("%s%d", affinityPrefix, int64(timeout/time.Second))
+func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
+
+// portID is a short stable name for a Service port, for its per-Service objects.
+func portID(spn ServicePortName, salt any) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s/%s/%v", spn, spn.Protocol, salt)))
+	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:])[:12])
+}
+
+// endpointID is a short stable name for an endpoint inside a Service port.
+func endpointID(ep Endpoint) string {
+	sum := sha256.Sum256([]byte(ep.String()))
+	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:])[:8])
 }

@@ -19,8 +19,7 @@ const MaxSlots = 32
 //	band       hooks                      priorities (slot 0 .. 31)
 //	firewall   prerouting, output         -99 .. -68
 //	dnat       prerouting, output         -67 .. -36   (type nat; stays above -200)
-//	filter     prerouting, input,         -35 .. -4
-//	           forward, output
+//	filter     input, forward, output     -35 .. -4
 //	snat       postrouting                101 .. 132   (type nat)
 //
 // No two slots share a priority on any hook, and no band overlaps another.
@@ -64,7 +63,6 @@ func baseChains(p Priorities) []baseChain {
 		{chainFirewallOutput, knftables.FilterType, knftables.OutputHook, p.Firewall},
 		{chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, p.DNAT},
 		{chainNATOutput, knftables.NATType, knftables.OutputHook, p.DNAT},
-		{chainFilterPrerouting, knftables.FilterType, knftables.PreroutingHook, p.Filter},
 		{chainFilterInput, knftables.FilterType, knftables.InputHook, p.Filter},
 		{chainFilterForward, knftables.FilterType, knftables.ForwardHook, p.Filter},
 		{chainFilterOutput, knftables.FilterType, knftables.OutputHook, p.Filter},

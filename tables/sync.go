@@ -53,7 +53,7 @@ type Syncer struct {
 	// sync, e.g. an incompatible table left by another version or another slot).
 	recreate bool
 
-	ports    map[ServiceName]map[ServicePortName]*compiled
+	ports    map[ServiceName]map[ServicePortName]portState
 	refs     map[string]int             // element id -> number of owners
 	elems    map[string]element         // element id -> element, while refs > 0
 	owner    map[string]ServicePortName // entry -> the port that serves it
@@ -82,11 +82,17 @@ func (s *Syncer) Family() Family { return s.cfg.Family }
 func (s *Syncer) NeedsFull() bool { return !s.synced }
 
 func (s *Syncer) reset() {
-	s.ports = map[ServiceName]map[ServicePortName]*compiled{}
+	s.ports = map[ServiceName]map[ServicePortName]portState{}
 	s.refs = map[string]int{}
 	s.elems = map[string]element{}
 	s.owner = map[string]ServicePortName{}
 	s.chainRef = map[string]int{}
+}
+
+// portState is what one Service port put into the table.
+type portState struct {
+	*compiled
+	timeout time.Duration
 }
 
 // batch accumulates the element and chain changes of one sync.
@@ -95,10 +101,31 @@ type batch struct {
 	chainBefore map[string]int
 	gone        map[string]element // elements whose last owner left during the batch
 	conflicts   []string
+	// oldOwn and newOwn are the per-port chains and sets of the Services in the batch,
+	// before and after.
+	oldOwn, newOwn owned
+}
+
+// owned collects per-port chains (with their rules) and sets.
+type owned struct {
+	chains map[string][]string
+	sets   map[string]time.Duration
+}
+
+func newOwned() owned { return owned{chains: map[string][]string{}, sets: map[string]time.Duration{}} }
+
+func (o owned) addFrom(comp *compiled, timeout time.Duration) {
+	for _, ch := range comp.ownChains {
+		o.chains[ch.name] = ch.rules
+	}
+	for _, st := range comp.ownSets {
+		o.sets[st] = timeout
+	}
 }
 
 func (s *Syncer) newBatch() *batch {
-	return &batch{before: map[string]int{}, chainBefore: map[string]int{}, gone: map[string]element{}}
+	return &batch{before: map[string]int{}, chainBefore: map[string]int{}, gone: map[string]element{},
+		oldOwn: newOwned(), newOwn: newOwned()}
 }
 
 func (s *Syncer) touch(b *batch, id string) {
@@ -116,6 +143,7 @@ func (s *Syncer) touchChain(b *batch, name string) {
 // release forgets everything a Service contributed.
 func (s *Syncer) release(b *batch, svc ServiceName) {
 	for spn, comp := range s.ports[svc] {
+		b.oldOwn.addFrom(comp.compiled, comp.timeout)
 		for en, elems := range comp.entries {
 			if s.owner[en] == spn {
 				delete(s.owner, en)
@@ -165,7 +193,7 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 	slices.SortFunc(sorted, func(a, b *ServicePort) int {
 		return strings.Compare(a.Name.String()+string(a.Protocol), b.Name.String()+string(b.Protocol))
 	})
-	byPort := map[ServicePortName]*compiled{}
+	byPort := map[ServicePortName]portState{}
 	for _, sp := range sorted {
 		spn := sp.Name
 		spn.Protocol = sp.Protocol
@@ -190,46 +218,53 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 			s.touchChain(b, ch)
 			s.chainRef[ch]++
 		}
-		byPort[spn] = comp
+		b.newOwn.addFrom(comp, sp.AffinityTimeout)
+		byPort[spn] = portState{compiled: comp, timeout: sp.AffinityTimeout}
 	}
 	s.ports[svc] = byPort
 }
 
 // Full replaces the whole table with the given Services in one atomic transaction.
-// Nothing that works is removed before the replacement is in place.
+// Nothing that works is removed before the replacement is in place, and the clients
+// remembered for ClientIP affinity survive.
 func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePort) (Stats, error) {
 	start := time.Now()
 	stats := Stats{Full: true}
 	s.synced = false
 	s.reset()
 	b := s.newBatch()
-	names := make([]ServiceName, 0, len(services))
-	for n := range services {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
-	for _, n := range names {
+	for _, n := range sortedNames(services) {
 		s.acquire(b, n, services[n])
 	}
 	stats.Conflicts = b.conflicts
 
-	// Chains of an earlier run that nothing needs any more are deleted; listing chain
-	// names is cheap next to listing the whole table, and only a full sync does it.
-	var stale []string
+	// Chains and sets of an earlier run that nothing needs any more are deleted; listing
+	// their names is cheap next to listing the whole table, and only a full sync does it.
+	var staleChains, staleSets []string
 	if !s.recreate {
-		existing, err := s.nft.List(ctx, "chains")
+		chains, err := s.nft.List(ctx, "chains")
 		if err != nil && !knftables.IsNotFound(err) {
 			return stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
 		}
-		for _, ch := range existing {
-			if isDynamicChain(ch) && s.chainRef[ch] == 0 {
-				stale = append(stale, ch)
+		for _, ch := range chains {
+			_, own := b.newOwn.chains[ch]
+			if isDynamicChain(ch) && s.chainRef[ch] == 0 && !own {
+				staleChains = append(staleChains, ch)
+			}
+		}
+		sets, err := s.nft.List(ctx, "sets")
+		if err != nil && !knftables.IsNotFound(err) {
+			return stats, fmt.Errorf("listing sets of %s: %w", s.cfg.TableName(), err)
+		}
+		for _, st := range sets {
+			if _, own := b.newOwn.sets[st]; strings.HasPrefix(st, affinityPrefix) && !own {
+				staleSets = append(staleSets, st)
 			}
 		}
 	}
 
 	tx := s.nft.NewTransaction()
-	table := &knftables.Table{Comment: ptr(fmt.Sprintf("shardproxy instance %q", s.cfg.Instance))}
+	table := &knftables.Table{Comment: ptr("shardproxy instance " + s.cfg.Instance)}
 	if s.recreate {
 		tx.Add(table)
 		tx.Delete(table)
@@ -248,11 +283,17 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 		tx.Add(m)
 		tx.Flush(m)
 	}
-	tx.Add(s.c.affinityMap())
 	for _, r := range rules {
 		tx.Add(r)
 	}
-	if err := s.addChains(tx, sortedKeys(s.chainRef), true); err != nil {
+	// Stale chains may jump to each other: flush them all before deleting any.
+	for _, ch := range staleChains {
+		tx.Flush(&knftables.Chain{Name: ch})
+	}
+	if err := s.writeOwned(tx, newOwned(), b.newOwn); err != nil {
+		return stats, err
+	}
+	if err := s.addPickChains(tx, sortedKeys(s.chainRef)); err != nil {
 		return stats, err
 	}
 	ids := sortedKeys(s.refs)
@@ -260,8 +301,11 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 		tx.Add(s.elems[id].object())
 	}
 	stats.Added = len(ids)
-	for _, ch := range stale {
+	for _, ch := range staleChains {
 		tx.Delete(&knftables.Chain{Name: ch})
+	}
+	for _, st := range staleSets {
+		tx.Delete(&knftables.Set{Name: st})
 	}
 	stats.Operations = tx.NumOperations()
 	if err := s.nft.Run(ctx, tx); err != nil {
@@ -283,13 +327,9 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 		return stats, ErrNeedFullSync
 	}
 	b := s.newBatch()
-	names := make([]ServiceName, 0, len(changes))
-	for n := range changes {
-		names = append(names, n)
-	}
-	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
-	// Release everything first, so ports that move between Services in one batch (or a
-	// changed value of one key) are deleted before they are added again.
+	names := sortedNames(changes)
+	// Release everything first, so entries that move between Services in one batch (or
+	// a changed value of one key) are deleted before they are added again.
 	for _, n := range names {
 		s.release(b, n)
 	}
@@ -298,7 +338,6 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	}
 	stats.Conflicts = b.conflicts
 
-	tx := s.nft.NewTransaction()
 	var added, deleted []string
 	for id, before := range b.before {
 		after := s.refs[id]
@@ -323,10 +362,31 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	}
 	slices.Sort(newChains)
 	slices.Sort(goneChains)
+	for ch := range b.oldOwn.chains {
+		if _, keep := b.newOwn.chains[ch]; !keep {
+			goneChains = append(goneChains, ch)
+		}
+	}
+	var goneSets []string
+	for st := range b.oldOwn.sets {
+		if _, keep := b.newOwn.sets[st]; !keep {
+			goneSets = append(goneSets, st)
+		}
+	}
+	slices.Sort(goneSets)
+
+	tx := s.nft.NewTransaction()
 	for _, id := range deleted {
 		tx.Delete(b.gone[id].object())
 	}
-	if err := s.addChains(tx, newChains, true); err != nil {
+	for _, ch := range goneChains {
+		tx.Flush(&knftables.Chain{Name: ch})
+	}
+	if err := s.writeOwned(tx, b.oldOwn, b.newOwn); err != nil {
+		s.synced = false
+		return stats, err
+	}
+	if err := s.addPickChains(tx, newChains); err != nil {
 		s.synced = false
 		return stats, err
 	}
@@ -335,6 +395,9 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	}
 	for _, ch := range goneChains {
 		tx.Delete(&knftables.Chain{Name: ch})
+	}
+	for _, st := range goneSets {
+		tx.Delete(&knftables.Set{Name: st})
 	}
 	stats.Added, stats.Deleted = len(added), len(deleted)
 	stats.Operations = tx.NumOperations()
@@ -348,23 +411,52 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	return stats, nil
 }
 
-// addChains adds dynamic chains with their rules (flushing first, so a chain left over
-// by an earlier run gets exactly the rules wanted).
-func (s *Syncer) addChains(tx *knftables.Transaction, names []string, flush bool) error {
-	for _, ch := range names {
-		rules, err := s.c.dynamicChainRules(ch)
-		if err != nil {
-			return err
+// writeOwned adds the per-port sets and chains that are new or changed between old and
+// now. Sets are only ever added (never flushed): they hold the affinity clients.
+func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned) error {
+	for _, st := range sortedKeys(now.sets) {
+		if _, ok := old.sets[st]; !ok {
+			tx.Add(s.c.affinitySet(st, now.sets[st]))
+		}
+	}
+	for _, ch := range sortedKeys(now.chains) {
+		rules := now.chains[ch]
+		if prev, ok := old.chains[ch]; ok && slices.Equal(prev, rules) {
+			continue
 		}
 		tx.Add(&knftables.Chain{Name: ch})
-		if flush {
-			tx.Flush(&knftables.Chain{Name: ch})
-		}
+		tx.Flush(&knftables.Chain{Name: ch})
 		for _, r := range rules {
 			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
 		}
 	}
 	return nil
+}
+
+// addPickChains adds pick chains with their rules (flushing first, so a chain left over
+// by an earlier run gets exactly the rules wanted).
+func (s *Syncer) addPickChains(tx *knftables.Transaction, names []string) error {
+	for _, ch := range names {
+		rules, err := s.c.pickChainRules(ch)
+		if err != nil {
+			return err
+		}
+		tx.Add(&knftables.Chain{Name: ch})
+		tx.Flush(&knftables.Chain{Name: ch})
+		for _, r := range rules {
+			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
+		}
+	}
+	return nil
+}
+
+func sortedNames(m map[ServiceName][]*ServicePort) []ServiceName {
+	names := make([]ServiceName, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
+	return names
 }
 
 func sortedKeys[V any](m map[string]V) []string {

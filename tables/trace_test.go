@@ -186,7 +186,7 @@ func TestTraceFeatures(t *testing.T) {
 				})
 			}
 
-			t.Run("ClientIP affinity records the endpoint and sticks to it", func(t *testing.T) {
+			t.Run("ClientIP affinity remembers the client and sticks to its endpoint", func(t *testing.T) {
 				res, err := tr.Trace(fromPod(pod2, cip("20"), 80))
 				if err != nil {
 					t.Fatal(err)
@@ -196,23 +196,26 @@ func TestTraceFeatures(t *testing.T) {
 				}
 				var update string
 				for _, o := range res {
-					if len(o.Updates) != 1 || !strings.Contains(o.Updates[0], "timeout 10800s") {
-						t.Fatalf("want one affinity update with the Service's timeout, got %q", o.Updates)
+					if len(o.Updates) != 1 || !strings.Contains(o.Updates[0], "{ "+pod2.String()+" }") {
+						t.Fatalf("want the client remembered in one affinity set, got %q", o.Updates)
 					}
-					if strings.HasSuffix(o.DNAT, "8080") && strings.Contains(o.DNAT, pod1.String()) {
+					if o.DNAT == epPod1 {
 						update = o.Updates[0]
 					}
 				}
-				// Apply the update the kernel would make, then the client must stick.
-				key, val := parseUpdate(t, update)
-				fake.Table.Maps[mapAffinity].Elements = append(fake.Table.Maps[mapAffinity].Elements, &knftElement{Key: key, Value: val})
-				t.Cleanup(func() { fake.Table.Maps[mapAffinity].Elements = nil })
+				// Apply the update the kernel would make; then the client must stick.
+				setName := strings.TrimPrefix(strings.Fields(update)[0], "@")
+				set := fake.Table.Sets[setName]
+				if set == nil || set.Timeout == nil || *set.Timeout != 10800*time.Second {
+					t.Fatalf("affinity set %q missing or without the Service's timeout", setName)
+				}
+				set.Elements = append(set.Elements, &knftElement{Key: []string{pod2.String()}})
+				t.Cleanup(func() { set.Elements = nil })
 				got := outcomes(t, tr, fromPod(pod2, cip("20"), 80))
 				if !slices.Equal(got, []string{dnat(epPod1, false)}) {
 					t.Errorf("after affinity: got %q, want only %s", got, epPod1)
 				}
-				other := outcomes(t, tr, fromHost(cip("20"), 80))
-				if len(other) != 2 {
+				if other := outcomes(t, tr, fromHost(cip("20"), 80)); len(other) != 2 {
 					t.Errorf("another client must not be pinned: %q", other)
 				}
 			})

@@ -98,8 +98,12 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 		case "mark":
 			return value{num: uint64(s.mark), isNum: true}, nil
 		}
-	case "th":
+	case "th", "tcp", "udp", "sctp":
 		if t.next() == "dport" {
+			if w != "th" && w != s.proto {
+				// A protocol-specific field on another protocol never matches.
+				return value{str: "\x00mismatch"}, nil
+			}
 			return value{num: uint64(s.port), isNum: true}, nil
 		}
 	case "iifname":
@@ -166,7 +170,7 @@ func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
 
 func isSelectorStart(w string) bool {
 	switch w {
-	case "ip", "ip6", "meta", "th", "iifname", "ct", "fib", "numgen":
+	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen":
 		return true
 	}
 	return false
@@ -372,6 +376,46 @@ func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals 
 			return got != want, nil, nil
 		}
 		return got == want, nil, nil
+	case w == "vmap" && t.peek(1) == "{":
+		// An anonymous verdict map, as in "numgen random mod 2 vmap { 0 : goto a, 1 : goto b }".
+		t.next()
+		t.next()
+		var out []*state
+		for !t.done() && t.peek(0) != "}" {
+			k := t.next()
+			if err := t.expect(":"); err != nil {
+				return false, nil, err
+			}
+			verdict, chain := t.next(), ""
+			if verdict == "goto" || verdict == "jump" {
+				chain = t.next()
+			}
+			if t.peek(0) == "," {
+				t.next()
+			}
+			if len(vals) != 1 {
+				return false, nil, fmt.Errorf("anonymous vmap needs a single key")
+			}
+			n, err := strconv.ParseUint(k, 10, 32)
+			if err != nil {
+				return false, nil, err
+			}
+			if vals[0].numRange > 0 && n >= vals[0].numRange || vals[0].numRange == 0 && !componentMatches(k, vals[0]) {
+				continue
+			}
+			if chain == "" {
+				return false, nil, fmt.Errorf("anonymous vmap verdict %q not supported", verdict)
+			}
+			res, err := tr.jump(tbl, verdict, chain, s.clone(), depth)
+			if err != nil {
+				return false, nil, err
+			}
+			out = append(out, res...)
+		}
+		if len(out) == 0 {
+			return false, nil, nil
+		}
+		return true, out, nil
 	case w == "vmap":
 		if negate {
 			return false, nil, fmt.Errorf("negated vmap")
@@ -441,6 +485,18 @@ func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*st
 	if err := t.expect("to"); err != nil {
 		return nil, err
 	}
+	if !isSelectorStart(t.peek(0)) {
+		// A literal target: "dnat ip to 10.0.0.1:80", "dnat ip6 to [fd00::1]:80".
+		ap, err := netip.ParseAddrPort(t.next())
+		if err != nil {
+			return nil, fmt.Errorf("bad dnat target: %w", err)
+		}
+		if !t.done() {
+			return nil, fmt.Errorf("unexpected %q after dnat", t.peek(0))
+		}
+		s.dst, s.port, s.dnatted, s.verdict = ap.Addr(), ap.Port(), true, "nat"
+		return []*state{s}, nil
+	}
 	vals, err := tr.expr(t, s)
 	if err != nil {
 		return nil, err
@@ -489,7 +545,7 @@ func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*st
 	return out, nil
 }
 
-// evalUpdate records "update @m { key timeout Ns : value }".
+// evalUpdate records "update @set { key }".
 func (tr *Tracer) evalUpdate(t *tokens, s *state) error {
 	t.next()
 	name := t.next()
@@ -500,22 +556,10 @@ func (tr *Tracer) evalUpdate(t *tokens, s *state) error {
 	if err != nil {
 		return err
 	}
-	timeout := ""
-	if t.peek(0) == "timeout" {
-		t.next()
-		timeout = t.next()
-	}
-	if err := t.expect(":"); err != nil {
-		return err
-	}
-	val, err := tr.expr(t, s)
-	if err != nil {
-		return err
-	}
 	if err := t.expect("}"); err != nil {
 		return err
 	}
-	s.updates = append(s.updates, fmt.Sprintf("%s { %s : %s } timeout %s", name, join(key), join(val), timeout))
+	s.updates = append(s.updates, fmt.Sprintf("%s { %s }", name, join(key)))
 	return nil
 }
 

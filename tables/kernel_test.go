@@ -1,0 +1,154 @@
+package tables
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// requireRoot skips real-kernel tests where they cannot run; CI runs as root.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("real-kernel test: needs root (CI runs as root)")
+	}
+	for _, bin := range []string{"nft", "ip"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("real-kernel test: %s not installed (make deps installs it)", bin)
+		}
+	}
+}
+
+// newNetns creates a fresh network namespace, deleted when the test ends.
+func newNetns(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "sptab-" + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+// kernelNFT returns a knftables.Interface whose nft runs inside namespace ns: New looks
+// nft up on PATH once, so a wrapper script found first does the namespace switch.
+func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Interface {
+	t.Helper()
+	nftPath, err := exec.LookPath("nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := "#!/bin/sh\nexec ip netns exec " + ns + " " + nftPath + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "nft"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	f := knftables.IPv4Family
+	if fam == IPv6 {
+		f = knftables.IPv6Family
+	}
+	nft, err := knftables.New(f, table)
+	if err != nil {
+		t.Fatalf("knftables.New in %s: %v", ns, err)
+	}
+	return nft
+}
+
+func nftIn(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// TestKernelAcceptsRules loads every feature's rules into a real kernel, then applies
+// partial updates of each kind, and checks the kernel holds what the syncer thinks.
+func TestKernelAcceptsRules(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			ns := newNetns(t)
+			cfg := testConfig(fam)
+			nft := kernelNFT(t, ns, fam, cfg.TableName())
+			s, err := NewSyncer(cfg, nft)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			svcs := featureServices(fam)
+			if _, err := s.Full(ctx, svcs); err != nil {
+				t.Fatalf("full sync rejected by the kernel: %v", err)
+			}
+			// A second full sync over the existing table (a restart) must also work.
+			if _, err := s.Full(ctx, svcs); err != nil {
+				t.Fatalf("second full sync: %v", err)
+			}
+
+			name := ServiceName{Namespace: "ns", Name: "cluster"}
+			ports := svcs[name]
+			grown := *ports[0]
+			grown.ClusterEndpoints = append(append([]Endpoint{}, grown.ClusterEndpoints...), Endpoint{IP: grown.ClusterEndpoints[0].IP.Next(), Port: 8080})
+			steps := []struct {
+				name    string
+				changes map[ServiceName][]*ServicePort
+			}{
+				{"endpoint added (intervals and pick chain change)", map[ServiceName][]*ServicePort{name: {&grown}}},
+				{"endpoint removed again", map[ServiceName][]*ServicePort{name: ports}},
+				{"service deleted", map[ServiceName][]*ServicePort{name: nil}},
+				{"service added back", map[ServiceName][]*ServicePort{name: ports}},
+				{"firewall service loses its ranges", func() map[ServiceName][]*ServicePort {
+					n := ServiceName{Namespace: "ns", Name: "fw-allow"}
+					p := *svcs[n][0]
+					p.SourceRanges = nil
+					return map[ServiceName][]*ServicePort{n: {&p}}
+				}()},
+				{"affinity service deleted", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "affinity"}: nil}},
+			}
+			for _, st := range steps {
+				stats, err := s.Partial(ctx, st.changes)
+				if err != nil {
+					t.Fatalf("%s: partial sync rejected: %v", st.name, err)
+				}
+				if stats.Operations == 0 {
+					t.Errorf("%s: partial sync did nothing", st.name)
+				}
+			}
+			// The kernel's endpoint map must hold exactly what the syncer wrote.
+			listing := nftIn(t, ns, "list", "map", string(familyName(fam)), cfg.TableName(), endpointsMap(mapEndpoints, TCP))
+			for _, e := range svcs[name][0].ClusterEndpoints {
+				if !strings.Contains(listing, e.IP.String()) {
+					t.Errorf("endpoint %s missing from the kernel map:\n%s", e, listing)
+				}
+			}
+			if strings.Contains(listing, grown.ClusterEndpoints[2].IP.String()) {
+				t.Errorf("removed endpoint %s still in the kernel map:\n%s", grown.ClusterEndpoints[2].IP, listing)
+			}
+			chains := nftIn(t, ns, "list", "chains", string(familyName(fam)))
+			if strings.Contains(chains, affinityPrefix) {
+				t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
+			}
+		})
+	}
+}
+
+func familyName(f Family) knftables.Family {
+	if f == IPv6 {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+var _ = time.Second
