@@ -262,8 +262,10 @@ func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
 	return &affinity{c: c, sp: sp, out: out, id: id, classes: map[string]bool{}, eps: map[Endpoint]bool{}}
 }
 
-func (a *affinity) epChain(ep Endpoint) string { return affinityPrefix + a.id + "-ep-" + endpointID(ep) }
-func (a *affinity) epSet(ep Endpoint) string   { return affinityPrefix + a.id + "-" + endpointID(ep) }
+func (a *affinity) epChain(ep Endpoint) string {
+	return affinityPrefix + a.id + "-ep-" + endpointID(ep)
+}
+func (a *affinity) epSet(ep Endpoint) string { return affinityPrefix + a.id + "-" + endpointID(ep) }
 
 // chain returns the class chain for eps, creating it on first use.
 func (a *affinity) chain(class string, eps []Endpoint) string {

@@ -90,8 +90,8 @@ const affinitySetSize = 65535
 // allProtocols returns the transport protocols Services use, in a fixed order.
 func allProtocols() []Protocol { return []Protocol{TCP, UDP, SCTP} }
 
-func pickChain(n int) string        { return fmt.Sprintf("%s%d", pickPrefix, n) }
-func pickClusterChain(n int) string { return fmt.Sprintf("%s%d", pickClusterPrefix, n) }
+func pickChain(n int) string                      { return fmt.Sprintf("%s%d", pickPrefix, n) }
+func pickClusterChain(n int) string               { return fmt.Sprintf("%s%d", pickClusterPrefix, n) }
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
 
 // portID is a short stable name for a Service port, for its per-Service objects.
