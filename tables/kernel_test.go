@@ -152,3 +152,64 @@ func familyName(f Family) knftables.Family {
 }
 
 var _ = time.Second
+
+func TestProbe(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	inNetns := func(fam Family, table string) (knftables.Interface, error) {
+		return kernelNFT(t, ns, fam, table), nil
+	}
+	if err := Probe(context.Background(), inNetns); err != nil {
+		t.Fatalf("probe on a real kernel: %v", err)
+	}
+	if out := nftIn(t, ns, "list", "tables"); strings.TrimSpace(out) != "" {
+		t.Errorf("probe must not leave anything behind, found:\n%s", out)
+	}
+	missing := func(Family, string) (knftables.Interface, error) {
+		return nil, exec.ErrNotFound
+	}
+	err := Probe(context.Background(), missing)
+	if err == nil || !strings.Contains(err.Error(), "nft is missing") || !strings.Contains(err.Error(), "IPv6") {
+		t.Errorf("probe without nft: want a clear error naming both families, got %v", err)
+	}
+}
+
+// TestDeleteTableTouchesOnlyItsOwn: cleanup of one instance leaves other instances and
+// foreign tables (a legacy kube-proxy's) alone.
+func TestDeleteTableTouchesOnlyItsOwn(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	ctx := context.Background()
+	nftIn(t, ns, "add", "table", "ip", "kube-proxy")
+	for i, inst := range []string{"team-a", "team-b"} {
+		for _, fam := range []Family{IPv4, IPv6} {
+			cfg := testConfig(fam)
+			cfg.Instance, cfg.Slot = inst, i
+			s, err := NewSyncer(cfg, kernelNFT(t, ns, fam, cfg.TableName()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Full(ctx, featureServices(fam)); err != nil {
+				t.Fatalf("%s %s: %v", inst, fam, err)
+			}
+		}
+	}
+	for _, fam := range []Family{IPv4, IPv6} {
+		if err := DeleteTable(ctx, kernelNFT(t, ns, fam, "shardproxy-team-a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tables := nftIn(t, ns, "list", "tables")
+	for _, want := range []string{"table ip kube-proxy", "table ip shardproxy-team-b", "table ip6 shardproxy-team-b"} {
+		if !strings.Contains(tables, want) {
+			t.Errorf("%q was removed by team-a's cleanup:\n%s", want, tables)
+		}
+	}
+	if strings.Contains(tables, "team-a") {
+		t.Errorf("team-a's tables survived cleanup:\n%s", tables)
+	}
+	// Deleting again is not an error.
+	if err := DeleteTable(ctx, kernelNFT(t, ns, IPv4, "shardproxy-team-a")); err != nil {
+		t.Errorf("second cleanup: %v", err)
+	}
+}

@@ -229,6 +229,34 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 // remembered for ClientIP affinity survive.
 func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePort) (Stats, error) {
 	start := time.Now()
+	tx, stats, err := s.buildFull(ctx, services, true)
+	if err != nil {
+		return stats, err
+	}
+	if err := s.nft.Run(ctx, tx); err != nil {
+		s.recreate = true
+		return stats, fmt.Errorf("full sync of table %s %s: %w", s.c.ip, s.cfg.TableName(), err)
+	}
+	s.recreate = false
+	s.synced = true
+	stats.Elapsed = time.Since(start)
+	return stats, nil
+}
+
+// Check asks the kernel whether it would accept a full sync of services, without
+// changing anything.
+func (s *Syncer) Check(ctx context.Context, services map[ServiceName][]*ServicePort) error {
+	tx, _, err := s.buildFull(ctx, services, false)
+	if err != nil {
+		return err
+	}
+	s.synced = false
+	return s.nft.Check(ctx, tx)
+}
+
+// buildFull computes the state for services and the transaction that writes it; with
+// listStale it also finds leftover per-Service objects to delete.
+func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*ServicePort, listStale bool) (*knftables.Transaction, Stats, error) {
 	stats := Stats{Full: true}
 	s.synced = false
 	s.reset()
@@ -241,10 +269,10 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 	// Chains and sets of an earlier run that nothing needs any more are deleted; listing
 	// their names is cheap next to listing the whole table, and only a full sync does it.
 	var staleChains, staleSets []string
-	if !s.recreate {
+	if listStale && !s.recreate {
 		chains, err := s.nft.List(ctx, "chains")
 		if err != nil && !knftables.IsNotFound(err) {
-			return stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
+			return nil, stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
 		}
 		for _, ch := range chains {
 			_, own := b.newOwn.chains[ch]
@@ -254,7 +282,7 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 		}
 		sets, err := s.nft.List(ctx, "sets")
 		if err != nil && !knftables.IsNotFound(err) {
-			return stats, fmt.Errorf("listing sets of %s: %w", s.cfg.TableName(), err)
+			return nil, stats, fmt.Errorf("listing sets of %s: %w", s.cfg.TableName(), err)
 		}
 		for _, st := range sets {
 			if _, own := b.newOwn.sets[st]; strings.HasPrefix(st, affinityPrefix) && !own {
@@ -291,10 +319,10 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
 	if err := s.writeOwned(tx, newOwned(), b.newOwn); err != nil {
-		return stats, err
+		return nil, stats, err
 	}
 	if err := s.addPickChains(tx, sortedKeys(s.chainRef)); err != nil {
-		return stats, err
+		return nil, stats, err
 	}
 	ids := sortedKeys(s.refs)
 	for _, id := range ids {
@@ -308,14 +336,7 @@ func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePo
 		tx.Delete(&knftables.Set{Name: st})
 	}
 	stats.Operations = tx.NumOperations()
-	if err := s.nft.Run(ctx, tx); err != nil {
-		s.recreate = true
-		return stats, fmt.Errorf("full sync of table %s %s: %w", s.c.ip, s.cfg.TableName(), err)
-	}
-	s.recreate = false
-	s.synced = true
-	stats.Elapsed = time.Since(start)
-	return stats, nil
+	return tx, stats, nil
 }
 
 // Partial applies the changes of the given Services: each one's ports become exactly
@@ -419,14 +440,18 @@ func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned) error {
 			tx.Add(s.c.affinitySet(st, now.sets[st]))
 		}
 	}
+	var changed []string
 	for _, ch := range sortedKeys(now.chains) {
-		rules := now.chains[ch]
-		if prev, ok := old.chains[ch]; ok && slices.Equal(prev, rules) {
+		if prev, ok := old.chains[ch]; ok && slices.Equal(prev, now.chains[ch]) {
 			continue
 		}
+		changed = append(changed, ch)
 		tx.Add(&knftables.Chain{Name: ch})
 		tx.Flush(&knftables.Chain{Name: ch})
-		for _, r := range rules {
+	}
+	// Rules only after every chain exists: class chains jump to endpoint chains.
+	for _, ch := range changed {
+		for _, r := range now.chains[ch] {
 			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
 		}
 	}

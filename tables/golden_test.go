@@ -1,0 +1,213 @@
+package tables
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+)
+
+// contentDump renders what Services put into the table: every element, and the rules
+// of every chain outside the fixed skeleton. Lines are sorted, so order never matters.
+func contentDump(fake *knftables.Fake) string {
+	var lines []string
+	for name, st := range fake.Table.Sets {
+		for _, e := range st.Elements {
+			lines = append(lines, "set "+name+" "+strings.Join(e.Key, " . "))
+		}
+	}
+	for name, m := range fake.Table.Maps {
+		for _, e := range m.Elements {
+			lines = append(lines, "map "+name+" "+strings.Join(e.Key, " . ")+" : "+strings.Join(e.Value, " . "))
+		}
+	}
+	for name, ch := range fake.Table.Chains {
+		if !isDynamicChain(name) {
+			continue
+		}
+		for _, r := range ch.Rules {
+			lines = append(lines, "chain "+name+" "+r.Rule)
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func golden(lines string) string {
+	var out []string
+	for _, l := range strings.Split(lines, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
+}
+
+func TestGoldenServices(t *testing.T) {
+	pod := ep("10.244.1.2", 8080)
+	remote := ep("10.244.2.2", 8080)
+	cases := []struct {
+		name string
+		port *ServicePort
+		want string
+	}{
+		{
+			name: "cluster IP with two endpoints",
+			port: sp("web", 80, withEndpoints([]Endpoint{pod, remote}, []Endpoint{pod})),
+			want: `
+				set cluster-ips 172.30.0.10
+				set hairpin 10.244.1.2 . 10.244.1.2
+				set hairpin 10.244.2.2 . 10.244.2.2
+				map service-ips 172.30.0.10 . tcp . 80 : goto pick-2
+				map endpoints-tcp 172.30.0.10 . 80 . 0 : 10.244.1.2 . 8080
+				map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080
+				chain pick-2 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 2 map @endpoints-tcp
+				chain pick-2 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 2 map @endpoints-udp
+				chain pick-2 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 2 map @endpoints-sctp`,
+		},
+		{
+			name: "no endpoints rejects on every way in",
+			port: sp("empty", 53, func(p *ServicePort) {
+				p.Protocol = UDP
+				p.NodePort = 30053
+				p.ExternalIPs = []netip.Addr{addr("192.168.200.1")}
+			}),
+			want: `
+				set cluster-ips 172.30.0.10
+				set external-masq 192.168.100.1 . udp . 30053
+				set external-masq 192.168.200.1 . udp . 53
+				map no-endpoint-services 172.30.0.10 . udp . 53 : goto reject-chain
+				map no-endpoint-services 192.168.100.1 . udp . 30053 : goto reject-chain
+				map no-endpoint-services 192.168.200.1 . udp . 53 : goto reject-chain`,
+		},
+		{
+			name: "Local external policy without local endpoints: drop outside, short-circuit inside",
+			port: sp("local", 443, withEndpoints([]Endpoint{remote}, nil), func(p *ServicePort) {
+				p.ExternalLocal = true
+				p.LoadBalancerIPs = []netip.Addr{addr("192.168.201.1")}
+				p.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.100.0/24"), netip.MustParsePrefix("192.168.100.128/25")}
+			}),
+			want: `
+				set cluster-ips 172.30.0.10
+				set hairpin 10.244.2.2 . 10.244.2.2
+				set external-local 192.168.201.1 . tcp . 443
+				set firewall-ips 192.168.201.1 . tcp . 443
+				set firewall-allow 192.168.201.1 . tcp . 443 . 192.168.100.0/24
+				set firewall-allow-local 192.168.201.1 . tcp . 443
+				map service-ips 172.30.0.10 . tcp . 443 : goto pick-1
+				map endpoints-tcp 172.30.0.10 . 443 . 0 : 10.244.2.2 . 8080
+				map short-circuit-ips 192.168.201.1 . tcp . 443 : goto pick-cluster-1
+				map cluster-endpoints-tcp 192.168.201.1 . 443 . 0 : 10.244.2.2 . 8080
+				map no-endpoint-services 192.168.201.1 . tcp . 443 : drop
+				chain pick-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 map @endpoints-tcp
+				chain pick-1 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 map @endpoints-udp
+				chain pick-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 map @endpoints-sctp
+				chain pick-cluster-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 map @cluster-endpoints-tcp
+				chain pick-cluster-1 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 map @cluster-endpoints-udp
+				chain pick-cluster-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 map @cluster-endpoints-sctp`,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, fake := newFake(t, testConfig(IPv4))
+			fullSync(t, s, services(tc.port))
+			if diff := cmp.Diff(golden(tc.want), contentDump(fake)); diff != "" {
+				t.Errorf("content (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestGoldenAffinity(t *testing.T) {
+	p := sp("sticky", 80, withEndpoints([]Endpoint{ep("10.244.1.2", 8080)}, nil), func(p *ServicePort) {
+		p.AffinityTimeout = 300 * time.Second
+	})
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(p))
+	spn := p.Name
+	spn.Protocol = TCP
+	id := portID(spn, p.AffinityTimeout)
+	epid := endpointID(p.ClusterEndpoints[0])
+	want := golden(strings.NewReplacer("ID", id, "EP", epid).Replace(`
+		set cluster-ips 172.30.0.10
+		set hairpin 10.244.1.2 . 10.244.1.2
+		map service-ips 172.30.0.10 . tcp . 80 : goto aff-ID-int
+		chain aff-ID-int ip saddr @aff-ID-EP goto aff-ID-ep-EP
+		chain aff-ID-int numgen random mod 1 vmap { 0 : goto aff-ID-ep-EP }
+		chain aff-ID-ep-EP update @aff-ID-EP { ip saddr }
+		chain aff-ID-ep-EP meta l4proto tcp dnat ip to 10.244.1.2:8080`))
+	if diff := cmp.Diff(want, contentDump(fake)); diff != "" {
+		t.Errorf("content (-want +got):\n%s", diff)
+	}
+	set := fake.Table.Sets["aff-"+id+"-"+epid]
+	if set == nil || *set.Timeout != 300*time.Second {
+		t.Errorf("affinity set missing or with the wrong timeout: %+v", set)
+	}
+}
+
+// TestGoldenSkeleton pins the fixed part of an instance's table: base chains, hooks,
+// priorities (slot 0), sets, maps and rules. tables/README.md documents it.
+func TestGoldenSkeleton(t *testing.T) {
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, nil)
+	if diff := cmp.Diff(golden(skeletonIPv4), golden(fake.Dump())); diff != "" {
+		t.Errorf("skeleton (-want +got):\n%s", diff)
+	}
+}
+
+const skeletonIPv4 = `
+add table ip shardproxy-test { comment "shardproxy instance test" ; }
+add chain ip shardproxy-test filter-forward { type filter hook forward priority -35 ; }
+add chain ip shardproxy-test filter-input { type filter hook input priority -35 ; }
+add chain ip shardproxy-test filter-output { type filter hook output priority -35 ; }
+add chain ip shardproxy-test firewall-check
+add chain ip shardproxy-test firewall-output { type filter hook output priority -99 ; }
+add chain ip shardproxy-test firewall-prerouting { type filter hook prerouting priority -99 ; }
+add chain ip shardproxy-test nat-output { type nat hook output priority -67 ; }
+add chain ip shardproxy-test nat-postrouting { type nat hook postrouting priority 101 ; }
+add chain ip shardproxy-test nat-prerouting { type nat hook prerouting priority -67 ; }
+add chain ip shardproxy-test reject-chain
+add chain ip shardproxy-test services
+add set ip shardproxy-test cluster-ips { type ipv4_addr ; comment "cluster IPs of this instance's Services" ; }
+add set ip shardproxy-test external-local { type ipv4_addr . inet_proto . inet_service ; comment "external entries of Local-policy Services" ; }
+add set ip shardproxy-test external-masq { type ipv4_addr . inet_proto . inet_service ; comment "external entries of Cluster-policy Services" ; }
+add set ip shardproxy-test firewall-allow { type ipv4_addr . inet_proto . inet_service . ipv4_addr ; flags interval ; comment "LB entry . allowed source range" ; }
+add set ip shardproxy-test firewall-allow-local { type ipv4_addr . inet_proto . inet_service ; comment "LB entries whose source ranges hold a node IP" ; }
+add set ip shardproxy-test firewall-ips { type ipv4_addr . inet_proto . inet_service ; comment "LB entries with loadBalancerSourceRanges" ; }
+add set ip shardproxy-test hairpin { type ipv4_addr . ipv4_addr ; comment "endpoint . endpoint, for hairpin masquerade" ; }
+add map ip shardproxy-test cluster-endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
+add map ip shardproxy-test cluster-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
+add map ip shardproxy-test cluster-endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
+add map ip shardproxy-test endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> endpoint" ; }
+add map ip shardproxy-test endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> endpoint" ; }
+add map ip shardproxy-test endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> endpoint" ; }
+add map ip shardproxy-test no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment "entry without endpoints -> reject or drop" ; }
+add map ip shardproxy-test service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "entry -> pick chain" ; }
+add map ip shardproxy-test short-circuit-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "Local-policy entry, from pods and node -> pick chain" ; }
+add rule ip shardproxy-test filter-forward ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+add rule ip shardproxy-test filter-forward ip daddr @cluster-ips reject
+add rule ip shardproxy-test filter-input ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+add rule ip shardproxy-test filter-output ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+add rule ip shardproxy-test filter-output ip daddr @cluster-ips reject
+add rule ip shardproxy-test firewall-check ip daddr . meta l4proto . th dport . ip saddr @firewall-allow return
+add rule ip shardproxy-test firewall-check fib saddr type local ip daddr . meta l4proto . th dport @firewall-allow-local return
+add rule ip shardproxy-test firewall-check drop
+add rule ip shardproxy-test firewall-output ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
+add rule ip shardproxy-test firewall-prerouting ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
+add rule ip shardproxy-test nat-output jump services
+add rule ip shardproxy-test nat-postrouting meta mark & 0x00004000 != 0 meta mark set meta mark xor 0x00004000 masquerade fully-random
+add rule ip shardproxy-test nat-postrouting ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random
+add rule ip shardproxy-test nat-prerouting jump services
+add rule ip shardproxy-test reject-chain reject
+add rule ip shardproxy-test services ip daddr @cluster-ips ip saddr != { 10.244.0.0/16 } meta mark set meta mark or 0x00004000
+add rule ip shardproxy-test services ip daddr . meta l4proto . th dport @external-masq meta mark set meta mark or 0x00004000
+add rule ip shardproxy-test services fib saddr type local ip daddr . meta l4proto . th dport @external-local meta mark set meta mark or 0x00004000
+add rule ip shardproxy-test services ip saddr { 10.244.0.0/16 } ip daddr . meta l4proto . th dport vmap @short-circuit-ips
+add rule ip shardproxy-test services fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-ips
+add rule ip shardproxy-test services ip daddr . meta l4proto . th dport vmap @service-ips
+`

@@ -1,0 +1,86 @@
+package tables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// Probe checks that this host can run an instance: nft is installed and new enough (the
+// knftables constructor checks that), and the kernel accepts every rule shape the
+// compiler emits, for both families. It changes nothing: the transactions are only
+// checked (`nft --check`), against a table name no instance uses.
+func Probe(ctx context.Context, newNFT func(fam Family, table string) (knftables.Interface, error)) error {
+	var errs []error
+	for _, fam := range []Family{IPv4, IPv6} {
+		cfg := probeConfig(fam)
+		nft, err := newNFT(fam, cfg.TableName())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: nft is missing or unusable: %w", fam, err))
+			continue
+		}
+		s, err := NewSyncer(cfg, nft)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := s.Check(ctx, probeServices(fam)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, fib and nat; Linux 5.6 or later): %w", fam, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RealNFT is the newNFT of Probe for the real host.
+func RealNFT(fam Family, table string) (knftables.Interface, error) {
+	return knftables.New(KnftFamily(fam), table)
+}
+
+func probeConfig(fam Family) Config {
+	node := netip.MustParseAddr("192.0.2.1")
+	cidr := netip.MustParsePrefix("198.18.0.0/15")
+	if fam == IPv6 {
+		node = netip.MustParseAddr("2001:db8::1")
+		cidr = netip.MustParsePrefix("2001:db8:1::/64")
+	}
+	return Config{
+		Family: fam, TablePrefix: "shardproxy", Instance: "probe", MasqueradeBit: 14,
+		Local:       LocalTraffic{Mode: LocalClusterCIDR, CIDRs: []netip.Prefix{cidr}},
+		NodePortIPs: []netip.Addr{node}, NodeIPs: []netip.Addr{node},
+	}
+}
+
+// probeServices uses every feature once: both pick chain kinds, affinity, firewall,
+// every protocol.
+func probeServices(fam Family) map[ServiceName][]*ServicePort {
+	a := func(v4, v6 string) netip.Addr {
+		if fam == IPv6 {
+			return netip.MustParseAddr(v6)
+		}
+		return netip.MustParseAddr(v4)
+	}
+	ep := Endpoint{IP: a("198.18.0.2", "2001:db8:1::2"), Port: 8080}
+	out := map[ServiceName][]*ServicePort{}
+	for i, proto := range allProtocols() {
+		name := ServiceName{Namespace: "probe", Name: string(proto)}
+		out[name] = []*ServicePort{{
+			Name:             ServicePortName{Namespace: name.Namespace, Name: name.Name},
+			Protocol:         proto,
+			Port:             80,
+			NodePort:         uint16(30000 + i),
+			ClusterIP:        a(fmt.Sprintf("198.19.0.%d", i+1), fmt.Sprintf("2001:db8:2::%d", i+1)),
+			LoadBalancerIPs:  []netip.Addr{a(fmt.Sprintf("198.19.1.%d", i+1), fmt.Sprintf("2001:db8:3::%d", i+1))},
+			SourceRanges:     []netip.Prefix{netip.MustParsePrefix(map[bool]string{true: "2001:db8::/32", false: "192.0.2.0/24"}[fam == IPv6])},
+			ExternalLocal:    i == 1,
+			AffinityTimeout:  map[bool]time.Duration{true: time.Hour}[i == 2],
+			ClusterEndpoints: []Endpoint{ep},
+			LocalEndpoints:   []Endpoint{ep},
+			HasEndpoints:     true,
+		}}
+	}
+	return out
+}
