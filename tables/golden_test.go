@@ -166,8 +166,8 @@ add chain ip shardproxy-test filter-forward { type filter hook forward priority 
 add chain ip shardproxy-test filter-input { type filter hook input priority -35 ; }
 add chain ip shardproxy-test filter-output { type filter hook output priority -35 ; }
 add chain ip shardproxy-test firewall-check
-add chain ip shardproxy-test firewall-output { type filter hook output priority -99 ; }
-add chain ip shardproxy-test firewall-prerouting { type filter hook prerouting priority -99 ; }
+add chain ip shardproxy-test firewall-output { type filter hook output priority -132 ; }
+add chain ip shardproxy-test firewall-prerouting { type filter hook prerouting priority -132 ; }
 add chain ip shardproxy-test nat-output { type nat hook output priority -67 ; }
 add chain ip shardproxy-test nat-postrouting { type nat hook postrouting priority 101 ; }
 add chain ip shardproxy-test nat-prerouting { type nat hook prerouting priority -67 ; }

@@ -11,21 +11,24 @@ import (
 // priority in each band below.
 const MaxSlots = 32
 
-// Priority bands. Upstream kube-proxy (and iptables-nft) DNAT at exactly dstnat (-100)
-// and masquerade at srcnat (100). Every instance hooks strictly after them, so during a
-// migration a legacy proxy wins any overlap; and inside one instance the order is
-// firewall < DNAT < filter, with SNAT on its own hook:
+// Priority bands. Netfilter runs every nat-type chain from its own NAT hook, at dstnat
+// (-100) on prerouting and output and at srcnat (100) on postrouting; a nat chain's
+// priority only orders it among the other nat chains. Upstream kube-proxy (and
+// iptables-nft) DNAT at exactly dstnat and masquerade at srcnat, so every instance's nat
+// chains, numbered after theirs, run after theirs: during a migration a legacy proxy wins
+// any overlap. The firewall must see Service addresses, so it runs before the NAT hook;
+// the filter chains see translated traffic:
 //
 //	band       hooks                      priorities (slot 0 .. 31)
-//	firewall   prerouting, output         -99 .. -68
-//	dnat       prerouting, output         -67 .. -36   (type nat; stays above -200)
+//	firewall   prerouting, output         -132 .. -101  (before any DNAT)
+//	dnat       prerouting, output         -67 .. -36    (type nat: ordered after -100)
 //	filter     input, forward, output     -35 .. -4
-//	snat       postrouting                101 .. 132   (type nat)
+//	snat       postrouting                101 .. 132    (type nat: ordered after 100)
 //
 // No two slots share a priority on any hook, and no band overlaps another.
 const (
-	firewallBase = -100 + 1
-	dnatBase     = firewallBase + MaxSlots
+	firewallBase = -100 - MaxSlots
+	dnatBase     = -100 + 1 + MaxSlots
 	filterBase   = dnatBase + MaxSlots
 	snatBase     = 100 + 1
 )

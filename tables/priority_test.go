@@ -15,8 +15,11 @@ func TestPrioritiesDistinctAndOrdered(t *testing.T) {
 		if !(p.Firewall < p.DNAT && p.DNAT < p.Filter && p.Filter < p.SNAT) {
 			t.Errorf("slot %d: want firewall < DNAT < filter < SNAT, got %+v", slot, p)
 		}
-		if p.DNAT <= -100 || p.Firewall <= -100 {
-			t.Errorf("slot %d: must hook strictly after a legacy proxy's dstnat (-100): %+v", slot, p)
+		if p.DNAT <= -100 {
+			t.Errorf("slot %d: nat chains must be ordered after a legacy proxy's dstnat (-100): %+v", slot, p)
+		}
+		if p.Firewall >= -100 {
+			t.Errorf("slot %d: the firewall must run before the NAT hook at -100: %+v", slot, p)
 		}
 		if p.DNAT <= -200 || p.SNAT <= 100 {
 			t.Errorf("slot %d: nat chains must stay after conntrack and after srcnat: %+v", slot, p)

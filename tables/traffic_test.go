@@ -99,6 +99,18 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 				mk("empty", "11", TCP, nil, nil, 30081),
 				mk("empty", "11", UDP, nil, nil, 30081),
 			)
+			sticky := mk("sticky", "12", TCP, []Endpoint{pod1, remote}, []Endpoint{pod1}, 0)
+			sticky.AffinityTimeout = 600e9
+			local := mk("local", "13", TCP, []Endpoint{pod1, remote}, []Endpoint{pod1}, 30083)
+			local.ExternalLocal = true
+			local.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.13", "fd00:201::13")}
+			local.SourceRanges = []netip.Prefix{netip.MustParsePrefix(netns.ClientCIDRv4), netip.MustParsePrefix(netns.ClientCIDRv6)}
+			denied := mk("denied", "14", TCP, []Endpoint{pod1}, []Endpoint{pod1}, 0)
+			denied.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.14", "fd00:201::14")}
+			denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/64")}
+			for _, p := range []*ServicePort{sticky, local, denied} {
+				teamA[ServiceName{Namespace: "ns", Name: p.Name.Name}] = []*ServicePort{p}
+			}
 			teamB := services(mk("other", "20", TCP, []Endpoint{remote}, nil, 30090))
 			n.load(t, "team-a", 0, teamA)
 			n.load(t, "team-b", 1, teamB)
@@ -138,6 +150,39 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 					}
 				}
 				t.Error("pod1 never reached itself")
+			})
+			t.Run("ClientIP affinity sticks to one endpoint", func(t *testing.T) {
+				first := ""
+				for i := 0; i < 20; i++ {
+					r, err := tp.Dial(tp.Pod2, "tcp", cip("12").String(), 80)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if first == "" {
+						first = r.Server
+					} else if r.Server != first {
+						t.Fatalf("connection %d went to %s after %s: affinity broken", i, r.Server, first)
+					}
+				}
+			})
+			t.Run("Local policy: LB IP from outside keeps the client IP and stays local", func(t *testing.T) {
+				client := n.a(netns.ClientIPv4, netns.ClientIPv6).String()
+				for i := 0; i < 10; i++ {
+					r, err := tp.Dial(tp.Client, "tcp", n.a("192.168.201.13", "fd00:201::13").String(), 80)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Server != "pod1" || r.Source != client {
+						t.Fatalf("got %+v, want pod1 seeing %s", r, client)
+					}
+				}
+				reach(t, tp, tp.Client, "tcp", nodeIP, 30083, map[string]string{"pod1": n.a(netns.ClientIPv4, netns.ClientIPv6).String()})
+			})
+			t.Run("LoadBalancerSourceRanges drops sources outside the ranges", func(t *testing.T) {
+				_, err := tp.Dial(tp.Client, "tcp", n.a("192.168.201.14", "fd00:201::14").String(), 80)
+				if !netns.IsTimeout(err) {
+					t.Errorf("want the connection dropped (timeout), got %v", err)
+				}
 			})
 			t.Run("second instance serves its own Service", func(t *testing.T) {
 				reach(t, tp, tp.Pod2, "tcp", cip("20"), 80, map[string]string{"remote": pod2})

@@ -80,6 +80,19 @@ type chainRef struct {
 	priority int
 }
 
+// effective is where the kernel really runs the chain: every nat chain runs from the NAT
+// hook, at dstnat (-100) on prerouting and output and srcnat (100) on input and
+// postrouting; its own priority only orders it among nat chains.
+func (c chainRef) effective() int {
+	if c.typ != "nat" {
+		return c.priority
+	}
+	if c.hook == "prerouting" || c.hook == "output" {
+		return -100
+	}
+	return 100
+}
+
 // Tracer traces packets through a set of tables, as the kernel would order them.
 type Tracer struct {
 	env   Env
@@ -109,6 +122,10 @@ func New(env Env, fakes ...*knftables.Fake) (*Tracer, error) {
 	}
 	for _, refs := range t.hooks {
 		sort.SliceStable(refs, func(i, j int) bool {
+			ei, ej := refs[i].effective(), refs[j].effective()
+			if ei != ej {
+				return ei < ej
+			}
 			if refs[i].priority != refs[j].priority {
 				return refs[i].priority < refs[j].priority
 			}
