@@ -1,0 +1,142 @@
+// Package selector decides which local proxy instance owns each Service (and so its
+// EndpointSlices), applies the instances' tenant guards, and hands Services over between
+// instances when their labels change.
+package selector
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// LabelServiceProxyName is the label that assigns a Service to a proxy by name.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// Spec says what one instance serves.
+type Spec struct {
+	// Name is the instance's name.
+	Name string
+	// Default serves the Services without the LabelServiceProxyName label.
+	Default bool
+	// ProxyNames are the label values the instance serves.
+	ProxyNames []string
+	// Namespaces, when not empty, are the only namespaces the instance accepts Services
+	// from (a tenant guard).
+	Namespaces []string
+	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs may come from;
+	// others are dropped from the Service (a tenant guard).
+	ExternalIPCIDRs []netip.Prefix
+}
+
+// Router maps Services to instances. It is immutable once built, so it is safe for
+// concurrent use.
+type Router struct {
+	specs       map[string]Spec
+	byProxyName map[string]string
+	defaultName string
+}
+
+// NewRouter builds a Router; it fails when two instances claim the same proxy name or
+// both claim to be the default.
+func NewRouter(specs []Spec) (*Router, error) {
+	r := &Router{specs: map[string]Spec{}, byProxyName: map[string]string{}}
+	var errs []error
+	for _, s := range specs {
+		if _, dup := r.specs[s.Name]; dup {
+			errs = append(errs, fmt.Errorf("instance %q is defined twice", s.Name))
+			continue
+		}
+		r.specs[s.Name] = s
+		if s.Default {
+			if r.defaultName != "" {
+				errs = append(errs, fmt.Errorf("instances %q and %q are both the default", r.defaultName, s.Name))
+			} else {
+				r.defaultName = s.Name
+			}
+		}
+		for _, pn := range s.ProxyNames {
+			if other, dup := r.byProxyName[pn]; dup {
+				errs = append(errs, fmt.Errorf("proxy name %q is served by both %q and %q", pn, other, s.Name))
+				continue
+			}
+			r.byProxyName[pn] = s.Name
+		}
+	}
+	return r, errors.Join(errs...)
+}
+
+// Decision is the outcome of routing one Service.
+type Decision struct {
+	// Instance is the owning instance, or "" when no local instance serves the Service.
+	Instance string
+	// Rejected explains why the instance that the label names refused the Service (a
+	// tenant guard); Instance is then "".
+	Rejected string
+}
+
+// Route returns the instance that serves svc.
+func (r *Router) Route(svc *corev1.Service) Decision {
+	name, labeled := svc.Labels[LabelServiceProxyName]
+	var inst string
+	if labeled {
+		inst = r.byProxyName[name]
+	} else {
+		inst = r.defaultName
+	}
+	if inst == "" {
+		return Decision{}
+	}
+	spec := r.specs[inst]
+	if len(spec.Namespaces) > 0 && !slices.Contains(spec.Namespaces, svc.Namespace) {
+		return Decision{Rejected: fmt.Sprintf("instance %q does not accept Services from namespace %q", inst, svc.Namespace)}
+	}
+	return Decision{Instance: inst}
+}
+
+// Guard applies the instance's tenant guards to a Service it owns. It returns the
+// Service to program (a copy when something was removed) and one line per item it
+// removed, for logs and events.
+func (r *Router) Guard(instance string, svc *corev1.Service) (*corev1.Service, []string) {
+	spec, ok := r.specs[instance]
+	if !ok || len(spec.ExternalIPCIDRs) == 0 || len(svc.Spec.ExternalIPs) == 0 {
+		return svc, nil
+	}
+	var kept []string
+	var problems []string
+	for _, s := range svc.Spec.ExternalIPs {
+		a, err := netip.ParseAddr(s)
+		allowed := false
+		if err == nil {
+			for _, p := range spec.ExternalIPCIDRs {
+				if p.Contains(a.Unmap()) {
+					allowed = true
+					break
+				}
+			}
+		}
+		if allowed {
+			kept = append(kept, s)
+		} else {
+			problems = append(problems, fmt.Sprintf("externalIP %q is outside the ranges instance %q allows; ignored", s, instance))
+		}
+	}
+	if len(problems) == 0 {
+		return svc, nil
+	}
+	out := svc.DeepCopy()
+	out.Spec.ExternalIPs = kept
+	return out, problems
+}
+
+// Instances lists the instance names, sorted.
+func (r *Router) Instances() []string {
+	out := make([]string, 0, len(r.specs))
+	for n := range r.specs {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,288 @@
+package selector
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func testRouter(t *testing.T) *Router {
+	t.Helper()
+	r, err := NewRouter([]Spec{
+		{Name: "default", Default: true},
+		{Name: "team-a", ProxyNames: []string{"team-a", "a-legacy"}, Namespaces: []string{"a1", "a2"}},
+		{Name: "team-b", ProxyNames: []string{"team-b"}, ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func service(ns, name, proxyName string) *corev1.Service {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if proxyName != "" {
+		svc.Labels = map[string]string{LabelServiceProxyName: proxyName}
+	}
+	return svc
+}
+
+func TestRoute(t *testing.T) {
+	r := testRouter(t)
+	cases := []struct {
+		name         string
+		svc          *corev1.Service
+		want         string
+		wantRejected string
+	}{
+		{"unlabeled goes to the default instance", service("x", "s", ""), "default", ""},
+		{"labeled goes to the instance with that proxy name", service("a1", "s", "team-a"), "team-a", ""},
+		{"an instance may serve several proxy names", service("a2", "s", "a-legacy"), "team-a", ""},
+		{"an unknown proxy name belongs to no local instance", service("x", "s", "someone-else"), "", ""},
+		{"tenant guard refuses other namespaces", service("x", "s", "team-a"), "", `does not accept Services from namespace "x"`},
+		{"no namespace guard means any namespace", service("anything", "s", "team-b"), "team-b", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := r.Route(tc.svc)
+			if got.Instance != tc.want {
+				t.Errorf("instance: got %q, want %q", got.Instance, tc.want)
+			}
+			if (tc.wantRejected == "") != (got.Rejected == "") || !strings.Contains(got.Rejected, tc.wantRejected) {
+				t.Errorf("rejected: got %q, want %q", got.Rejected, tc.wantRejected)
+			}
+		})
+	}
+}
+
+func TestNoDefaultInstance(t *testing.T) {
+	r, err := NewRouter([]Spec{{Name: "team-a", ProxyNames: []string{"team-a"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Route(service("x", "s", "")); got.Instance != "" {
+		t.Errorf("unlabeled Service without a default instance: got %q", got.Instance)
+	}
+}
+
+func TestNewRouterRejectsAmbiguity(t *testing.T) {
+	_, err := NewRouter([]Spec{
+		{Name: "a", Default: true, ProxyNames: []string{"p"}},
+		{Name: "b", Default: true, ProxyNames: []string{"p"}},
+		{Name: "a"},
+	})
+	for _, want := range []string{`"a" and "b" are both the default`, `proxy name "p" is served by both "a" and "b"`, `instance "a" is defined twice`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+}
+
+func TestGuardDropsExternalIPsOutsideTheTenantRanges(t *testing.T) {
+	r := testRouter(t)
+	svc := service("x", "s", "team-b")
+	svc.Spec.ExternalIPs = []string{"192.0.2.10", "198.51.100.1", "not-an-ip"}
+	got, problems := r.Guard("team-b", svc)
+	if !slices.Equal(got.Spec.ExternalIPs, []string{"192.0.2.10"}) {
+		t.Errorf("kept %v", got.Spec.ExternalIPs)
+	}
+	if len(problems) != 2 {
+		t.Errorf("want 2 problems, got %q", problems)
+	}
+	if len(svc.Spec.ExternalIPs) != 3 {
+		t.Error("Guard must not modify the informer's object")
+	}
+	if same, p := r.Guard("default", svc); same != svc || p != nil {
+		t.Error("an instance without the guard keeps the Service as it is")
+	}
+}
+
+// recorder is a Sink that logs what it receives and "programs" on demand.
+type recorder struct {
+	mu       sync.Mutex
+	name     string
+	log      *[]string
+	logMu    *sync.Mutex
+	programs map[types.NamespacedName]chan struct{}
+	auto     bool
+}
+
+func (r *recorder) add(s string) {
+	r.logMu.Lock()
+	defer r.logMu.Unlock()
+	*r.log = append(*r.log, r.name+": "+s)
+}
+
+func (r *recorder) UpdateService(svc *corev1.Service) <-chan struct{} {
+	r.add("service " + svc.Namespace + "/" + svc.Name)
+	ch := make(chan struct{})
+	if r.auto {
+		close(ch)
+		return ch
+	}
+	r.mu.Lock()
+	r.programs[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = ch
+	r.mu.Unlock()
+	return ch
+}
+
+func (r *recorder) program(name types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.programs[name])
+}
+
+func (r *recorder) DeleteService(name types.NamespacedName) { r.add("delete service " + name.String()) }
+func (r *recorder) UpdateEndpointSlice(s *discoveryv1.EndpointSlice) {
+	r.add("slice " + s.Namespace + "/" + s.Name)
+}
+func (r *recorder) DeleteEndpointSlice(s *discoveryv1.EndpointSlice) {
+	r.add("delete slice " + s.Namespace + "/" + s.Name)
+}
+
+type dispatchFixture struct {
+	d      *Dispatcher
+	sinks  map[string]*recorder
+	log    []string
+	logMu  sync.Mutex
+	slices map[string][]*discoveryv1.EndpointSlice
+	hand   []string
+}
+
+func newDispatchFixture(t *testing.T, auto bool) *dispatchFixture {
+	f := &dispatchFixture{sinks: map[string]*recorder{}, slices: map[string][]*discoveryv1.EndpointSlice{}}
+	sinks := map[string]Sink{}
+	for _, n := range []string{"default", "team-a", "team-b"} {
+		rec := &recorder{name: n, log: &f.log, logMu: &f.logMu, programs: map[types.NamespacedName]chan struct{}{}, auto: auto}
+		f.sinks[n] = rec
+		sinks[n] = rec
+	}
+	f.d = NewDispatcher(testRouter(t), sinks, func(ns, svc string) []*discoveryv1.EndpointSlice {
+		return f.slices[ns+"/"+svc]
+	}, Events{Handover: func(svc types.NamespacedName, from, to string) {
+		f.hand = append(f.hand, fmt.Sprintf("%s %q->%q", svc, from, to))
+	}})
+	return f
+}
+
+func (f *dispatchFixture) take() []string {
+	f.logMu.Lock()
+	defer f.logMu.Unlock()
+	out := f.log
+	f.log = nil
+	return out
+}
+
+func slice(ns, name, svc string) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name,
+		Labels: map[string]string{discoveryv1.LabelServiceName: svc}}}
+}
+
+func waitFor(t *testing.T, f *dispatchFixture, want string) []string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	var all []string
+	for time.Now().Before(deadline) {
+		all = append(all, f.take()...)
+		if slices.Contains(all, want) {
+			return all
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("never saw %q; saw %q", want, all)
+	return nil
+}
+
+func TestDispatchHandover(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	name := types.NamespacedName{Namespace: "a1", Name: "web"}
+	f.slices["a1/web"] = []*discoveryv1.EndpointSlice{slice("a1", "web-1", "web"), slice("a1", "web-2", "web")}
+
+	f.d.ServiceChanged(service("a1", "web", ""))
+	f.d.SliceChanged(slice("a1", "web-1", "web"))
+	if got := f.take(); !slices.Equal(got, []string{"default: service a1/web", "default: slice a1/web-1", "default: slice a1/web-2", "default: slice a1/web-1"}) {
+		t.Fatalf("unlabeled Service: %q", got)
+	}
+
+	// Relabel to team-a: team-a gets the Service and its current slices at once; the
+	// default instance lets go only once team-a has programmed it.
+	f.d.ServiceChanged(service("a1", "web", "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web", "team-a: slice a1/web-1", "team-a: slice a1/web-2"}) {
+		t.Fatalf("after relabel: %q", got)
+	}
+	if f.d.Owner(name) != "team-a" {
+		t.Fatalf("owner is %q", f.d.Owner(name))
+	}
+	f.d.SliceChanged(slice("a1", "web-3", "web"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: slice a1/web-3"}) {
+		t.Fatalf("slices follow the Service at once: %q", got)
+	}
+	f.sinks["team-a"].program(name)
+	waitFor(t, f, "default: delete service a1/web")
+
+	// And back to unlabeled.
+	f.d.ServiceChanged(service("a1", "web", ""))
+	f.sinks["default"].program(name)
+	waitFor(t, f, "team-a: delete service a1/web")
+	if want := []string{`a1/web ""->"default"`, `a1/web "default"->"team-a"`, `a1/web "team-a"->"default"`}; !slices.Equal(f.hand, want) {
+		t.Errorf("handovers: %q", f.hand)
+	}
+}
+
+func TestDispatchHandoverBackBeforeProgrammedKeepsService(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	f.d.HandoverTimeout = 50 * time.Millisecond
+	f.d.ServiceChanged(service("a1", "web", ""))
+	f.d.ServiceChanged(service("a1", "web", "team-a"))
+	f.d.ServiceChanged(service("a1", "web", ""))
+	time.Sleep(200 * time.Millisecond) // the handover timeout must have fired
+	for _, l := range f.take() {
+		if l == "default: delete service a1/web" {
+			t.Fatal("the default instance dropped a Service it owns again")
+		}
+	}
+}
+
+func TestDispatchIgnoresUnownedObjects(t *testing.T) {
+	f := newDispatchFixture(t, true)
+	f.d.ServiceChanged(service("x", "elsewhere", "another-proxy"))
+	f.d.SliceChanged(slice("x", "elsewhere-1", "elsewhere"))
+	f.d.SliceChanged(slice("x", "orphan-1", "no-such-service"))
+	f.d.ServiceDeleted(service("x", "elsewhere", "another-proxy"))
+	if got := f.take(); len(got) != 0 {
+		t.Errorf("objects no local instance owns reached an instance: %q", got)
+	}
+	// Relabeling such a Service to a local instance picks it up with its slices.
+	f.slices["x/elsewhere"] = []*discoveryv1.EndpointSlice{slice("x", "elsewhere-1", "elsewhere")}
+	f.d.ServiceChanged(service("x", "elsewhere", "team-b"))
+	if got := f.take(); !slices.Equal(got, []string{"team-b: service x/elsewhere", "team-b: slice x/elsewhere-1"}) {
+		t.Errorf("got %q", got)
+	}
+	// Relabeling it away again removes it from team-b.
+	f.d.ServiceChanged(service("x", "elsewhere", "another-proxy"))
+	if got := f.take(); !slices.Equal(got, []string{"team-b: delete service x/elsewhere"}) {
+		t.Errorf("got %q", got)
+	}
+}
+
+func TestDispatchTenantGuardRejectsNamespace(t *testing.T) {
+	f := newDispatchFixture(t, true)
+	var rejected []string
+	f.d.events.Rejected = func(svc *corev1.Service, why string) { rejected = append(rejected, why) }
+	f.d.ServiceChanged(service("intruder", "web", "team-a"))
+	if got := f.take(); len(got) != 0 {
+		t.Errorf("team-a got a Service from a namespace it does not accept: %q", got)
+	}
+	if len(rejected) != 1 {
+		t.Errorf("want one rejection event, got %q", rejected)
+	}
+}
