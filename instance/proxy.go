@@ -1,0 +1,446 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// Clock is the time seam of the sync loop.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Options configure one proxy instance.
+type Options struct {
+	// Name is the instance's name (also in its table names).
+	Name string
+	// Tables is the table configuration; Family is set per family by the instance.
+	Tables tables.Config
+	// Families are the IP families to program (both, normally).
+	Families []tables.Family
+	// NFT opens the knftables interface of one family's table.
+	NFT func(fam tables.Family, table string) (knftables.Interface, error)
+	// MinSyncPeriod is the shortest time between two syncs.
+	MinSyncPeriod time.Duration
+	// SyncPeriod is the longest time without a sync (a partial one that checks the table
+	// is still there).
+	SyncPeriod time.Duration
+	// FullSyncPeriod is the longest time between two full syncs.
+	FullSyncPeriod time.Duration
+	// TableCheckPeriod is how often the instance checks its tables were not deleted from
+	// outside (cheap: lists chain names).
+	TableCheckPeriod time.Duration
+	// Node is this node, for local endpoints and topology.
+	Node NodeInfo
+	// Observer hears about every sync; may be nil.
+	Observer Observer
+	// Clock defaults to the real clock.
+	Clock Clock
+}
+
+// Observer is told what an instance does, for health, metrics and node-wide work.
+type Observer interface {
+	// Queued: a change is waiting for a sync.
+	Queued(instance string)
+	// Synced: a sync succeeded.
+	Synced(res *SyncResult)
+	// SyncFailed: a sync failed; the next one is a full sync.
+	SyncFailed(instance string, err error)
+}
+
+// ChangedService is one Service a sync changed, before and after ("nil" when absent).
+type ChangedService struct {
+	Name          types.NamespacedName
+	Before, After *ServiceModel
+}
+
+// SyncResult describes a successful sync.
+type SyncResult struct {
+	Instance string
+	Full     bool
+	// Stats per family.
+	Stats map[tables.Family]tables.Stats
+	// Changed lists the Services whose model changed.
+	Changed []ChangedService
+	// Services and Endpoints count what the instance serves now.
+	Services, Endpoints int
+	// HealthCheckNodePorts and LocalEndpoints of every LoadBalancer Service with
+	// externalTrafficPolicy Local the instance owns.
+	HealthCheckNodePorts map[types.NamespacedName]int32
+	LocalEndpoints       map[types.NamespacedName]int
+	// NoLocalEndpoints counts Service ports with a Local policy and no local endpoint.
+	NoLocalInternal, NoLocalExternal int
+	Elapsed                          time.Duration
+}
+
+// Proxy is one proxy instance: it tracks the Services and EndpointSlices it owns and
+// keeps its tables in step on a bounded-frequency loop. The selector feeds it (it is a
+// selector.Sink); Run does the syncing.
+type Proxy struct {
+	opts    Options
+	logger  klog.Logger
+	syncers map[tables.Family]*tables.Syncer
+
+	mu      sync.Mutex
+	tracker *Tracker
+	// waiting are the channels to close once the given Service is programmed.
+	waiting map[types.NamespacedName][]chan struct{}
+	trigger chan struct{}
+
+	// Owned by the sync loop.
+	applied  map[types.NamespacedName]*ServiceModel
+	lastFull time.Time
+}
+
+// New creates an instance and opens its nftables interfaces; it changes nothing yet.
+func New(opts Options) (*Proxy, error) {
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.TableCheckPeriod == 0 {
+		opts.TableCheckPeriod = 2 * time.Second
+	}
+	if len(opts.Families) == 0 {
+		opts.Families = []tables.Family{tables.IPv4, tables.IPv6}
+	}
+	p := &Proxy{
+		opts:    opts,
+		logger:  klog.Background().WithValues("instance", opts.Name),
+		syncers: map[tables.Family]*tables.Syncer{},
+		tracker: NewTracker(opts.Node),
+		waiting: map[types.NamespacedName][]chan struct{}{},
+		trigger: make(chan struct{}, 1),
+		applied: map[types.NamespacedName]*ServiceModel{},
+	}
+	for _, fam := range opts.Families {
+		cfg := opts.Tables
+		cfg.Family = fam
+		cfg.Instance = opts.Name
+		nft, err := opts.NFT(fam, cfg.TableName())
+		if err != nil {
+			return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
+		}
+		s, err := tables.NewSyncer(cfg, nft)
+		if err != nil {
+			return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
+		}
+		p.syncers[fam] = s
+	}
+	return p, nil
+}
+
+// Name returns the instance's name.
+func (p *Proxy) Name() string { return p.opts.Name }
+
+func (p *Proxy) queue() {
+	if p.opts.Observer != nil {
+		p.opts.Observer.Queued(p.opts.Name)
+	}
+	select {
+	case p.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// UpdateService adds or updates a Service; the channel closes once it is programmed.
+func (p *Proxy) UpdateService(svc *corev1.Service) <-chan struct{} {
+	ch := make(chan struct{})
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	p.mu.Lock()
+	p.tracker.UpdateService(svc)
+	p.waiting[name] = append(p.waiting[name], ch)
+	p.mu.Unlock()
+	p.queue()
+	return ch
+}
+
+// DeleteService removes a Service and its EndpointSlices.
+func (p *Proxy) DeleteService(name types.NamespacedName) {
+	p.mu.Lock()
+	p.tracker.DeleteService(name)
+	p.mu.Unlock()
+	p.queue()
+}
+
+// UpdateEndpointSlice adds or updates an EndpointSlice.
+func (p *Proxy) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
+	p.mu.Lock()
+	p.tracker.UpdateEndpointSlice(slice)
+	p.mu.Unlock()
+	p.queue()
+}
+
+// DeleteEndpointSlice removes an EndpointSlice.
+func (p *Proxy) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
+	p.mu.Lock()
+	p.tracker.DeleteEndpointSlice(slice)
+	p.mu.Unlock()
+	p.queue()
+}
+
+// SetNode updates this node's labels (topology).
+func (p *Proxy) SetNode(node NodeInfo) {
+	p.mu.Lock()
+	p.tracker.SetNode(node)
+	p.mu.Unlock()
+	p.queue()
+}
+
+// Run syncs until ctx is done: at once, then after every change (no closer together
+// than MinSyncPeriod), at least every SyncPeriod, fully every FullSyncPeriod or after a
+// failure (with backoff), and within TableCheckPeriod of its tables being deleted.
+// It leaves the rules in place when it returns.
+func (p *Proxy) Run(ctx context.Context) error {
+	backoff := time.Duration(0)
+	var last time.Time
+	check := time.NewTicker(p.opts.TableCheckPeriod)
+	defer check.Stop()
+	forceFull := true
+	for {
+		res, err := p.Sync(ctx, forceFull)
+		last = p.opts.Clock.Now()
+		forceFull = false
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			backoff = min(max(2*backoff, time.Second), 30*time.Second)
+			p.logger.Error(err, "Sync failed; retrying with a full sync", "backoff", backoff)
+			if p.opts.Observer != nil {
+				p.opts.Observer.SyncFailed(p.opts.Name, err)
+			}
+		} else {
+			backoff = 0
+			if res != nil && p.opts.Observer != nil {
+				p.opts.Observer.Synced(res)
+			}
+		}
+
+		// Wait for the next reason to sync.
+		periodic := time.NewTimer(p.opts.SyncPeriod)
+		wait := backoff
+	waitLoop:
+		for {
+			var retry <-chan time.Time
+			if wait > 0 {
+				retry = time.After(wait)
+			}
+			select {
+			case <-ctx.Done():
+				periodic.Stop()
+				return nil
+			case <-retry:
+				break waitLoop
+			case <-periodic.C:
+				break waitLoop
+			case <-check.C:
+				if p.tablesMissing(ctx) {
+					p.logger.Info("Table deleted from outside; rebuilding")
+					forceFull = true
+					break waitLoop
+				}
+			case <-p.trigger:
+				if wait > 0 {
+					continue // still backing off
+				}
+				break waitLoop
+			}
+		}
+		periodic.Stop()
+		// Bound the frequency: changes within MinSyncPeriod are batched.
+		if d := p.opts.MinSyncPeriod - p.opts.Clock.Now().Sub(last); d > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(d):
+			}
+		}
+	}
+}
+
+// tablesMissing reports whether one of the instance's tables is gone.
+func (p *Proxy) tablesMissing(ctx context.Context) bool {
+	for _, s := range p.syncers {
+		if s.NeedsFull() {
+			continue
+		}
+		if ok, err := s.TableExists(ctx); err == nil && !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Sync runs one sync now: partial when possible, full when forced, after a failure,
+// or when FullSyncPeriod has passed. It returns nil, nil when there was nothing to do.
+func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
+	start := p.opts.Clock.Now()
+	p.mu.Lock()
+	dirty := p.tracker.TakeDirty()
+	models := make(map[types.NamespacedName]*ServiceModel, len(dirty))
+	for _, n := range dirty {
+		models[n] = p.tracker.Model(n)
+	}
+	full := forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
+	for _, s := range p.syncers {
+		full = full || s.NeedsFull()
+	}
+	var all map[types.NamespacedName]*ServiceModel
+	if full {
+		all = map[types.NamespacedName]*ServiceModel{}
+		for _, n := range p.tracker.Services() {
+			if m := p.tracker.Model(n); m != nil {
+				all[n] = m
+			}
+		}
+	}
+	// Channels to close after this sync: only those registered before it started.
+	waiting := p.waiting
+	p.waiting = map[types.NamespacedName][]chan struct{}{}
+	p.mu.Unlock()
+
+	res := &SyncResult{Instance: p.opts.Name, Full: full, Stats: map[tables.Family]tables.Stats{}}
+	var errs []error
+	for fam, s := range p.syncers {
+		var st tables.Stats
+		var err error
+		if full {
+			st, err = s.Full(ctx, portsOf(all, fam))
+		} else if len(models) > 0 {
+			changes := map[tables.ServiceName][]*tables.ServicePort{}
+			for n, m := range models {
+				changes[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = portsOfModel(m, fam)
+			}
+			st, err = s.Partial(ctx, changes)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		res.Stats[fam] = st
+		for _, c := range st.Conflicts {
+			p.logger.Info("Address conflict; the first Service keeps it", "conflict", c)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Put the waiters back: they are answered by the next successful sync.
+		p.mu.Lock()
+		for n, chs := range waiting {
+			p.waiting[n] = append(chs, p.waiting[n]...)
+		}
+		p.mu.Unlock()
+		return nil, err
+	}
+
+	// What changed, for conntrack cleanup and node-wide state.
+	if full {
+		for n, m := range all {
+			if !sameModel(p.applied[n], m) {
+				res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
+			}
+		}
+		for n, m := range p.applied {
+			if _, ok := all[n]; !ok {
+				res.Changed = append(res.Changed, ChangedService{Name: n, Before: m})
+			}
+		}
+		p.applied = all
+		p.lastFull = start
+	} else {
+		for n, m := range models {
+			res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
+			if m == nil {
+				delete(p.applied, n)
+			} else {
+				p.applied[n] = m
+			}
+		}
+	}
+	slices.SortFunc(res.Changed, func(a, b ChangedService) int { return compareNames(a.Name, b.Name) })
+	p.summarize(res)
+	for _, chs := range waiting {
+		for _, ch := range chs {
+			close(ch)
+		}
+	}
+	res.Elapsed = p.opts.Clock.Now().Sub(start)
+	for _, m := range models {
+		if m != nil && len(m.Problems) > 0 {
+			p.logger.Info("Skipped parts of a Service", "service", m.Name, "problems", m.Problems)
+		}
+	}
+	p.logger.V(2).Info("Synced", "full", full, "changed", len(res.Changed), "services", res.Services,
+		"endpoints", res.Endpoints, "elapsed", res.Elapsed)
+	return res, nil
+}
+
+// Applied returns the models last programmed (for status and tests).
+func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
+	return maps.Clone(p.applied)
+}
+
+func (p *Proxy) summarize(res *SyncResult) {
+	res.HealthCheckNodePorts = map[types.NamespacedName]int32{}
+	res.LocalEndpoints = map[types.NamespacedName]int{}
+	for n, m := range p.applied {
+		res.Services++
+		seen := map[tables.Endpoint]bool{}
+		for _, ports := range m.Ports {
+			for _, sp := range ports {
+				for _, e := range sp.ClusterEndpoints {
+					seen[e] = true
+				}
+				for _, e := range sp.LocalEndpoints {
+					seen[e] = true
+				}
+				if sp.InternalLocal && len(sp.LocalEndpoints) == 0 {
+					res.NoLocalInternal++
+				}
+				if sp.ExternalLocal && len(sp.LocalEndpoints) == 0 {
+					res.NoLocalExternal++
+				}
+			}
+		}
+		res.Endpoints += len(seen)
+		if m.HealthCheckNodePort != 0 {
+			res.HealthCheckNodePorts[n] = m.HealthCheckNodePort
+			res.LocalEndpoints[n] = m.LocalEndpoints
+		}
+	}
+}
+
+func portsOf(all map[types.NamespacedName]*ServiceModel, fam tables.Family) map[tables.ServiceName][]*tables.ServicePort {
+	out := make(map[tables.ServiceName][]*tables.ServicePort, len(all))
+	for n, m := range all {
+		if ports := portsOfModel(m, fam); len(ports) > 0 {
+			out[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = ports
+		}
+	}
+	return out
+}
+
+func portsOfModel(m *ServiceModel, fam tables.Family) []*tables.ServicePort {
+	if m == nil {
+		return nil
+	}
+	return m.Ports[fam]
+}
+
+func sameModel(a, b *ServiceModel) bool { return reflect.DeepEqual(a, b) }

@@ -1,0 +1,188 @@
+package instance
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Tracker holds the current Services and EndpointSlices and remembers which Services'
+// models may have changed since the caller last asked. It keeps the objects it is given
+// without copying them, as informer caches hand out shared read-only objects; callers
+// must not modify an object after passing it in.
+//
+// A Tracker is not safe for concurrent use: feed it from one goroutine (or guard it).
+type Tracker struct {
+	node     NodeInfo
+	services map[types.NamespacedName]*corev1.Service
+	// slices holds EndpointSlices by the Service they belong to, then by slice name.
+	// Slices of a Service not seen yet are kept, so it gets its endpoints on arrival.
+	slices map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	// sliceOwner maps a slice's namespace/name to the Service it is filed under, so a
+	// delete (whose object may be a stale tombstone) or a relabel finds the old entry.
+	sliceOwner map[types.NamespacedName]types.NamespacedName
+	dirty      map[types.NamespacedName]struct{}
+}
+
+// NewTracker returns an empty Tracker for the given node.
+func NewTracker(node NodeInfo) *Tracker {
+	t := &Tracker{
+		services:   map[types.NamespacedName]*corev1.Service{},
+		slices:     map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		sliceOwner: map[types.NamespacedName]types.NamespacedName{},
+		dirty:      map[types.NamespacedName]struct{}{},
+	}
+	t.node = cloneNode(node)
+	return t
+}
+
+// UpdateService adds or updates a Service.
+func (t *Tracker) UpdateService(svc *corev1.Service) {
+	if svc == nil {
+		return
+	}
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	prev := t.services[name]
+	t.services[name] = svc
+	if prev != nil && sameVersion(prev.ResourceVersion, svc.ResourceVersion) {
+		return
+	}
+	t.markDirty(name)
+}
+
+// DeleteService forgets a Service. Its EndpointSlices are kept: they are deleted on
+// their own, and a Service recreated under the same name would use them.
+func (t *Tracker) DeleteService(name types.NamespacedName) {
+	if _, ok := t.services[name]; !ok {
+		return
+	}
+	t.markDirty(name)
+	delete(t.services, name)
+}
+
+// UpdateEndpointSlice adds or updates an EndpointSlice. Slices are grouped by their
+// kubernetes.io/service-name label; a slice without it belongs to no Service.
+func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
+	if slice == nil {
+		return
+	}
+	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
+	owner, labelled := sliceService(slice)
+	if old, ok := t.sliceOwner[key]; ok && (!labelled || old != owner) {
+		t.removeSlice(key)
+	}
+	if !labelled {
+		return
+	}
+	bySlice := t.slices[owner]
+	if bySlice == nil {
+		bySlice = map[string]*discoveryv1.EndpointSlice{}
+		t.slices[owner] = bySlice
+	}
+	prev := bySlice[slice.Name]
+	bySlice[slice.Name] = slice
+	t.sliceOwner[key] = owner
+	if prev != nil && sameVersion(prev.ResourceVersion, slice.ResourceVersion) {
+		return
+	}
+	t.markDirty(owner)
+}
+
+// DeleteEndpointSlice forgets an EndpointSlice. Only its namespace and name are used,
+// so the last known state of a deleted object (a tombstone) is enough.
+func (t *Tracker) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
+	if slice == nil {
+		return
+	}
+	t.removeSlice(types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name})
+}
+
+// removeSlice drops a slice from the Service it is filed under.
+func (t *Tracker) removeSlice(key types.NamespacedName) {
+	owner, ok := t.sliceOwner[key]
+	if !ok {
+		return
+	}
+	delete(t.sliceOwner, key)
+	delete(t.slices[owner], key.Name)
+	if len(t.slices[owner]) == 0 {
+		delete(t.slices, owner)
+	}
+	t.markDirty(owner)
+}
+
+// SetNode updates what the Tracker knows about this node. Every Service is marked dirty
+// when something Build reads changes: the node name (local endpoints, node hints) or
+// the zone label (zone hints); other labels do not matter.
+func (t *Tracker) SetNode(node NodeInfo) {
+	changed := node.Name != t.node.Name || node.zone() != t.node.zone()
+	t.node = cloneNode(node)
+	if !changed {
+		return
+	}
+	for name := range t.services {
+		t.markDirty(name)
+	}
+}
+
+// TakeDirty returns the names of Services whose model may have changed since the last
+// call, sorted, and clears the set. A name may belong to a Service that was deleted
+// since: its Model is nil.
+func (t *Tracker) TakeDirty() []types.NamespacedName {
+	out := slices.SortedFunc(maps.Keys(t.dirty), compareNames)
+	clear(t.dirty)
+	return out
+}
+
+// Model builds the current model of one Service (nil if it has none or is unknown).
+func (t *Tracker) Model(name types.NamespacedName) *ServiceModel {
+	svc := t.services[name]
+	if svc == nil {
+		return nil
+	}
+	// Build orders slices by name itself; the map order does not leak.
+	return Build(svc, slices.Collect(maps.Values(t.slices[name])), t.node)
+}
+
+// Services lists every tracked Service name, sorted.
+func (t *Tracker) Services() []types.NamespacedName {
+	return slices.SortedFunc(maps.Keys(t.services), compareNames)
+}
+
+// markDirty records that a Service's model may have changed. Slices of a Service the
+// Tracker has not seen do not count: its model is nil before and after.
+func (t *Tracker) markDirty(name types.NamespacedName) {
+	if _, ok := t.services[name]; ok {
+		t.dirty[name] = struct{}{}
+	}
+}
+
+// sliceService returns the Service an EndpointSlice belongs to.
+func sliceService(slice *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
+	name := slice.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: slice.Namespace, Name: name}, true
+}
+
+// sameVersion reports whether two resource versions are known to name the same object
+// state; an empty version (objects not from the apiserver) is never the same.
+func sameVersion(a, b string) bool {
+	return a != "" && a == b
+}
+
+func compareNames(a, b types.NamespacedName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// cloneNode copies the labels so a caller reusing its map cannot change them behind
+// SetNode's change detection.
+func cloneNode(node NodeInfo) NodeInfo {
+	node.Labels = maps.Clone(node.Labels)
+	return node
+}

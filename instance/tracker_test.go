@@ -1,0 +1,370 @@
+package instance
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// versioned sets an object's resource version.
+func versioned[T interface{ SetResourceVersion(string) }](obj T, rv string) T {
+	obj.SetResourceVersion(rv)
+	return obj
+}
+
+// named returns the default Service renamed to ns/name.
+func named(ns, name string) *corev1.Service {
+	return service(func(s *corev1.Service) { s.Namespace, s.Name = ns, name })
+}
+
+// labelled returns the slice with its service-name label set to svc (removed if empty).
+func labelled(slice *discoveryv1.EndpointSlice, svc string) *discoveryv1.EndpointSlice {
+	if svc == "" {
+		delete(slice.Labels, discoveryv1.LabelServiceName)
+	} else {
+		slice.Labels[discoveryv1.LabelServiceName] = svc
+	}
+	return slice
+}
+
+// clusterEndpoints returns the IPv4 cluster endpoints of the first port of a Service's
+// current model, nil when it has none.
+func clusterEndpoints(tr *Tracker, name types.NamespacedName) []tables.Endpoint {
+	m := tr.Model(name)
+	if m == nil || len(m.Ports[tables.IPv4]) == 0 {
+		return nil
+	}
+	return m.Ports[tables.IPv4][0].ClusterEndpoints
+}
+
+func TestTracker(t *testing.T) {
+	other := types.NamespacedName{Namespace: "ns", Name: "other"}
+	zoneB := NodeInfo{Name: thisNodeName, Labels: map[string]string{corev1.LabelTopologyZone: "zone-b"}}
+
+	// step is one call on the Tracker, the dirty set it must leave, and what the
+	// models must look like then.
+	type step struct {
+		do        func(*Tracker)
+		wantDirty []types.NamespacedName
+		// wantEndpoints, when set, are the cluster endpoints of each Service's first
+		// IPv4 port (nil: no model or none).
+		wantEndpoints map[types.NamespacedName][]tables.Endpoint
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "new service is dirty and TakeDirty clears the set",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()) }, wantDirty: []types.NamespacedName{webName}},
+				{do: func(tr *Tracker) {}, wantDirty: nil},
+			},
+		},
+		{
+			name: "service update with the same resource version is not dirty",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(versioned(service(), "5")) }, wantDirty: []types.NamespacedName{webName}},
+				{do: func(tr *Tracker) { tr.UpdateService(versioned(service(), "5")) }, wantDirty: nil},
+				{do: func(tr *Tracker) { tr.UpdateService(versioned(service(), "6")) }, wantDirty: []types.NamespacedName{webName}},
+			},
+		},
+		{
+			name: "service update without resource version is always dirty",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()) }, wantDirty: []types.NamespacedName{webName}},
+				{do: func(tr *Tracker) { tr.UpdateService(service()) }, wantDirty: []types.NamespacedName{webName}},
+			},
+		},
+		{
+			name: "deleted service is dirty and has no model",
+			steps: []step{
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateService(service())
+						tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+					},
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080")},
+				},
+				{
+					do:            func(tr *Tracker) { tr.DeleteService(webName) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: nil},
+				},
+				{do: func(tr *Tracker) { tr.DeleteService(webName) }, wantDirty: nil},
+			},
+		},
+		{
+			name: "deleting an unknown service is not dirty",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.DeleteService(webName) }, wantDirty: nil},
+			},
+		},
+		{
+			name: "slices of a service not seen yet are kept for its arrival",
+			steps: []step{
+				{
+					do:        func(tr *Tracker) { tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b"))) },
+					wantDirty: nil,
+				},
+				{
+					do:            func(tr *Tracker) { tr.UpdateService(service()) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080")},
+				},
+			},
+		},
+		{
+			name: "recreated service keeps its slices",
+			steps: []step{
+				{do: func(tr *Tracker) {
+					tr.UpdateService(service())
+					tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+					tr.DeleteService(webName)
+				}, wantDirty: []types.NamespacedName{webName}},
+				{
+					do:            func(tr *Tracker) { tr.UpdateService(service()) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080")},
+				},
+			},
+		},
+		{
+			name: "slice updates mark their service dirty unless the version is unchanged",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()); tr.UpdateService(named("ns", "other")) }, wantDirty: []types.NamespacedName{other, webName}},
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateEndpointSlice(versioned(v4Slice("web-1", ep("10.244.2.2", "node-b")), "7"))
+					},
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080"), other: nil},
+				},
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateEndpointSlice(versioned(v4Slice("web-1", ep("10.244.2.2", "node-b")), "7"))
+					},
+					wantDirty: nil,
+				},
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateEndpointSlice(versioned(v4Slice("web-1", ep("10.244.2.3", "node-b")), "8"))
+					},
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.3:8080")},
+				},
+			},
+		},
+		{
+			name: "several slices of one service are merged",
+			steps: []step{
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateService(service())
+						tr.UpdateEndpointSlice(v4Slice("web-2", ep("10.244.2.3", "node-b")))
+						tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+					},
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080", "10.244.2.3:8080")},
+				},
+				{
+					do:            func(tr *Tracker) { tr.DeleteEndpointSlice(v4Slice("web-2")) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080")},
+				},
+			},
+		},
+		{
+			name: "slice delete found by name when the tombstone's label is stale",
+			steps: []step{
+				{do: func(tr *Tracker) {
+					tr.UpdateService(service())
+					tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+				}, wantDirty: []types.NamespacedName{webName}},
+				{
+					do:            func(tr *Tracker) { tr.DeleteEndpointSlice(labelled(v4Slice("web-1"), "")) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: nil},
+				},
+				{do: func(tr *Tracker) { tr.DeleteEndpointSlice(v4Slice("web-1")) }, wantDirty: nil},
+			},
+		},
+		{
+			name: "relabelled slice moves to the other service",
+			steps: []step{
+				{do: func(tr *Tracker) {
+					tr.UpdateService(service())
+					tr.UpdateService(named("ns", "other"))
+					tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+				}, wantDirty: []types.NamespacedName{other, webName}},
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateEndpointSlice(labelled(v4Slice("web-1", ep("10.244.2.2", "node-b")), "other"))
+					},
+					wantDirty: []types.NamespacedName{other, webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{
+						webName: nil,
+						other:   eps("10.244.2.2:8080"),
+					},
+				},
+			},
+		},
+		{
+			name: "slice losing its service label is dropped",
+			steps: []step{
+				{do: func(tr *Tracker) {
+					tr.UpdateService(service())
+					tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+				}, wantDirty: []types.NamespacedName{webName}},
+				{
+					do:            func(tr *Tracker) { tr.UpdateEndpointSlice(labelled(v4Slice("web-1", ep("10.244.2.2", "node-b")), "")) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: nil},
+				},
+			},
+		},
+		{
+			name: "same names in another namespace are separate",
+			steps: []step{
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateService(service())
+						tr.UpdateService(named("prod", "web"))
+						prodSlice := v4Slice("web-1", ep("10.244.3.2", "node-c"))
+						prodSlice.Namespace = "prod"
+						tr.UpdateEndpointSlice(prodSlice)
+						tr.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.2.2", "node-b")))
+						tr.DeleteEndpointSlice(prodSlice)
+					},
+					wantDirty: []types.NamespacedName{webName, {Namespace: "prod", Name: "web"}},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{
+						webName:                          eps("10.244.2.2:8080"),
+						{Namespace: "prod", Name: "web"}: nil,
+					},
+				},
+			},
+		},
+		{
+			name: "node zone change marks every service dirty",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()); tr.UpdateService(named("ns", "other")) }, wantDirty: []types.NamespacedName{other, webName}},
+				{do: func(tr *Tracker) { tr.SetNode(zoneB) }, wantDirty: []types.NamespacedName{other, webName}},
+				{do: func(tr *Tracker) { tr.SetNode(zoneB) }, wantDirty: nil},
+				{do: func(tr *Tracker) { tr.SetNode(NodeInfo{Name: "node-z", Labels: zoneB.Labels}) }, wantDirty: []types.NamespacedName{other, webName}},
+			},
+		},
+		{
+			name: "node labels other than the zone do not matter",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()) }, wantDirty: []types.NamespacedName{webName}},
+				{do: func(tr *Tracker) {
+					node := thisNode()
+					node.Labels["kubernetes.io/os"] = "linux"
+					tr.SetNode(node)
+				}, wantDirty: nil},
+			},
+		},
+		{
+			name: "node labels changed in place by the caller are still noticed",
+			steps: []step{
+				{do: func(tr *Tracker) { tr.UpdateService(service()) }, wantDirty: []types.NamespacedName{webName}},
+				{do: func(tr *Tracker) {
+					node := thisNode()
+					tr.SetNode(node)
+					node.Labels[corev1.LabelTopologyZone] = "zone-b"
+					tr.SetNode(node)
+				}, wantDirty: []types.NamespacedName{webName}},
+			},
+		},
+		{
+			name: "topology follows the node's zone",
+			steps: []step{
+				{
+					do: func(tr *Tracker) {
+						tr.UpdateService(service(func(s *corev1.Service) {
+							s.Spec.TrafficDistribution = ptr.To(corev1.ServiceTrafficDistributionPreferClose)
+						}))
+						tr.UpdateEndpointSlice(v4Slice("web-1",
+							ep("10.244.2.2", "node-b", forZones(thisZone)),
+							ep("10.244.3.2", "node-c", forZones("zone-b"))))
+					},
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.2.2:8080")},
+				},
+				{
+					do:            func(tr *Tracker) { tr.SetNode(zoneB) },
+					wantDirty:     []types.NamespacedName{webName},
+					wantEndpoints: map[types.NamespacedName][]tables.Endpoint{webName: eps("10.244.3.2:8080")},
+				},
+			},
+		},
+		{
+			name: "nil objects ignored",
+			steps: []step{
+				{do: func(tr *Tracker) {
+					tr.UpdateService(nil)
+					tr.UpdateEndpointSlice(nil)
+					tr.DeleteEndpointSlice(nil)
+				}, wantDirty: nil},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker(thisNode())
+			for i, s := range tc.steps {
+				s.do(tr)
+				if diff := cmp.Diff(s.wantDirty, tr.TakeDirty(), modelOptions()); diff != "" {
+					t.Errorf("step %d: dirty (-want +got):\n%s", i, diff)
+				}
+				for name, want := range s.wantEndpoints {
+					if diff := cmp.Diff(want, clusterEndpoints(tr, name), modelOptions()); diff != "" {
+						t.Errorf("step %d: %s cluster endpoints (-want +got):\n%s", i, name, diff)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestTrackerServices(t *testing.T) {
+	tr := NewTracker(thisNode())
+	for _, svc := range []*corev1.Service{named("b", "x"), named("a", "z"), named("a", "y")} {
+		tr.UpdateService(svc)
+	}
+	tr.UpdateEndpointSlice(labelled(v4Slice("orphan-1"), "orphan"))
+	tr.DeleteService(types.NamespacedName{Namespace: "a", Name: "z"})
+	want := []types.NamespacedName{{Namespace: "a", Name: "y"}, {Namespace: "b", Name: "x"}}
+	if diff := cmp.Diff(want, tr.Services()); diff != "" {
+		t.Errorf("Services (-want +got):\n%s", diff)
+	}
+	if m := tr.Model(types.NamespacedName{Namespace: "ns", Name: "orphan"}); m != nil {
+		t.Errorf("Model of a Service never seen = %+v, want nil", m)
+	}
+}
+
+// TestTrackerModelMatchesBuild checks the Tracker hands Build exactly the Service's own
+// slices and its node.
+func TestTrackerModelMatchesBuild(t *testing.T) {
+	svc := service(dualStack)
+	own := []*discoveryv1.EndpointSlice{
+		v4Slice("web-1", ep("10.244.1.2", thisNodeName)),
+		v6Slice("web-2", ep("fd00:10:244:2::2", "node-b")),
+	}
+	tr := NewTracker(thisNode())
+	tr.UpdateService(svc)
+	tr.UpdateService(named("ns", "other"))
+	for _, s := range own {
+		tr.UpdateEndpointSlice(s)
+	}
+	tr.UpdateEndpointSlice(labelled(v4Slice("other-1", ep("10.244.3.2", "node-c")), "other"))
+	if diff := cmp.Diff(Build(svc, own, thisNode()), tr.Model(webName), modelOptions()); diff != "" {
+		t.Errorf("Model differs from Build (-build +tracker):\n%s", diff)
+	}
+}

@@ -1,0 +1,242 @@
+// Package config is the supervisor's configuration file: its types, strict decoding,
+// defaulting and validation. It is plain data; nothing here touches the network, the
+// kernel or the API server.
+//
+// The life of a file is Decode (strict YAML, one document), Default (fill every unset
+// field), Validate (report every problem at once). Load does all three.
+package config
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// APIVersion and Kind identify a supervisor configuration file.
+const (
+	APIVersion = "shardproxy.io/v1alpha1"
+	Kind       = "SupervisorConfig"
+)
+
+// Defaults filled in by Default.
+const (
+	DefaultHealthzBindAddress = "0.0.0.0:10256"
+	DefaultMetricsBindAddress = "127.0.0.1:10249"
+	DefaultMasqueradeBit      = 14
+	DefaultTablePrefix        = "shardproxy"
+
+	DefaultConntrackMaxPerCore            int32 = 32768
+	DefaultConntrackMin                   int32 = 131072
+	DefaultConntrackTCPEstablishedTimeout       = 24 * time.Hour
+	DefaultConntrackTCPCloseWaitTimeout         = time.Hour
+
+	DefaultMinSyncPeriod  = time.Second
+	DefaultSyncPeriod     = 30 * time.Second
+	DefaultFullSyncPeriod = time.Hour
+)
+
+// NodePortAddressesPrimary is the nodePortAddresses entry meaning "the node's
+// InternalIPs". It must be the only entry when used; it is the default.
+const NodePortAddressesPrimary = "primary"
+
+// MaxTableNameLength bounds "<tablePrefix>-<name>" so table names stay readable in
+// `nft list tables` and leave room for anything derived from them.
+const MaxTableNameLength = 63
+
+// Config is the supervisor's configuration file (apiVersion shardproxy.io/v1alpha1,
+// kind SupervisorConfig): node-wide settings and the proxy instances to run.
+type Config struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+
+	// NodeName is this node's Node object name. Default: $NODE_NAME, else the host
+	// name, lower-cased.
+	NodeName string `yaml:"nodeName"`
+	// Kubeconfig is the path of a kubeconfig file; empty means in-cluster config.
+	Kubeconfig string `yaml:"kubeconfig"`
+	// HealthzBindAddress is the ip:port of the node health server. Default 0.0.0.0:10256.
+	HealthzBindAddress string `yaml:"healthzBindAddress"`
+	// MetricsBindAddress is the ip:port of the metrics server. Default 127.0.0.1:10249.
+	MetricsBindAddress string `yaml:"metricsBindAddress"`
+	// MasqueradeBit is the packet mark bit (0..31) that asks for masquerading; shared by
+	// every instance. A pointer so that an explicit 0 survives Default. Default 14.
+	MasqueradeBit *int `yaml:"masqueradeBit"`
+	// TablePrefix starts every instance's table name ("<prefix>-<instance>").
+	// Default "shardproxy".
+	TablePrefix string `yaml:"tablePrefix"`
+	// Conntrack holds the node-wide conntrack sysctls the supervisor sets once.
+	Conntrack Conntrack `yaml:"conntrack"`
+	// Instances are the proxies run side by side; at least one.
+	Instances []Instance `yaml:"instances"`
+}
+
+// Conntrack holds the conntrack sysctls. Every field is a pointer so that an explicit 0,
+// which means "leave the sysctl alone", differs from "unset, use the default".
+type Conntrack struct {
+	// MaxPerCore scales nf_conntrack_max with the CPU count. Default 32768; 0 leaves it.
+	MaxPerCore *int32 `yaml:"maxPerCore"`
+	// Min is the floor for nf_conntrack_max. Default 131072.
+	Min *int32 `yaml:"min"`
+	// TCPEstablishedTimeout is nf_conntrack_tcp_timeout_established. Default 24h; 0 leaves it.
+	TCPEstablishedTimeout *Duration `yaml:"tcpEstablishedTimeout"`
+	// TCPCloseWaitTimeout is nf_conntrack_tcp_timeout_close_wait. Default 1h; 0 leaves it.
+	TCPCloseWaitTimeout *Duration `yaml:"tcpCloseWaitTimeout"`
+	// UDPTimeout is nf_conntrack_udp_timeout. Default 0: leave it.
+	UDPTimeout *Duration `yaml:"udpTimeout"`
+	// UDPStreamTimeout is nf_conntrack_udp_timeout_stream. Default 0: leave it.
+	UDPStreamTimeout *Duration `yaml:"udpStreamTimeout"`
+}
+
+// Instance is one proxy: one pair of nftables tables serving one slice of the Services.
+type Instance struct {
+	// Name names the instance and its tables; a DNS-1123 label, and
+	// len(tablePrefix)+1+len(name) <= MaxTableNameLength.
+	Name string `yaml:"name"`
+	// Default makes the instance serve Services without the
+	// service.kubernetes.io/service-proxy-name label. At most one instance may.
+	Default bool `yaml:"default"`
+	// ProxyNames are the values of service.kubernetes.io/service-proxy-name the
+	// instance serves. Each value belongs to one instance. An instance must be default,
+	// have proxy names, or both.
+	ProxyNames []string `yaml:"proxyNames"`
+	// Slot orders the instance's base chains among the others' (0..31, unique). It is
+	// required rather than defaulted so that reordering the list never moves a table.
+	Slot *int `yaml:"slot"`
+	// Tenant narrows what the instance accepts from the Services it serves.
+	Tenant Tenant `yaml:"tenant"`
+	// NodePortAddresses are the CIDRs NodePorts are served on, or the single entry
+	// "primary" (the node's InternalIPs), which is the default.
+	NodePortAddresses []string `yaml:"nodePortAddresses"`
+	// DetectLocal says how traffic from local pods is told apart.
+	DetectLocal DetectLocal `yaml:"detectLocal"`
+	// MasqueradeAll masquerades every packet sent to a cluster IP.
+	MasqueradeAll bool `yaml:"masqueradeAll"`
+	// MinSyncPeriod is the least time between two syncs; 0 syncs on every change.
+	// A pointer so that an explicit 0 survives Default. Default 1s.
+	MinSyncPeriod *Duration `yaml:"minSyncPeriod"`
+	// SyncPeriod is the periodic resync interval, and the base of the health timeout.
+	// Default 30s; must be >= minSyncPeriod.
+	SyncPeriod Duration `yaml:"syncPeriod"`
+	// FullSyncPeriod is how often the whole table is rewritten rather than patched.
+	// Default 1h (or syncPeriod, if that is longer); must be >= syncPeriod.
+	FullSyncPeriod Duration `yaml:"fullSyncPeriod"`
+}
+
+// Tenant restricts an instance to part of what its Services ask for.
+type Tenant struct {
+	// Namespaces, when set, are the only namespaces whose Services are served.
+	Namespaces []string `yaml:"namespaces"`
+	// ExternalIPCIDRs, when set, are the only ranges externalIPs are accepted from;
+	// externalIPs outside them are ignored.
+	ExternalIPCIDRs []string `yaml:"externalIPCIDRs"`
+}
+
+// DetectLocal configures local-traffic detection. Mode is one of the tables.LocalMode
+// values ("" turns detection off); each mode but NodeCIDR needs its own field, and
+// fields of other modes must be empty. NodeCIDR mode reads the Node's .spec.podCIDRs at
+// run time.
+type DetectLocal struct {
+	// Mode is "", "ClusterCIDR", "NodeCIDR", "BridgeInterface" or "InterfaceNamePrefix".
+	Mode string `yaml:"mode"`
+	// ClusterCIDRs are the cluster's pod CIDRs, at most one per family (ClusterCIDR).
+	ClusterCIDRs []string `yaml:"clusterCIDRs"`
+	// BridgeInterface is the pods' bridge (BridgeInterface).
+	BridgeInterface string `yaml:"bridgeInterface"`
+	// InterfaceNamePrefix is the name prefix of pod interfaces (InterfaceNamePrefix).
+	InterfaceNamePrefix string `yaml:"interfaceNamePrefix"`
+}
+
+// TableName is the name of the instance's tables: "<prefix>-<name>".
+func (i *Instance) TableName(prefix string) string {
+	return prefix + "-" + i.Name
+}
+
+// Default fills every unset field, taking the node name from $NODE_NAME or the host name.
+func (c *Config) Default() {
+	c.DefaultWith(os.Getenv, os.Hostname)
+}
+
+// DefaultWith is Default with the environment and host name lookups injected. A failing
+// hostname leaves NodeName empty, which Validate reports.
+func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string, error)) {
+	if c.NodeName == "" && getenv != nil {
+		c.NodeName = strings.ToLower(strings.TrimSpace(getenv("NODE_NAME")))
+	}
+	if c.NodeName == "" && hostname != nil {
+		if h, err := hostname(); err == nil {
+			c.NodeName = strings.ToLower(strings.TrimSpace(h))
+		}
+	}
+	if c.HealthzBindAddress == "" {
+		c.HealthzBindAddress = DefaultHealthzBindAddress
+	}
+	if c.MetricsBindAddress == "" {
+		c.MetricsBindAddress = DefaultMetricsBindAddress
+	}
+	if c.MasqueradeBit == nil {
+		c.MasqueradeBit = ptr(DefaultMasqueradeBit)
+	}
+	if c.TablePrefix == "" {
+		c.TablePrefix = DefaultTablePrefix
+	}
+
+	ct := &c.Conntrack
+	if ct.MaxPerCore == nil {
+		ct.MaxPerCore = ptr(DefaultConntrackMaxPerCore)
+	}
+	if ct.Min == nil {
+		ct.Min = ptr(DefaultConntrackMin)
+	}
+	if ct.TCPEstablishedTimeout == nil {
+		ct.TCPEstablishedTimeout = &Duration{DefaultConntrackTCPEstablishedTimeout}
+	}
+	if ct.TCPCloseWaitTimeout == nil {
+		ct.TCPCloseWaitTimeout = &Duration{DefaultConntrackTCPCloseWaitTimeout}
+	}
+	if ct.UDPTimeout == nil {
+		ct.UDPTimeout = &Duration{}
+	}
+	if ct.UDPStreamTimeout == nil {
+		ct.UDPStreamTimeout = &Duration{}
+	}
+
+	for i := range c.Instances {
+		c.Instances[i].defaults()
+	}
+}
+
+func (in *Instance) defaults() {
+	if len(in.NodePortAddresses) == 0 {
+		in.NodePortAddresses = []string{NodePortAddressesPrimary}
+	}
+	if in.MinSyncPeriod == nil {
+		in.MinSyncPeriod = &Duration{DefaultMinSyncPeriod}
+	}
+	if in.SyncPeriod.Duration == 0 {
+		in.SyncPeriod.Duration = DefaultSyncPeriod
+	}
+	if in.FullSyncPeriod.Duration == 0 {
+		in.FullSyncPeriod.Duration = max(DefaultFullSyncPeriod, in.SyncPeriod.Duration)
+	}
+}
+
+// Load reads the file at path, decodes it strictly, fills defaults and validates it.
+// Every error line names the file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading supervisor config: %w", err)
+	}
+	c, err := Decode(data, path)
+	if err != nil {
+		return nil, err
+	}
+	c.Default()
+	if err := c.Validate(); err != nil {
+		return nil, prefixEach(path, err)
+	}
+	return c, nil
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,445 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/vishvananda/netlink"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// Cleaner deletes stale UDP and SCTP conntrack flows after syncs. There is one per node,
+// shared by every proxy instance: the conntrack table is the node's, not an instance's.
+type Cleaner struct {
+	ct Interface
+	// mu serialises cleanups: instances sync independently, and concurrent dumps of a
+	// large table would multiply the memory held for no gain.
+	mu sync.Mutex
+}
+
+// NewCleaner returns a Cleaner working on ct.
+func NewCleaner(ct Interface) *Cleaner {
+	return &Cleaner{ct: ct}
+}
+
+// Cleanup deletes the conntrack flows made stale by a sync that replaced before with after,
+// the previous and the current ports of the Services that changed. A Service port is
+// identified by its name and protocol, in the family of its cluster IP; a port missing
+// from after, or without a cluster IP there, was deleted. Only UDP and SCTP flows are
+// deleted, never TCP, and only flows of the ports given:
+//
+//   - flows sent to one of a port's addresses (cluster IP, external IPs, load balancer
+//     IPs) on its port, or to its NodePort on any address, and DNATed to an endpoint
+//     that went away (one the port had in either endpoint list and has in neither now);
+//   - when a port had no endpoints (HasEndpoints false, or the port did not exist) and
+//     now has some, flows to those addresses and to its NodePort that were not DNATed:
+//     they carry a verdict taken while nothing served the port, and would keep every
+//     later packet of the connection away from the new endpoints.
+//
+// SCTP flows reported without ports, as netlink v1.3.1 reports them all, are matched on
+// addresses alone: flows through any port of a Service address DNATed to a gone
+// endpoint's address, and flows to the cluster IP that were not DNATed; their NodePort
+// flows cannot be told apart and are left.
+//
+// Each family with anything to clean costs one dump of its conntrack table, matched in
+// memory, and one delete of exactly the flows found stale. Cleanup deletes what it can
+// and returns how many flows it deleted with every error met, joined.
+func (c *Cleaner) Cleanup(ctx context.Context, before, after []*tables.ServicePort) (deleted int, err error) {
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+
+	plans := planCleanup(logger, before, after)
+	if len(plans) == 0 {
+		logger.V(4).Info("No conntrack flows can be stale", "before", len(before), "after", len(after))
+		return 0, nil
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	var errs []error
+	scanned := 0
+	for _, family := range []tables.Family{tables.IPv4, tables.IPv6} {
+		p := plans[family]
+		if p == nil {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("cleaning up %s conntrack flows: %w", family, err))
+			break
+		}
+		n, seen, err := c.cleanFamily(logger, family, p)
+		deleted += n
+		scanned += seen
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	err = errors.Join(errs...)
+	logger.V(2).Info("Cleaned up stale conntrack flows", "deleted", deleted, "scanned", scanned,
+		"elapsed", time.Since(start), "failed", err != nil)
+	return deleted, err
+}
+
+// cleanFamily dumps one family's table, picks the stale flows and deletes exactly those.
+// It returns how many flows it deleted and how many it looked at.
+func (c *Cleaner) cleanFamily(logger logr.Logger, family tables.Family, p *plan) (deleted, scanned int, err error) {
+	flows, listErr := c.ct.ListEntries(family)
+	if listErr != nil {
+		listErr = fmt.Errorf("listing %s conntrack flows: %w", family, listErr)
+		if len(flows) == 0 {
+			return 0, 0, listErr
+		}
+		// An interrupted dump still names flows that are stale; delete those.
+		logger.Error(listErr, "Cleaning up from an incomplete conntrack dump", "family", family, "flows", len(flows))
+	}
+
+	stale := exactFilter{}
+	for _, flow := range flows {
+		if p.stale(flow) {
+			stale[keyOf(flow)] = struct{}{}
+			logger.V(5).Info("Deleting stale conntrack flow", "family", family, "flow", FlowString(flow))
+		}
+	}
+	if len(stale) == 0 {
+		return 0, len(flows), listErr
+	}
+
+	n, err := c.ct.DeleteFilters(family, stale)
+	if err != nil {
+		err = fmt.Errorf("deleting %d stale %s conntrack flows (%d deleted): %w", len(stale), family, n, err)
+	}
+	logger.V(4).Info("Deleted stale conntrack flows", "family", family, "stale", len(stale), "deleted", n)
+	return int(n), len(flows), errors.Join(listErr, err)
+}
+
+// frontend is where a client sends to reach a Service port: a Service address and port.
+type frontend struct {
+	proto uint8
+	addr  netip.AddrPort
+}
+
+// nodePort is a Service port's NodePort, on whatever address it was reached.
+type nodePort struct {
+	proto uint8
+	port  uint16
+}
+
+// endpointSet holds endpoints as the reply source of a DNATed flow shows them.
+type endpointSet map[netip.AddrPort]struct{}
+
+// plan says which flows of one family are stale.
+type plan struct {
+	// goneByFrontend holds, per frontend, the endpoints that went away behind it; a flow
+	// to the frontend DNATed to one of them is stale.
+	goneByFrontend map[frontend]endpointSet
+	// goneByNodePort is goneByFrontend for NodePorts.
+	goneByNodePort map[nodePort]endpointSet
+	// rejectFrontends are frontends of ports that just got their first endpoints; a flow
+	// to one that was not DNATed is stale.
+	rejectFrontends map[frontend]struct{}
+	// rejectNodePorts is rejectFrontends for NodePorts.
+	rejectNodePorts map[nodePort]struct{}
+
+	// netlink (v1.3.1) does not parse SCTP ports: it reports every SCTP flow with ports
+	// zero. Such flows are matched on addresses alone, which cannot find NodePort flows.
+	// goneByAddr is goneByFrontend without ports, for SCTP.
+	goneByAddr map[netip.Addr]map[netip.Addr]struct{}
+	// rejectClusterIPs is rejectFrontends without ports, for SCTP; only cluster IPs,
+	// since an external or LB IP may be a host address serving other SCTP traffic that
+	// was never meant to be DNATed.
+	rejectClusterIPs map[netip.Addr]struct{}
+}
+
+func newPlan() *plan {
+	return &plan{
+		goneByFrontend:   map[frontend]endpointSet{},
+		goneByNodePort:   map[nodePort]endpointSet{},
+		rejectFrontends:  map[frontend]struct{}{},
+		rejectNodePorts:  map[nodePort]struct{}{},
+		goneByAddr:       map[netip.Addr]map[netip.Addr]struct{}{},
+		rejectClusterIPs: map[netip.Addr]struct{}{},
+	}
+}
+
+// stale reports whether the plan deletes flow.
+func (p *plan) stale(flow *netlink.ConntrackFlow) bool {
+	k := keyOf(flow)
+	switch {
+	case k.proto == syscall.IPPROTO_SCTP && k.origDst.Port() == 0:
+		return p.staleWithoutPorts(k)
+	case k.proto != syscall.IPPROTO_UDP && k.proto != syscall.IPPROTO_SCTP:
+		return false
+	}
+	fe := frontend{proto: k.proto, addr: k.origDst}
+	np := nodePort{proto: k.proto, port: k.origDst.Port()}
+	if _, ok := p.goneByFrontend[fe][k.replySrc]; ok {
+		return true
+	}
+	if _, ok := p.goneByNodePort[np][k.replySrc]; ok {
+		return true
+	}
+	if k.replySrc != k.origDst {
+		// DNATed: it reached an endpoint that is still there.
+		return false
+	}
+	_, ok := p.rejectFrontends[fe]
+	if !ok {
+		_, ok = p.rejectNodePorts[np]
+	}
+	return ok
+}
+
+// staleWithoutPorts is stale for an SCTP flow reported without its ports.
+func (p *plan) staleWithoutPorts(k flowKey) bool {
+	dst, replySrc := k.origDst.Addr(), k.replySrc.Addr()
+	if _, ok := p.goneByAddr[dst][replySrc]; ok {
+		return true
+	}
+	if replySrc != dst {
+		return false
+	}
+	_, ok := p.rejectClusterIPs[dst]
+	return ok
+}
+
+// addGone marks flows DNATed to gone through any frontend of sp as stale.
+func (p *plan) addGone(sp *servicePort, gone endpointSet) {
+	for _, addr := range sp.frontends {
+		fe := frontend{proto: sp.proto, addr: addr}
+		if p.goneByFrontend[fe] == nil {
+			p.goneByFrontend[fe] = endpointSet{}
+		}
+		for ep := range gone {
+			p.goneByFrontend[fe][ep] = struct{}{}
+		}
+	}
+	if sp.nodePort != 0 {
+		np := nodePort{proto: sp.proto, port: sp.nodePort}
+		if p.goneByNodePort[np] == nil {
+			p.goneByNodePort[np] = endpointSet{}
+		}
+		for ep := range gone {
+			p.goneByNodePort[np][ep] = struct{}{}
+		}
+	}
+}
+
+// addGoneAddrs marks SCTP flows reported without ports, DNATed to one of gone through
+// any address of sp, as stale.
+func (p *plan) addGoneAddrs(sp *servicePort, gone map[netip.Addr]struct{}) {
+	for _, addr := range sp.frontends {
+		if p.goneByAddr[addr.Addr()] == nil {
+			p.goneByAddr[addr.Addr()] = map[netip.Addr]struct{}{}
+		}
+		for ep := range gone {
+			p.goneByAddr[addr.Addr()][ep] = struct{}{}
+		}
+	}
+}
+
+// addReject marks flows to any frontend of sp that were not DNATed as stale.
+func (p *plan) addReject(sp *servicePort) {
+	for _, addr := range sp.frontends {
+		p.rejectFrontends[frontend{proto: sp.proto, addr: addr}] = struct{}{}
+	}
+	if sp.nodePort != 0 {
+		p.rejectNodePorts[nodePort{proto: sp.proto, port: sp.nodePort}] = struct{}{}
+	}
+	if sp.proto == syscall.IPPROTO_SCTP {
+		// The cluster IP comes first.
+		p.rejectClusterIPs[sp.frontends[0].Addr()] = struct{}{}
+	}
+}
+
+// portKey identifies a Service port across syncs.
+type portKey struct {
+	name   tables.ServicePortName
+	proto  tables.Protocol
+	family tables.Family
+}
+
+// servicePort is what cleanup needs of a tables.ServicePort, in comparable form.
+type servicePort struct {
+	key   portKey
+	proto uint8
+	// frontends are the cluster IP, then the external IPs and LB IPs, with the port.
+	frontends    []netip.AddrPort
+	nodePort     uint16
+	endpoints    endpointSet
+	hasEndpoints bool
+}
+
+// newServicePort converts sp; ok is false for ports that cannot leave stale flows behind
+// (TCP) or have no rules in any family (no cluster IP).
+func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
+	if sp == nil {
+		return nil, false
+	}
+	proto, ok := protocolNumber(sp.Protocol)
+	if !ok || proto == syscall.IPPROTO_TCP {
+		return nil, false
+	}
+	clusterIP := sp.ClusterIP.Unmap()
+	if !clusterIP.IsValid() {
+		return nil, false
+	}
+	family := tables.IPv4
+	if clusterIP.Is6() {
+		family = tables.IPv6
+	}
+	out := &servicePort{
+		key:          portKey{name: sp.Name, proto: sp.Protocol, family: family},
+		proto:        proto,
+		frontends:    []netip.AddrPort{netip.AddrPortFrom(clusterIP, sp.Port)},
+		nodePort:     sp.NodePort,
+		endpoints:    endpointSet{},
+		hasEndpoints: sp.HasEndpoints,
+	}
+	for _, addr := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
+		if addr = addr.Unmap(); family.Contains(addr) {
+			out.frontends = append(out.frontends, netip.AddrPortFrom(addr, sp.Port))
+		}
+	}
+	for _, ep := range slices.Concat(sp.ClusterEndpoints, sp.LocalEndpoints) {
+		if addr := ep.IP.Unmap(); family.Contains(addr) {
+			out.endpoints[netip.AddrPortFrom(addr, ep.Port)] = struct{}{}
+		}
+	}
+	return out, true
+}
+
+// indexPorts converts ports and indexes them by key; keys lists the keys in the order
+// the ports came, so logs follow the caller's order.
+func indexPorts(ports []*tables.ServicePort) (byKey map[portKey]*servicePort, keys []portKey) {
+	byKey = map[portKey]*servicePort{}
+	for _, sp := range ports {
+		p, ok := newServicePort(sp)
+		if !ok {
+			continue
+		}
+		if _, dup := byKey[p.key]; !dup {
+			keys = append(keys, p.key)
+		}
+		byKey[p.key] = p
+	}
+	return byKey, keys
+}
+
+// planCleanup works out, per family, which flows the change from before to after made
+// stale; families with nothing to clean have no plan.
+func planCleanup(logger logr.Logger, before, after []*tables.ServicePort) map[tables.Family]*plan {
+	oldPorts, oldKeys := indexPorts(before)
+	newPorts, newKeys := indexPorts(after)
+
+	plans := map[tables.Family]*plan{}
+	planFor := func(family tables.Family) *plan {
+		if plans[family] == nil {
+			plans[family] = newPlan()
+		}
+		return plans[family]
+	}
+
+	for _, key := range oldKeys {
+		old, cur := oldPorts[key], newPorts[key]
+		gone := endpointSet{}
+		for ep := range old.endpoints {
+			if cur == nil {
+				gone[ep] = struct{}{}
+			} else if _, ok := cur.endpoints[ep]; !ok {
+				gone[ep] = struct{}{}
+			}
+		}
+		if len(gone) == 0 {
+			continue
+		}
+		logger.V(4).Info("Service port lost endpoints, deleting flows to them",
+			"servicePort", old.key.name, "protocol", old.key.proto, "family", old.key.family,
+			"endpoints", sortedEndpoints(gone), "portDeleted", cur == nil)
+		p := planFor(old.key.family)
+		// The stale flows were made through the old frontends; upstream looks at the
+		// current ones, which differ only when the Service changed too. Take both.
+		p.addGone(old, gone)
+		if cur != nil {
+			p.addGone(cur, gone)
+		}
+		if old.proto == syscall.IPPROTO_SCTP {
+			// Without ports, only an address no endpoint has any more is gone.
+			goneAddrs := map[netip.Addr]struct{}{}
+			for ep := range gone {
+				goneAddrs[ep.Addr()] = struct{}{}
+			}
+			if cur != nil {
+				for ep := range cur.endpoints {
+					delete(goneAddrs, ep.Addr())
+				}
+			}
+			p.addGoneAddrs(old, goneAddrs)
+			if cur != nil {
+				p.addGoneAddrs(cur, goneAddrs)
+			}
+		}
+	}
+
+	for _, key := range newKeys {
+		old, cur := oldPorts[key], newPorts[key]
+		if !cur.hasEndpoints || (old != nil && old.hasEndpoints) {
+			continue
+		}
+		logger.V(4).Info("Service port got its first endpoints, deleting flows that bypassed NAT",
+			"servicePort", cur.key.name, "protocol", cur.key.proto, "family", cur.key.family,
+			"portAdded", old == nil)
+		p := planFor(cur.key.family)
+		p.addReject(cur)
+		if old != nil {
+			p.addReject(old)
+		}
+	}
+	return plans
+}
+
+// sortedEndpoints returns eps as sorted strings, for logs.
+func sortedEndpoints(eps endpointSet) []string {
+	out := make([]string, 0, len(eps))
+	for ep := range eps {
+		out = append(out, ep.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// protocolNumber returns the IP protocol number of a Service protocol.
+func protocolNumber(proto tables.Protocol) (uint8, bool) {
+	switch proto {
+	case tables.TCP:
+		return syscall.IPPROTO_TCP, true
+	case tables.UDP:
+		return syscall.IPPROTO_UDP, true
+	case tables.SCTP:
+		return syscall.IPPROTO_SCTP, true
+	}
+	return 0, false
+}
+
+// protocolName returns the name of an IP protocol number, for logs.
+func protocolName(num uint8) string {
+	switch num {
+	case syscall.IPPROTO_TCP:
+		return string(tables.TCP)
+	case syscall.IPPROTO_UDP:
+		return string(tables.UDP)
+	case syscall.IPPROTO_SCTP:
+		return string(tables.SCTP)
+	}
+	return fmt.Sprintf("proto-%d", num)
+}

@@ -1,0 +1,39 @@
+package healthcheck
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// readHeaderTimeout bounds how long a client may take to send its request headers, so a
+// slow or stuck prober cannot pin connections on a node-wide port.
+const readHeaderTimeout = 10 * time.Second
+
+// writeJSON writes v as the JSON body of a response with the given status, with the headers
+// upstream sets on every health response.
+func writeJSON(logger klog.Logger, w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		// Only reachable through a programming error in the response types.
+		logger.Error(err, "Encoding health response")
+		http.Error(w, "encoding health response", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	if _, err := w.Write(body); err != nil {
+		logger.V(4).Info("Writing health response", "err", err)
+	}
+}
+
+// statusCode maps a health verdict to the HTTP status probers act on.
+func statusCode(healthy bool) int {
+	if healthy {
+		return http.StatusOK
+	}
+	return http.StatusServiceUnavailable
+}

@@ -1,0 +1,391 @@
+package healthcheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+const (
+	// DefaultProxyHealthAddress is where kube-proxy serves /healthz and /livez, so kubelet
+	// probes and cloud load balancer checks written for kube-proxy keep working.
+	DefaultProxyHealthAddress = "0.0.0.0:10256"
+
+	// DefaultHealthTimeout is how long a queued update may stay unapplied before its instance
+	// counts as unhealthy: upstream uses twice the default 30s sync period.
+	DefaultHealthTimeout = 60 * time.Second
+
+	// shutdownTimeout bounds the graceful shutdown of the proxy health server; probes are
+	// answered in microseconds, so anything still open after this is a stuck client.
+	shutdownTimeout = 5 * time.Second
+)
+
+// Clock tells the time. Tests substitute a fake to decide when a queued update goes stale.
+type Clock interface {
+	Now() time.Time
+}
+
+// RealClock is the Clock that reads the system time.
+type RealClock struct{}
+
+var _ Clock = RealClock{}
+
+// Now returns the current system time.
+func (RealClock) Now() time.Time { return time.Now() }
+
+// ProxyHealth tracks the sync health of every proxy instance on the node and serves it over
+// HTTP. Following upstream, an instance is healthy unless an update was queued and has not
+// been applied within its health timeout, and, beyond upstream, unless the supervisor has
+// marked it down. It is safe for concurrent use.
+type ProxyHealth struct {
+	clock   Clock
+	timeout func(instance string) time.Duration
+	logger  klog.Logger
+
+	mu           sync.RWMutex
+	instances    map[string]*instanceState
+	nodeDeleting bool
+}
+
+// instanceState is what ProxyHealth knows about one instance.
+type instanceState struct {
+	// lastUpdated is when the last successful sync finished; zero before the first.
+	lastUpdated time.Time
+	// oldestQueued is when the oldest update not yet applied was queued; zero when none is
+	// pending. Later QueuedUpdate calls do not move it, so a proxy that keeps receiving
+	// changes but never applies them still goes stale.
+	oldestQueued time.Time
+	lastError    string
+	services     int
+	endpoints    int
+	up           bool
+	downReason   string
+}
+
+// NewProxyHealth returns a ProxyHealth with no instances. healthTimeout gives each
+// instance's timeout (typically twice its sync period); nil means DefaultHealthTimeout for
+// all. It is called with ProxyHealth's lock held and must not call back into it. A nil
+// clock means RealClock.
+func NewProxyHealth(clock Clock, healthTimeout func(instance string) time.Duration) *ProxyHealth {
+	if clock == nil {
+		clock = RealClock{}
+	}
+	if healthTimeout == nil {
+		healthTimeout = func(string) time.Duration { return DefaultHealthTimeout }
+	}
+	return &ProxyHealth{
+		clock:     clock,
+		timeout:   healthTimeout,
+		logger:    klog.Background().WithName("proxy-health"),
+		instances: map[string]*instanceState{},
+	}
+}
+
+// AddInstance starts tracking an instance. Like upstream at start-up it is healthy until
+// an update it queued goes stale. Adding an instance that is already tracked keeps its state.
+func (h *ProxyHealth) AddInstance(name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.instances[name]; ok {
+		return
+	}
+	h.instances[name] = &instanceState{up: true}
+	h.logger.V(2).Info("Tracking instance health", "instance", name)
+}
+
+// RemoveInstance stops tracking an instance, so it no longer counts towards node health.
+func (h *ProxyHealth) RemoveInstance(name string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.instances, name)
+	h.logger.V(2).Info("Stopped tracking instance health", "instance", name)
+}
+
+// QueuedUpdate records that the instance received a change it has not yet applied. If
+// Updated does not follow within the instance's health timeout, the instance is unhealthy.
+func (h *ProxyHealth) QueuedUpdate(instance string) {
+	h.update(instance, func(st *instanceState) {
+		if st.oldestQueued.IsZero() {
+			st.oldestQueued = h.clock.Now()
+		}
+	})
+}
+
+// Updated records that the instance finished a successful sync: nothing is pending any more.
+func (h *ProxyHealth) Updated(instance string) {
+	h.update(instance, func(st *instanceState) {
+		st.oldestQueued = time.Time{}
+		st.lastUpdated = h.clock.Now()
+	})
+}
+
+// SetInstanceError records the instance's last sync error for /healthz and /status; nil
+// clears it. An error does not by itself make the instance unhealthy: as upstream, a failing
+// sync shows up as a queued update that goes stale.
+func (h *ProxyHealth) SetInstanceError(instance string, err error) {
+	h.update(instance, func(st *instanceState) {
+		st.lastError = ""
+		if err != nil {
+			st.lastError = err.Error()
+		}
+	})
+}
+
+// SetInstanceCounts records how many Services and endpoints the instance programmed in its
+// last sync, for /status.
+func (h *ProxyHealth) SetInstanceCounts(instance string, services, endpoints int) {
+	h.update(instance, func(st *instanceState) {
+		st.services = services
+		st.endpoints = endpoints
+	})
+}
+
+// SetInstanceUp records whether the instance is running; a down instance (crashed,
+// restarting) is unhealthy whatever its sync state, and reason says why it is down.
+func (h *ProxyHealth) SetInstanceUp(instance string, up bool, reason string) {
+	h.update(instance, func(st *instanceState) {
+		if st.up != up {
+			h.logger.V(2).Info("Instance health changed", "instance", instance, "up", up, "reason", reason)
+		}
+		st.up = up
+		st.downReason = ""
+		if !up {
+			st.downReason = reason
+		}
+	})
+}
+
+// SetNodeDeleting records whether this node's Node object has a deletionTimestamp. A
+// deleting node fails /healthz, so load balancers drain it, but not /livez, so the kubelet
+// does not restart a proxy that is working.
+func (h *ProxyHealth) SetNodeDeleting(deleting bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.nodeDeleting != deleting {
+		h.logger.V(2).Info("Node deletion state changed", "deleting", deleting)
+	}
+	h.nodeDeleting = deleting
+}
+
+// Healthy reports whether the instance is healthy, ignoring node deletion like upstream's
+// IsHealthy. An instance that is not tracked is not healthy: nothing proxies its Services.
+func (h *ProxyHealth) Healthy(instance string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	st, ok := h.instances[instance]
+	if !ok {
+		return false
+	}
+	return h.healthyLocked(instance, st, h.clock.Now())
+}
+
+// update applies fn to a tracked instance's state. Calls for an instance that is not
+// tracked are dropped: they come from an instance being removed, and must not bring it back.
+func (h *ProxyHealth) update(instance string, fn func(*instanceState)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st, ok := h.instances[instance]
+	if !ok {
+		h.logger.V(4).Info("Ignoring health update for untracked instance", "instance", instance)
+		return
+	}
+	fn(st)
+}
+
+// healthyLocked is the upstream verdict plus the up flag; h.mu must be held. As upstream, a
+// pending update goes stale once it is as old as the timeout.
+func (h *ProxyHealth) healthyLocked(instance string, st *instanceState, now time.Time) bool {
+	if !st.up {
+		return false
+	}
+	return st.oldestQueued.IsZero() || now.Sub(st.oldestQueued) < h.timeout(instance)
+}
+
+// HealthResponse is the body of /healthz and /livez: upstream's fields plus the state of
+// each instance.
+type HealthResponse struct {
+	// LastUpdated is, as upstream, the current time when healthy (older clients read a
+	// recent value as "synced") and otherwise the last sync of the stalest unhealthy instance.
+	LastUpdated time.Time `json:"lastUpdated"`
+	// CurrentTime is when the response was built.
+	CurrentTime time.Time `json:"currentTime"`
+	// NodeEligible is false when the Node is being deleted; only /healthz reports it.
+	NodeEligible *bool `json:"nodeEligible,omitempty"`
+	// Instances is the health of each instance, by name.
+	Instances map[string]InstanceHealth `json:"instances"`
+}
+
+// InstanceHealth is the health of one instance as /healthz, /livez and /status report it.
+type InstanceHealth struct {
+	// Healthy is the instance's verdict; any unhealthy instance fails the node.
+	Healthy bool `json:"healthy"`
+	// LastUpdated is when the last successful sync finished; absent before the first.
+	LastUpdated time.Time `json:"lastUpdated,omitzero"`
+	// LastQueued is when the oldest update not yet applied was queued; absent when none is.
+	LastQueued time.Time `json:"lastQueued,omitzero"`
+	// LastError is the last sync error, empty when the last sync succeeded.
+	LastError string `json:"lastError"`
+	// Up is false while the instance is crashed or restarting.
+	Up bool `json:"up"`
+	// DownReason says why the instance is down.
+	DownReason string `json:"downReason,omitempty"`
+}
+
+// StatusResponse is the body of /status.
+type StatusResponse struct {
+	// CurrentTime is when the response was built.
+	CurrentTime time.Time `json:"currentTime"`
+	// NodeDeleting is true when the Node object has a deletionTimestamp.
+	NodeDeleting bool `json:"nodeDeleting"`
+	// Instances is the status of each instance, by name.
+	Instances map[string]InstanceStatus `json:"instances"`
+}
+
+// InstanceStatus is the state of one instance as /status reports it.
+type InstanceStatus struct {
+	InstanceHealth
+	// Services is how many Services the instance programmed in its last sync.
+	Services int `json:"services"`
+	// Endpoints is how many endpoints the instance programmed in its last sync.
+	Endpoints int `json:"endpoints"`
+}
+
+// snapshot is a consistent copy of the state, taken under the lock, that the handlers
+// render without holding it.
+type snapshot struct {
+	now          time.Time
+	nodeDeleting bool
+	instances    map[string]InstanceStatus
+}
+
+func (h *ProxyHealth) snapshot() snapshot {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	s := snapshot{
+		now:          h.clock.Now(),
+		nodeDeleting: h.nodeDeleting,
+		instances:    make(map[string]InstanceStatus, len(h.instances)),
+	}
+	for name, st := range h.instances {
+		s.instances[name] = InstanceStatus{
+			InstanceHealth: InstanceHealth{
+				Healthy:     h.healthyLocked(name, st, s.now),
+				LastUpdated: st.lastUpdated,
+				LastQueued:  st.oldestQueued,
+				LastError:   st.lastError,
+				Up:          st.up,
+				DownReason:  st.downReason,
+			},
+			Services:  st.services,
+			Endpoints: st.endpoints,
+		}
+	}
+	return s
+}
+
+// healthResponse builds the /healthz (withNode) or /livez body and its verdict.
+func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
+	resp := HealthResponse{
+		CurrentTime: s.now,
+		Instances:   make(map[string]InstanceHealth, len(s.instances)),
+	}
+	instancesHealthy := true
+	var stalest, newest time.Time
+	for name, st := range s.instances {
+		resp.Instances[name] = st.InstanceHealth
+		if st.LastUpdated.After(newest) {
+			newest = st.LastUpdated
+		}
+		if st.Healthy {
+			continue
+		}
+		if instancesHealthy || st.LastUpdated.Before(stalest) {
+			stalest = st.LastUpdated
+		}
+		instancesHealthy = false
+	}
+	healthy := instancesHealthy
+	if withNode {
+		eligible := !s.nodeDeleting
+		resp.NodeEligible = &eligible
+		healthy = healthy && eligible
+	}
+	switch {
+	case healthy:
+		resp.LastUpdated = s.now
+	case !instancesHealthy:
+		resp.LastUpdated = stalest
+	default:
+		resp.LastUpdated = newest
+	}
+	return resp, healthy
+}
+
+// Handler returns the handler for /healthz, /livez and /status.
+func (h *ProxyHealth) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		resp, healthy := h.snapshot().healthResponse(true)
+		writeJSON(h.logger, w, statusCode(healthy), resp)
+	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
+		resp, healthy := h.snapshot().healthResponse(false)
+		writeJSON(h.logger, w, statusCode(healthy), resp)
+	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+		s := h.snapshot()
+		writeJSON(h.logger, w, http.StatusOK, StatusResponse{
+			CurrentTime:  s.now,
+			NodeDeleting: s.nodeDeleting,
+			Instances:    s.instances,
+		})
+	})
+	return mux
+}
+
+// Serve listens on addr and serves Handler until ctx is done, then shuts down gracefully.
+// A failure to bind is returned at once.
+func (h *ProxyHealth) Serve(ctx context.Context, addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening for proxy health on %s: %w", addr, err)
+	}
+	return h.ServeListener(ctx, l)
+}
+
+// ServeListener serves Handler on l until ctx is done, then shuts down gracefully. It
+// takes ownership of l. Tests use it to serve on an ephemeral port they can address.
+func (h *ProxyHealth) ServeListener(ctx context.Context, l net.Listener) error {
+	logger := klog.FromContext(ctx).WithValues("address", l.Addr().String())
+	srv := &http.Server{
+		Handler:           h.Handler(),
+		ReadHeaderTimeout: readHeaderTimeout,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	logger.V(2).Info("Serving proxy health")
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving proxy health on %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	if err != nil {
+		err = errors.Join(fmt.Errorf("shutting down proxy health on %s: %w", l.Addr(), err), srv.Close())
+	}
+	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("serving proxy health on %s: %w", l.Addr(), serveErr))
+	}
+	logger.V(2).Info("Stopped serving proxy health")
+	return err
+}

@@ -1,0 +1,496 @@
+package healthcheck
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a Clock the test moves by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+var _ Clock = &fakeClock{}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// response is what a test sees of one HTTP response.
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+// get fetches url over real HTTP, failing the test on transport errors.
+func get(t *testing.T, url string) response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatalf("building request for %s: %v", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading body of %s: %v", url, err)
+	}
+	return response{code: resp.StatusCode, header: resp.Header, body: body}
+}
+
+// serveProxyHealth serves h on an ephemeral loopback port until the test ends, and returns
+// its base URL.
+func serveProxyHealth(t *testing.T, h *ProxyHealth) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listening: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- h.ServeListener(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("ServeListener returned %v after cancel, want nil", err)
+		}
+	})
+	return "http://" + l.Addr().String()
+}
+
+func decodeHealth(t *testing.T, r response) HealthResponse {
+	t.Helper()
+	var got HealthResponse
+	if err := json.Unmarshal(r.body, &got); err != nil {
+		t.Fatalf("decoding %q: %v", r.body, err)
+	}
+	return got
+}
+
+func TestProxyHealth(t *testing.T) {
+	const timeout = time.Minute
+	tests := []struct {
+		name  string
+		setup func(h *ProxyHealth, clock *fakeClock)
+		// wantHealthz and wantLivez are the expected status codes.
+		wantHealthz int
+		wantLivez   int
+		// wantInstances is each instance's expected healthy verdict in the bodies.
+		wantInstances map[string]bool
+		wantEligible  bool
+	}{
+		{
+			name:          "no instances is healthy",
+			setup:         func(*ProxyHealth, *fakeClock) {},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{},
+			wantEligible:  true,
+		},
+		{
+			name: "instance is healthy at start",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				clock.Step(10 * timeout)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "queued update within the timeout is healthy",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				clock.Step(timeout - time.Second)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "queued update not applied within the timeout is unhealthy",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				clock.Step(timeout)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": false},
+			wantEligible:  true,
+		},
+		{
+			name: "later queued updates do not reset the oldest",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				clock.Step(timeout / 2)
+				h.QueuedUpdate("team-a")
+				clock.Step(timeout / 2)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": false},
+			wantEligible:  true,
+		},
+		{
+			name: "update applied after going stale is healthy again",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				clock.Step(2 * timeout)
+				h.Updated("team-a")
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "sync error alone does not make the instance unhealthy",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.SetInstanceError("team-a", errors.New("nft: no such table"))
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "deleting node fails healthz but not livez",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.SetNodeDeleting(true)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  false,
+		},
+		{
+			name: "node no longer deleting is eligible again",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.SetNodeDeleting(true)
+				h.SetNodeDeleting(false)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "one unhealthy instance fails the node",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.QueuedUpdate("team-a")
+				h.QueuedUpdate("team-b")
+				clock.Step(timeout / 2)
+				h.Updated("team-a")
+				clock.Step(timeout / 2)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": true, "team-b": false},
+			wantEligible:  true,
+		},
+		{
+			name: "down instance is unhealthy",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.SetInstanceUp("team-b", false, "crashed: exit status 2")
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": true, "team-b": false},
+			wantEligible:  true,
+		},
+		{
+			name: "instance back up is healthy",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.SetInstanceUp("team-a", false, "restarting")
+				h.SetInstanceUp("team-a", true, "")
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "removed instance no longer counts",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.QueuedUpdate("team-b")
+				clock.Step(timeout)
+				h.RemoveInstance("team-b")
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "updates for an untracked instance are ignored",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.QueuedUpdate("gone")
+				h.SetInstanceUp("gone", false, "stopped")
+				clock.Step(timeout)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{},
+			wantEligible:  true,
+		},
+		{
+			name: "each instance has its own timeout",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.AddInstance("fast")
+				h.QueuedUpdate("team-a")
+				h.QueuedUpdate("fast")
+				clock.Step(timeout / 2)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": true, "fast": false},
+			wantEligible:  true,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock()
+			h := NewProxyHealth(clock, func(instance string) time.Duration {
+				if instance == "fast" {
+					return timeout / 4
+				}
+				return timeout
+			})
+			tc.setup(h, clock)
+			url := serveProxyHealth(t, h)
+
+			for _, path := range []string{"/healthz", "/livez"} {
+				want := tc.wantHealthz
+				if path == "/livez" {
+					want = tc.wantLivez
+				}
+				r := get(t, url+path)
+				if r.code != want {
+					t.Errorf("GET %s: status %d, want %d; body %s", path, r.code, want, r.body)
+				}
+				checkJSONHeaders(t, r)
+				got := decodeHealth(t, r)
+				if !got.CurrentTime.Equal(clock.Now()) {
+					t.Errorf("GET %s: currentTime %v, want %v", path, got.CurrentTime, clock.Now())
+				}
+				gotInstances := map[string]bool{}
+				for name, inst := range got.Instances {
+					gotInstances[name] = inst.Healthy
+					if h.Healthy(name) != inst.Healthy {
+						t.Errorf("Healthy(%q) = %v, body says %v", name, h.Healthy(name), inst.Healthy)
+					}
+				}
+				if !reflect.DeepEqual(gotInstances, tc.wantInstances) {
+					t.Errorf("GET %s: instances healthy %v, want %v; body %s", path, gotInstances, tc.wantInstances, r.body)
+				}
+				switch {
+				case path == "/livez" && got.NodeEligible != nil:
+					t.Errorf("GET /livez: has nodeEligible; body %s", r.body)
+				case path == "/healthz" && (got.NodeEligible == nil || *got.NodeEligible != tc.wantEligible):
+					t.Errorf("GET /healthz: nodeEligible missing or not %v; body %s", tc.wantEligible, r.body)
+				}
+			}
+		})
+	}
+}
+
+func checkJSONHeaders(t *testing.T, r response) {
+	t.Helper()
+	if got := r.header.Get("Content-Type"); got != "application/json" {
+		t.Errorf("Content-Type %q, want application/json", got)
+	}
+	if got := r.header.Get("X-Content-Type-Options"); got != "nosniff" {
+		t.Errorf("X-Content-Type-Options %q, want nosniff", got)
+	}
+}
+
+func TestProxyHealthBody(t *testing.T) {
+	clock := newFakeClock()
+	h := NewProxyHealth(clock, nil)
+	h.AddInstance("team-a")
+	h.AddInstance("team-b")
+	h.Updated("team-a")
+	synced := clock.Now()
+	h.Updated("team-b")
+	h.QueuedUpdate("team-b")
+	queued := clock.Now()
+	h.SetInstanceError("team-b", errors.New("nft: transaction failed"))
+	clock.Step(DefaultHealthTimeout)
+	url := serveProxyHealth(t, h)
+
+	r := get(t, url+"/healthz")
+	if r.code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", r.code)
+	}
+	// The field names are the contract with probes and operators, so check them on the
+	// raw JSON rather than through the Go types.
+	var raw map[string]any
+	if err := json.Unmarshal(r.body, &raw); err != nil {
+		t.Fatalf("decoding %s: %v", r.body, err)
+	}
+	for _, key := range []string{"lastUpdated", "currentTime", "nodeEligible", "instances"} {
+		if _, ok := raw[key]; !ok {
+			t.Errorf("body has no %q: %s", key, r.body)
+		}
+	}
+	if !strings.Contains(string(r.body), `"team-b":{"healthy":false`) {
+		t.Errorf("body does not name team-b as unhealthy: %s", r.body)
+	}
+
+	got := decodeHealth(t, r)
+	want := HealthResponse{
+		// Unhealthy: the last sync of the stale instance, as upstream.
+		LastUpdated:  synced,
+		CurrentTime:  clock.Now(),
+		NodeEligible: got.NodeEligible,
+		Instances: map[string]InstanceHealth{
+			"team-a": {Healthy: true, LastUpdated: synced, Up: true},
+			"team-b": {LastUpdated: synced, LastQueued: queued, LastError: "nft: transaction failed", Up: true},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("body\n got %+v\nwant %+v", got, want)
+	}
+
+	h.Updated("team-b")
+	got = decodeHealth(t, get(t, url+"/healthz"))
+	if !got.LastUpdated.Equal(clock.Now()) {
+		t.Errorf("healthy lastUpdated %v, want the current time %v as upstream", got.LastUpdated, clock.Now())
+	}
+}
+
+func TestProxyHealthStatus(t *testing.T) {
+	clock := newFakeClock()
+	h := NewProxyHealth(clock, nil)
+	h.AddInstance("team-a")
+	h.AddInstance("team-b")
+	h.SetInstanceCounts("team-a", 12, 40)
+	h.Updated("team-a")
+	synced := clock.Now()
+	h.SetInstanceCounts("team-b", 3, 7)
+	h.SetInstanceError("team-b", errors.New("nft: transaction failed"))
+	h.SetInstanceUp("team-b", false, "crashed")
+	h.SetNodeDeleting(true)
+	clock.Step(time.Second)
+	url := serveProxyHealth(t, h)
+
+	r := get(t, url+"/status")
+	if r.code != http.StatusOK {
+		t.Errorf("status %d, want 200", r.code)
+	}
+	checkJSONHeaders(t, r)
+	var got StatusResponse
+	if err := json.Unmarshal(r.body, &got); err != nil {
+		t.Fatalf("decoding %s: %v", r.body, err)
+	}
+	want := StatusResponse{
+		CurrentTime:  clock.Now(),
+		NodeDeleting: true,
+		Instances: map[string]InstanceStatus{
+			"team-a": {
+				InstanceHealth: InstanceHealth{Healthy: true, LastUpdated: synced, Up: true},
+				Services:       12,
+				Endpoints:      40,
+			},
+			"team-b": {
+				InstanceHealth: InstanceHealth{LastError: "nft: transaction failed", DownReason: "crashed"},
+				Services:       3,
+				Endpoints:      7,
+			},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("/status\n got %+v\nwant %+v", got, want)
+	}
+
+	h.SetInstanceError("team-b", nil)
+	got = StatusResponse{}
+	if err := json.Unmarshal(get(t, url+"/status").body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if e := got.Instances["team-b"].LastError; e != "" {
+		t.Errorf("lastError after clearing is %q, want empty", e)
+	}
+}
+
+func TestProxyHealthHealthyUnknownInstance(t *testing.T) {
+	h := NewProxyHealth(newFakeClock(), nil)
+	if h.Healthy("nobody") {
+		t.Errorf("Healthy of an untracked instance is true, want false")
+	}
+}
+
+func TestProxyHealthServe(t *testing.T) {
+	t.Run("bind failure is returned at once", func(t *testing.T) {
+		held, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
+		h := NewProxyHealth(nil, nil)
+		// A context that never ends: the call must return on its own.
+		if err := h.Serve(t.Context(), held.Addr().String()); err == nil {
+			t.Errorf("Serve on a taken address returned nil, want an error")
+		}
+	})
+	t.Run("returns nil when the context ends", func(t *testing.T) {
+		h := NewProxyHealth(nil, nil)
+		ctx, cancel := context.WithCancel(t.Context())
+		served := make(chan error, 1)
+		go func() { served <- h.Serve(ctx, "127.0.0.1:0") }()
+		cancel()
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Errorf("Serve returned %v, want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Serve did not return after the context ended")
+		}
+	})
+}

@@ -1,0 +1,440 @@
+package healthcheck
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// loopbackListener is a Listener that serves each node port on an ephemeral loopback
+// port, so tests need no fixed ports, and remembers where.
+type loopbackListener struct {
+	mu    sync.Mutex
+	addrs map[int]string
+	calls map[int]int
+}
+
+var _ Listener = &loopbackListener{}
+
+func newLoopbackListener() *loopbackListener {
+	return &loopbackListener{addrs: map[int]string{}, calls: map[int]int{}}
+}
+
+func (l *loopbackListener) Listen(port int) (net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.addrs[port] = ln.Addr().String()
+	l.calls[port]++
+	return ln, nil
+}
+
+// addr returns where node port was last served, failing the test if it never was.
+func (l *loopbackListener) addr(t *testing.T, port int) string {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	addr, ok := l.addrs[port]
+	if !ok {
+		t.Fatalf("node port %d was never opened", port)
+	}
+	return addr
+}
+
+func (l *loopbackListener) listenCalls(port int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.calls[port]
+}
+
+// event is one recorded Eventf call.
+type event struct {
+	service   types.NamespacedName
+	eventType string
+	reason    string
+	message   string
+}
+
+// fakeRecorder records events.
+type fakeRecorder struct {
+	mu     sync.Mutex
+	events []event
+}
+
+var _ EventRecorder = &fakeRecorder{}
+
+func (r *fakeRecorder) Eventf(service types.NamespacedName, eventType, reason, messageFmt string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, event{service, eventType, reason, fmt.Sprintf(messageFmt, args...)})
+}
+
+func (r *fakeRecorder) take() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	events := r.events
+	r.events = nil
+	return events
+}
+
+// healthSet is a healthy func whose answers the test sets.
+type healthSet struct {
+	mu        sync.Mutex
+	unhealthy map[string]bool
+}
+
+func (h *healthSet) healthy(instance string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.unhealthy[instance]
+}
+
+func (h *healthSet) set(instance string, healthy bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.unhealthy == nil {
+		h.unhealthy = map[string]bool{}
+	}
+	h.unhealthy[instance] = !healthy
+}
+
+// fixture is a ServiceHealth with fakes, closed when the test ends.
+type fixture struct {
+	sh       *ServiceHealth
+	listener *loopbackListener
+	recorder *fakeRecorder
+	health   *healthSet
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{listener: newLoopbackListener(), recorder: &fakeRecorder{}, health: &healthSet{}}
+	f.sh = NewServiceHealth(f.listener, f.recorder, f.health.healthy)
+	t.Cleanup(f.sh.Close)
+	return f
+}
+
+// checkRefused asserts nothing listens on addr any more.
+func checkRefused(t *testing.T, addr string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err == nil {
+		conn.Close()
+		t.Errorf("connecting to closed health check %s succeeded", addr)
+		return
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("connecting to closed health check %s: %v, want connection refused", addr, err)
+	}
+}
+
+func nsn(namespace, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: namespace, Name: name}
+}
+
+func TestServiceHealthResponse(t *testing.T) {
+	svc := nsn("shop", "frontend")
+	tests := []struct {
+		name      string
+		endpoints map[types.NamespacedName]int
+		healthy   bool
+		path      string
+		wantCode  int
+		wantBody  string
+	}{
+		{
+			name:      "local endpoints and healthy instance",
+			endpoints: map[types.NamespacedName]int{svc: 3},
+			healthy:   true,
+			path:      "/",
+			wantCode:  http.StatusOK,
+			wantBody:  `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":3,"serviceProxyHealthy":true}`,
+		},
+		{
+			name:      "any path is answered",
+			endpoints: map[types.NamespacedName]int{svc: 1},
+			healthy:   true,
+			path:      "/some/lb/probe?x=1",
+			wantCode:  http.StatusOK,
+			wantBody:  `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":1,"serviceProxyHealthy":true}`,
+		},
+		{
+			name:      "no local endpoints",
+			endpoints: map[types.NamespacedName]int{svc: 0},
+			healthy:   true,
+			path:      "/",
+			wantCode:  http.StatusServiceUnavailable,
+			wantBody:  `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":0,"serviceProxyHealthy":true}`,
+		},
+		{
+			name:      "service missing from endpoints has none",
+			endpoints: map[types.NamespacedName]int{nsn("shop", "other"): 4},
+			healthy:   true,
+			path:      "/",
+			wantCode:  http.StatusServiceUnavailable,
+			wantBody:  `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":0,"serviceProxyHealthy":true}`,
+		},
+		{
+			name:      "unhealthy instance",
+			endpoints: map[types.NamespacedName]int{svc: 3},
+			healthy:   false,
+			path:      "/",
+			wantCode:  http.StatusServiceUnavailable,
+			wantBody:  `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":3,"serviceProxyHealthy":false}`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.health.set("team-a", tc.healthy)
+			f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+			f.sh.SyncEndpoints("team-a", tc.endpoints)
+
+			r := get(t, "http://"+f.listener.addr(t, 30001)+tc.path)
+			if r.code != tc.wantCode {
+				t.Errorf("status %d, want %d", r.code, tc.wantCode)
+			}
+			if string(r.body) != tc.wantBody {
+				t.Errorf("body\n got %s\nwant %s", r.body, tc.wantBody)
+			}
+			checkJSONHeaders(t, r)
+			wantWeight := fmt.Sprint(tc.endpoints[svc])
+			if got := r.header.Get("X-Load-Balancing-Endpoint-Weight"); got != wantWeight {
+				t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want %q", got, wantWeight)
+			}
+			if events := f.recorder.take(); len(events) != 0 {
+				t.Errorf("unexpected events %+v", events)
+			}
+		})
+	}
+}
+
+func TestServiceHealthEndpointsFollowSync(t *testing.T) {
+	f := newFixture(t)
+	svc := nsn("shop", "frontend")
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+	url := "http://" + f.listener.addr(t, 30001)
+
+	if r := get(t, url); r.code != http.StatusServiceUnavailable {
+		t.Errorf("before any endpoints: status %d, want 503", r.code)
+	}
+	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 2})
+	if r := get(t, url); r.code != http.StatusOK {
+		t.Errorf("with endpoints: status %d, want 200", r.code)
+	}
+	// Another instance's endpoints never touch team-a's Services.
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{})
+	if r := get(t, url); r.code != http.StatusOK {
+		t.Errorf("after another instance's sync: status %d, want 200", r.code)
+	}
+	f.sh.SyncEndpoints("team-a", nil)
+	if r := get(t, url); r.code != http.StatusServiceUnavailable {
+		t.Errorf("after endpoints went away: status %d, want 503", r.code)
+	}
+}
+
+func TestServiceHealthSyncServices(t *testing.T) {
+	f := newFixture(t)
+	kept, dropped, moved := nsn("shop", "kept"), nsn("shop", "dropped"), nsn("shop", "moved")
+	other := nsn("bank", "ledger")
+
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{kept: 30001, dropped: 30002, moved: 30003})
+	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{other: 30010})
+	keptAddr := f.listener.addr(t, 30001)
+	droppedAddr := f.listener.addr(t, 30002)
+	movedAddr := f.listener.addr(t, 30003)
+	otherAddr := f.listener.addr(t, 30010)
+	for _, addr := range []string{keptAddr, droppedAddr, movedAddr, otherAddr} {
+		get(t, "http://"+addr)
+	}
+
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{kept: 30001, moved: 30004})
+	checkRefused(t, droppedAddr)
+	checkRefused(t, movedAddr)
+	if got := f.listener.listenCalls(30001); got != 1 {
+		t.Errorf("unchanged Service's port opened %d times, want 1", got)
+	}
+	if r := get(t, "http://"+f.listener.addr(t, 30004)); !strings.Contains(string(r.body), `"name":"moved"`) {
+		t.Errorf("new port of moved Service answers %s", r.body)
+	}
+	get(t, "http://"+keptAddr)
+	get(t, "http://"+otherAddr)
+
+	f.sh.SyncServices("team-a", nil)
+	checkRefused(t, keptAddr)
+	checkRefused(t, f.listener.addr(t, 30004))
+	if r := get(t, "http://"+otherAddr); !strings.Contains(string(r.body), `"name":"ledger"`) {
+		t.Errorf("team-b's health check answers %s after team-a dropped all its Services", r.body)
+	}
+	if events := f.recorder.take(); len(events) != 0 {
+		t.Errorf("unexpected events %+v", events)
+	}
+
+	f.sh.Close()
+	checkRefused(t, otherAddr)
+	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{other: 30011})
+	if got := f.listener.listenCalls(30011); got != 0 {
+		t.Errorf("SyncServices after Close opened a port")
+	}
+}
+
+func TestServiceHealthPortConflict(t *testing.T) {
+	tests := []struct {
+		name string
+		// syncs run in order; the last one's loser must get an event.
+		syncs []struct {
+			instance string
+			ports    map[types.NamespacedName]int32
+		}
+		wantServing types.NamespacedName
+		wantLoser   types.NamespacedName
+	}{
+		{
+			name: "another instance's Service holds the port",
+			syncs: []struct {
+				instance string
+				ports    map[types.NamespacedName]int32
+			}{
+				{"team-b", map[types.NamespacedName]int32{nsn("b", "z"): 30001}},
+				{"team-a", map[types.NamespacedName]int32{nsn("a", "a"): 30001}},
+			},
+			wantServing: nsn("b", "z"),
+			wantLoser:   nsn("a", "a"),
+		},
+		{
+			name: "two Services of one instance, the first by name wins",
+			syncs: []struct {
+				instance string
+				ports    map[types.NamespacedName]int32
+			}{
+				{"team-a", map[types.NamespacedName]int32{nsn("shop", "b"): 30001, nsn("shop", "a"): 30001}},
+			},
+			wantServing: nsn("shop", "a"),
+			wantLoser:   nsn("shop", "b"),
+		},
+		{
+			name: "a Service already serving keeps its port against a new one",
+			syncs: []struct {
+				instance string
+				ports    map[types.NamespacedName]int32
+			}{
+				{"team-a", map[types.NamespacedName]int32{nsn("shop", "z"): 30001}},
+				{"team-a", map[types.NamespacedName]int32{nsn("shop", "z"): 30001, nsn("shop", "a"): 30001}},
+			},
+			wantServing: nsn("shop", "z"),
+			wantLoser:   nsn("shop", "a"),
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			for _, s := range tc.syncs {
+				f.sh.SyncServices(s.instance, s.ports)
+			}
+			if got := f.listener.listenCalls(30001); got != 1 {
+				t.Errorf("port opened %d times, want 1", got)
+			}
+			r := get(t, "http://"+f.listener.addr(t, 30001))
+			wantName := fmt.Sprintf(`"name":%q`, tc.wantServing.Name)
+			if !strings.Contains(string(r.body), wantName) {
+				t.Errorf("port serves %s, want %s", r.body, tc.wantServing)
+			}
+			events := f.recorder.take()
+			if len(events) != 1 {
+				t.Fatalf("events %+v, want one for %s", events, tc.wantLoser)
+			}
+			if e := events[0]; e.service != tc.wantLoser || e.eventType != "Warning" || e.reason != ReasonFailedToStartServiceHealthcheck {
+				t.Errorf("event %+v, want a Warning %s on %s", e, ReasonFailedToStartServiceHealthcheck, tc.wantLoser)
+			}
+		})
+	}
+}
+
+func TestServiceHealthFreedPortGoesToWaitingService(t *testing.T) {
+	f := newFixture(t)
+	svc := nsn("shop", "frontend")
+	// The Service moves from team-a to team-b, and team-b syncs first.
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 1})
+	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{svc: 30001})
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{svc: 5})
+	if events := f.recorder.take(); len(events) != 1 {
+		t.Errorf("events %+v, want one for team-b's conflict", events)
+	}
+	oldAddr := f.listener.addr(t, 30001)
+
+	f.sh.SyncServices("team-a", nil)
+	checkRefused(t, oldAddr)
+	f.health.set("team-a", false)
+	r := get(t, "http://"+f.listener.addr(t, 30001))
+	if r.code != http.StatusOK || !strings.Contains(string(r.body), `"localEndpoints":5`) {
+		t.Errorf("after team-a let go: status %d body %s, want team-b's 200 with 5 endpoints", r.code, r.body)
+	}
+}
+
+func TestServiceHealthBindFailure(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := held.Addr().(*net.TCPAddr).Port
+	recorder := &fakeRecorder{}
+	sh := NewServiceHealth(NewTCPListener([]string{"127.0.0.1"}), recorder, nil)
+	t.Cleanup(sh.Close)
+	svc := nsn("shop", "frontend")
+	ports := map[types.NamespacedName]int32{svc: int32(port)}
+
+	sh.SyncServices("team-a", ports)
+	sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 2})
+	events := recorder.take()
+	if len(events) != 1 {
+		t.Fatalf("events %+v, want one", events)
+	}
+	e := events[0]
+	if e.service != svc || e.eventType != "Warning" || e.reason != ReasonFailedToStartServiceHealthcheck {
+		t.Errorf("event %+v, want a Warning %s on %s", e, ReasonFailedToStartServiceHealthcheck, svc)
+	}
+	if !strings.Contains(e.message, fmt.Sprint(port)) || !strings.Contains(e.message, `"team-a"`) {
+		t.Errorf("event message %q does not name the port and instance", e.message)
+	}
+
+	// Still taken: the next sync retries and fails again.
+	sh.SyncServices("team-a", ports)
+	if events := recorder.take(); len(events) != 1 {
+		t.Errorf("events on retry %+v, want one", events)
+	}
+
+	if err := held.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sh.SyncServices("team-a", ports)
+	if events := recorder.take(); len(events) != 0 {
+		t.Errorf("events after the port was freed %+v, want none", events)
+	}
+	r := get(t, fmt.Sprintf("http://127.0.0.1:%d/", port))
+	want := `{"service":{"namespace":"shop","name":"frontend"},"localEndpoints":2,"serviceProxyHealthy":true}`
+	if r.code != http.StatusOK || string(r.body) != want {
+		t.Errorf("after retry: status %d body %s, want 200 %s", r.code, r.body, want)
+	}
+}
+
+func TestServiceHealthInvalidPort(t *testing.T) {
+	f := newFixture(t)
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{nsn("shop", "zero"): 0, nsn("shop", "big"): 70000})
+	if events := f.recorder.take(); len(events) != 2 {
+		t.Errorf("events %+v, want one per invalid port", events)
+	}
+	if got := f.listener.listenCalls(0) + f.listener.listenCalls(70000); got != 0 {
+		t.Errorf("invalid ports reached the listener %d times", got)
+	}
+}
