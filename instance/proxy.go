@@ -105,7 +105,8 @@ type Proxy struct {
 	waiting map[types.NamespacedName][]chan struct{}
 	trigger chan struct{}
 
-	// Owned by the sync loop.
+	// syncMu serializes syncs with reconfiguration; it guards the syncers and below.
+	syncMu   sync.Mutex
 	applied  map[types.NamespacedName]*ServiceModel
 	lastFull time.Time
 }
@@ -278,6 +279,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 // tablesMissing reports whether one of the instance's tables is gone.
 func (p *Proxy) tablesMissing(ctx context.Context) bool {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	for _, s := range p.syncers {
 		if s.NeedsFull() {
 			continue
@@ -292,6 +295,8 @@ func (p *Proxy) tablesMissing(ctx context.Context) bool {
 // Sync runs one sync now: partial when possible, full when forced, after a failure,
 // or when FullSyncPeriod has passed. It returns nil, nil when there was nothing to do.
 func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	start := p.opts.Clock.Now()
 	p.mu.Lock()
 	dirty := p.tracker.TakeDirty()
@@ -393,6 +398,8 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 
 // Applied returns the models last programmed (for status and tests).
 func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
 	return maps.Clone(p.applied)
 }
 
@@ -444,3 +451,26 @@ func portsOfModel(m *ServiceModel, fam tables.Family) []*tables.ServicePort {
 }
 
 func sameModel(a, b *ServiceModel) bool { return reflect.DeepEqual(a, b) }
+
+// Reconfigure changes the node-dependent table settings (NodePort addresses, node IPs,
+// pod CIDRs for detect-local) and queues a full sync.
+func (p *Proxy) Reconfigure(mutate func(*tables.Config)) error {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	var errs []error
+	for fam, s := range p.syncers {
+		cfg := p.opts.Tables
+		mutate(&cfg)
+		cfg.Family = fam
+		cfg.Instance = p.opts.Name
+		if err := s.Reconfigure(cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	mutate(&p.opts.Tables)
+	select {
+	case p.trigger <- struct{}{}:
+	default:
+	}
+	return errors.Join(errs...)
+}

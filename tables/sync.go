@@ -492,3 +492,25 @@ func sortedKeys[V any](m map[string]V) []string {
 	slices.Sort(keys)
 	return keys
 }
+
+// TableExists reports whether the table is still in the kernel; it only lists chain
+// names, so it is cheap enough to call every few seconds.
+func (s *Syncer) TableExists(ctx context.Context) (bool, error) {
+	_, err := s.nft.List(ctx, "chains")
+	if knftables.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Reconfigure replaces the node-dependent settings (addresses, pod CIDRs); the next
+// sync is a full one. The family, table and slot cannot change.
+func (s *Syncer) Reconfigure(cfg Config) error {
+	if cfg.Family != s.cfg.Family || cfg.TableName() != s.cfg.TableName() || cfg.Slot != s.cfg.Slot {
+		return fmt.Errorf("table %s: family, name and slot cannot change while running", s.cfg.TableName())
+	}
+	s.cfg = cfg
+	s.c = newCompiler(&s.cfg)
+	s.synced = false
+	return nil
+}

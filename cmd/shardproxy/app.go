@@ -1,0 +1,334 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/supervisor"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func run(args []string, stdout, stderr io.Writer) int {
+	app := newApp(stdout, stderr)
+	if err := app.Run(args); err != nil {
+		fmt.Fprintf(stderr, "shardproxy: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+var configFlag = &cli.StringFlag{
+	Name: "config", Aliases: []string{"c"}, Required: true,
+	Usage: "supervisor configuration file (see supervisor/config/example.yaml)",
+}
+
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "shardproxy",
+		Usage:     "run several Kubernetes service proxy instances side by side on one node, on nftables",
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Description: `Each instance serves the Services labeled service.kubernetes.io/service-proxy-name: <one of
+its proxyNames> (one optional default instance serves unlabeled Services) and writes its own
+"ip" and "ip6" tables, named <tablePrefix>-<instance>, hooked at priorities no other
+instance uses. Start with "shardproxy check --config FILE", then "shardproxy run --config FILE".`,
+		Commands: []*cli.Command{
+			{
+				Name:  "run",
+				Usage: "run the supervisor and its instances until SIGTERM/SIGINT (rules stay in place on exit)",
+				Flags: []cli.Flag{configFlag, &cli.IntFlag{Name: "v", Usage: "log verbosity (2: one line per sync, 4: decisions, 9: transactions)"}},
+				Action: func(c *cli.Context) error {
+					return runSupervisor(c.Context, c.String("config"), c.Int("v"))
+				},
+			},
+			{
+				Name:  "check",
+				Usage: "validate the configuration, probe the host, and print each instance's tables and priorities",
+				Flags: []cli.Flag{configFlag, &cli.BoolFlag{Name: "skip-probe", Usage: "do not ask the kernel whether it accepts the rules"}},
+				Action: func(c *cli.Context) error {
+					return check(c.Context, c.App.Writer, c.String("config"), !c.Bool("skip-probe"))
+				},
+			},
+			{
+				Name:  "render",
+				Usage: "offline: print the nft script an instance would load for Service/EndpointSlice YAML files",
+				Flags: []cli.Flag{configFlag,
+					&cli.StringFlag{Name: "instance", Required: true, Usage: "instance name"},
+					&cli.StringFlag{Name: "from", Required: true, Usage: "directory (or file) of YAML/JSON Services, EndpointSlices and optionally this Node"},
+				},
+				Action: func(c *cli.Context) error {
+					return render(c.App.Writer, c.App.ErrWriter, c.String("config"), c.String("instance"), c.String("from"))
+				},
+			},
+			{
+				Name:  "cleanup",
+				Usage: "delete shardproxy's tables (all instances of the configuration, or one); never touches other tables",
+				Flags: []cli.Flag{configFlag, &cli.StringFlag{Name: "instance", Usage: "only this instance"}},
+				Action: func(c *cli.Context) error {
+					return cleanup(c.Context, c.App.Writer, c.String("config"), c.String("instance"))
+				},
+			},
+			{
+				Name:  "status",
+				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",
+				Flags: []cli.Flag{&cli.StringFlag{Name: "address", Value: "127.0.0.1:10256", Usage: "the supervisor's healthz address"}},
+				Action: func(c *cli.Context) error {
+					return status(c.Context, c.App.Writer, c.String("address"))
+				},
+			},
+			{
+				Name:  "version",
+				Usage: "print the version",
+				Action: func(c *cli.Context) error {
+					fmt.Fprintln(c.App.Writer, "shardproxy", version)
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func runSupervisor(ctx context.Context, path string, verbosity int) error {
+	fs := flagSet()
+	_ = fs.Set("v", fmt.Sprint(verbosity))
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	rc, err := restConfig(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating API client: %w", err)
+	}
+	s, err := supervisor.New(cfg, supervisor.Deps{Client: client})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	klog.Background().Info("Starting shardproxy", "version", version, "node", cfg.NodeName, "instances", len(cfg.Instances))
+	return s.Run(ctx)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no kubeconfig in the configuration and not running in a cluster: %w", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return rc, nil
+}
+
+func check(ctx context.Context, w io.Writer, path string, probe bool) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%s: configuration is valid (node %q, %d instances)\n\n", path, cfg.NodeName, len(cfg.Instances))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tSERVES\tTABLES\tSLOT\tFIREWALL\tDNAT\tFILTER\tSNAT")
+	for _, inst := range cfg.Instances {
+		p, err := tables.PrioritiesFor(*inst.Slot)
+		if err != nil {
+			return err
+		}
+		serves := strings.Join(inst.ProxyNames, ",")
+		if inst.Default {
+			serves = strings.Trim("<unlabeled>,"+serves, ",")
+		}
+		name := inst.TableName(cfg.TablePrefix)
+		fmt.Fprintf(tw, "%s\t%s\tip %s, ip6 %s\t%d\t%d\t%d\t%d\t%d\n", inst.Name, serves, name, name, *inst.Slot, p.Firewall, p.DNAT, p.Filter, p.SNAT)
+	}
+	_ = tw.Flush()
+	if !probe {
+		return nil
+	}
+	if err := tables.Probe(ctx, tables.RealNFT); err != nil {
+		return fmt.Errorf("host probe: %w", err)
+	}
+	fmt.Fprintln(w, "\nhost probe: nft and the kernel accept every rule shape (IPv4 and IPv6)")
+	return nil
+}
+
+func cleanup(ctx context.Context, w io.Writer, path, only string) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	found := false
+	var errs []error
+	for _, inst := range cfg.Instances {
+		if only != "" && inst.Name != only {
+			continue
+		}
+		found = true
+		for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+			nft, err := tables.NewNFT(fam, cfg.TablePrefix, inst.Name)
+			if err == nil {
+				err = tables.DeleteTable(ctx, nft)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("instance %s %s: %w", inst.Name, fam, err))
+				continue
+			}
+			fmt.Fprintf(w, "deleted table %s %s (if it existed)\n", tables.KnftFamily(fam), inst.TableName(cfg.TablePrefix))
+		}
+	}
+	if !found {
+		return fmt.Errorf("no instance %q in %s", only, path)
+	}
+	return errors.Join(errs...)
+}
+
+func status(ctx context.Context, w io.Writer, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("reading status from %s (is the supervisor running?): %w", addr, err)
+	}
+	defer resp.Body.Close()
+	var st healthcheck.StatusResponse
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return fmt.Errorf("decoding status: %w", err)
+	}
+	return printStatus(w, st)
+}
+
+func printStatus(w io.Writer, st healthcheck.StatusResponse) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tUP\tHEALTHY\tSERVICES\tENDPOINTS\tLAST SYNC\tLAST ERROR")
+	names := make([]string, 0, len(st.Instances))
+	for n := range st.Instances {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		i := st.Instances[n]
+		last := "-"
+		if !i.LastUpdated.IsZero() {
+			last = i.LastUpdated.Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%s\t%s\n", n, i.Up, i.Healthy, i.Services, i.Endpoints, last, i.LastError)
+	}
+	return tw.Flush()
+}
+
+func render(w, ew io.Writer, path, inst, from string) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	svcs, slices, node, err := readObjects(from)
+	if err != nil {
+		return err
+	}
+	script, problems, err := supervisor.Render(cfg, inst, svcs, slices, node)
+	if err != nil {
+		return err
+	}
+	for _, p := range problems {
+		fmt.Fprintln(ew, "warning:", p)
+	}
+	_, err = io.WriteString(w, script)
+	return err
+}
+
+// readObjects reads Services, EndpointSlices and a Node from YAML/JSON files.
+func readObjects(from string) ([]*corev1.Service, []*discoveryv1.EndpointSlice, *corev1.Node, error) {
+	var files []string
+	if st, err := os.Stat(from); err != nil {
+		return nil, nil, nil, err
+	} else if st.IsDir() {
+		for _, pat := range []string{"*.yaml", "*.yml", "*.json"} {
+			m, _ := filepath.Glob(filepath.Join(from, pat))
+			files = append(files, m...)
+		}
+		sort.Strings(files)
+	} else {
+		files = []string{from}
+	}
+	scheme := runtime.NewScheme()
+	_ = corev1.AddToScheme(scheme)
+	_ = discoveryv1.AddToScheme(scheme)
+	decoder := serializer.NewCodecFactory(scheme).UniversalDeserializer()
+	var svcs []*corev1.Service
+	var slices []*discoveryv1.EndpointSlice
+	var node *corev1.Node
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		r := utilyaml.NewYAMLReader(newBufReader(fh))
+		for i := 0; ; i++ {
+			doc, err := r.Read()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				fh.Close()
+				return nil, nil, nil, fmt.Errorf("%s: %w", f, err)
+			}
+			if strings.TrimSpace(string(doc)) == "" {
+				continue
+			}
+			obj, _, err := decoder.Decode(doc, nil, nil)
+			if err != nil {
+				fh.Close()
+				return nil, nil, nil, fmt.Errorf("%s: document %d: %w", f, i+1, err)
+			}
+			switch o := obj.(type) {
+			case *corev1.Service:
+				svcs = append(svcs, o)
+			case *discoveryv1.EndpointSlice:
+				slices = append(slices, o)
+			case *corev1.Node:
+				node = o
+			}
+		}
+		fh.Close()
+	}
+	return svcs, slices, node, nil
+}

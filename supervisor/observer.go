@@ -1,0 +1,91 @@
+package supervisor
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// observer does the node-wide work after each instance sync: health, metrics,
+// health-check node ports, conntrack cleanup and events.
+type observer struct {
+	s *Supervisor
+}
+
+var _ instance.Observer = &observer{}
+
+func (o *observer) Queued(inst string) {
+	o.s.health.QueuedUpdate(inst)
+	o.s.metrics.SetLastQueued(inst, time.Now())
+}
+
+func (o *observer) SyncFailed(inst string, err error) {
+	o.s.health.SetInstanceError(inst, err)
+	o.s.metrics.SyncFailed(inst)
+}
+
+func (o *observer) Synced(res *instance.SyncResult) {
+	s := o.s
+	inst := res.Instance
+	s.health.Updated(inst)
+	s.health.SetInstanceError(inst, nil)
+	s.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
+	ops := 0
+	for _, st := range res.Stats {
+		ops += st.Operations
+	}
+	s.metrics.ObserveSync(inst, res.Full, res.Elapsed, ops)
+	s.metrics.SetLastSync(inst, time.Now())
+	s.metrics.SetOwned(inst, res.Services, res.Endpoints)
+	s.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
+	s.svcHC.SyncServices(inst, res.HealthCheckNodePorts)
+	s.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
+	o.cleanConntrack(inst, res.Changed)
+	for _, c := range res.Changed {
+		if c.After == nil || len(c.After.Problems) == 0 {
+			continue
+		}
+		if c.Before != nil && slices.Equal(c.Before.Problems, c.After.Problems) {
+			continue
+		}
+		s.deps.Recorder.Eventf(c.Name, corev1.EventTypeWarning, "InvalidServiceParts",
+			"instance %s skipped parts of the Service: %s", inst, strings.Join(c.After.Problems, "; "))
+	}
+}
+
+// cleanConntrack removes stale UDP/SCTP flows of the changed Services. Only Services an
+// instance owns ever get here, so flows of foreign Services are never touched.
+func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService) {
+	if o.s.cleaner == nil || len(changed) == 0 {
+		return
+	}
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		var before, after []*tables.ServicePort
+		for _, c := range changed {
+			if c.Before != nil {
+				before = append(before, c.Before.Ports[fam]...)
+			}
+			if c.After != nil {
+				after = append(after, c.After.Ports[fam]...)
+			}
+		}
+		if len(before) == 0 && len(after) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		n, err := o.s.cleaner.Cleanup(ctx, before, after)
+		cancel()
+		if err != nil {
+			o.s.logger.Error(err, "Conntrack cleanup failed", "instance", inst, "family", fam)
+		}
+		if n > 0 {
+			o.s.metrics.ConntrackDeleted(inst, fam.String(), n)
+		}
+	}
+}

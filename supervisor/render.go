@@ -1,0 +1,88 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// Render computes, offline, the nft script an instance would load for the given
+// Services and EndpointSlices on the given node: the same routing, guards, model and
+// compiler as a running supervisor, against knftables' fake. Problems are the lines a
+// running instance would log and report as events.
+func Render(cfg *config.Config, instanceName string, services []*corev1.Service, slices []*discoveryv1.EndpointSlice, node *corev1.Node) (script string, problems []string, err error) {
+	router, specs, err := buildRouter(cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	s := &Supervisor{cfg: cfg, deps: Deps{InterfaceAddrs: hostAddrs}, logger: klog.Background(), specs: specs, router: router}
+	spec, ok := s.specs[instanceName]
+	if !ok {
+		return "", nil, fmt.Errorf("no instance %q in the configuration", instanceName)
+	}
+	base := tables.Config{
+		TablePrefix: cfg.TablePrefix, Instance: spec.Name, Slot: *spec.Slot,
+		MasqueradeBit: *cfg.MasqueradeBit, MasqueradeAll: spec.MasqueradeAll,
+	}
+	s.applyNode(spec, node, &base)
+	info := nodeInfo(cfg.NodeName, node)
+
+	bySvc := map[string][]*discoveryv1.EndpointSlice{}
+	for _, sl := range slices {
+		key := sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]
+		bySvc[key] = append(bySvc[key], sl)
+	}
+	models := map[tables.ServiceName]*instance.ServiceModel{}
+	for _, svc := range services {
+		dec := s.router.Route(svc)
+		if dec.Rejected != "" {
+			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, dec.Rejected))
+		}
+		if dec.Instance != instanceName {
+			continue
+		}
+		guarded, guardProblems := s.router.Guard(instanceName, svc)
+		for _, p := range guardProblems {
+			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, p))
+		}
+		m := instance.Build(guarded, bySvc[svc.Namespace+"/"+svc.Name], info)
+		if m == nil {
+			continue
+		}
+		for _, p := range m.Problems {
+			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, p))
+		}
+		models[tables.ServiceName{Namespace: svc.Namespace, Name: svc.Name}] = m
+	}
+
+	var out strings.Builder
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		tc := base
+		tc.Family = fam
+		fake := knftables.NewFake(tables.KnftFamily(fam), tc.TableName())
+		syncer, err := tables.NewSyncer(tc, fake)
+		if err != nil {
+			return "", nil, err
+		}
+		ports := map[tables.ServiceName][]*tables.ServicePort{}
+		for n, m := range models {
+			if p := m.Ports[fam]; len(p) > 0 {
+				ports[n] = p
+			}
+		}
+		if _, err := syncer.Full(context.Background(), ports); err != nil {
+			return "", nil, fmt.Errorf("rendering %s: %w", fam, err)
+		}
+		out.WriteString(fake.Dump())
+	}
+	return out.String(), problems, nil
+}

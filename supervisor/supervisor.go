@@ -1,0 +1,479 @@
+// Package supervisor is the per-node process: it runs the proxy instances side by side
+// and owns everything node-wide, once: the API watches, the health servers, conntrack
+// cleanup, metrics and the masquerade mark.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/conntrack"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// Deps are the supervisor's side-effect seams; New fills what is left nil with the real
+// thing, except Client, which is required.
+type Deps struct {
+	Client kubernetes.Interface
+	// NFT opens one table; default: knftables on the host.
+	NFT func(fam tables.Family, table string) (knftables.Interface, error)
+	// Conntrack is the kernel's conntrack table; default: netlink. A nil interface after
+	// defaulting (netlink unavailable) disables conntrack cleanup with a log line.
+	Conntrack conntrack.Interface
+	// HealthCheckListener opens healthCheckNodePort servers; default: all addresses.
+	HealthCheckListener healthcheck.Listener
+	// Recorder records Kubernetes events; default: events through Client.
+	Recorder Recorder
+	// InterfaceAddrs lists the node's addresses (for CIDR nodePortAddresses); default: net.InterfaceAddrs.
+	InterfaceAddrs func() ([]netip.Addr, error)
+	// Sysctl writes a sysctl; default: /proc/sys. Errors are logged, never fatal.
+	Sysctl func(name, value string) error
+}
+
+// Supervisor runs one node's instances.
+type Supervisor struct {
+	cfg     *config.Config
+	deps    Deps
+	logger  klog.Logger
+	metrics *metrics.Metrics
+	health  *healthcheck.ProxyHealth
+	svcHC   *healthcheck.ServiceHealth
+	cleaner *conntrack.Cleaner
+	router  *selector.Router
+	watches *Watches
+
+	instances map[string]*instance.Proxy
+	specs     map[string]config.Instance
+
+	nodeMu sync.Mutex
+	node   *corev1.Node
+}
+
+// New builds a supervisor from a validated configuration. Nothing runs before Run.
+func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
+	if deps.Client == nil {
+		return nil, errors.New("supervisor: no API client")
+	}
+	if deps.NFT == nil {
+		deps.NFT = func(fam tables.Family, table string) (knftables.Interface, error) {
+			return knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
+		}
+	}
+	if deps.InterfaceAddrs == nil {
+		deps.InterfaceAddrs = hostAddrs
+	}
+	if deps.Sysctl == nil {
+		deps.Sysctl = writeSysctl
+	}
+	if deps.Recorder == nil {
+		deps.Recorder = newEventRecorder(deps.Client, cfg.NodeName)
+	}
+	s := &Supervisor{
+		cfg:       cfg,
+		deps:      deps,
+		logger:    klog.Background().WithValues("node", cfg.NodeName),
+		metrics:   metrics.New(),
+		instances: map[string]*instance.Proxy{},
+		specs:     map[string]config.Instance{},
+	}
+	s.health = healthcheck.NewProxyHealth(nil, func(inst string) time.Duration {
+		// Upstream's health timeout is twice the sync period.
+		if spec, ok := s.specs[inst]; ok && spec.SyncPeriod.Duration > 0 {
+			return 2 * spec.SyncPeriod.Duration
+		}
+		return healthcheck.DefaultHealthTimeout
+	})
+	if deps.HealthCheckListener == nil {
+		deps.HealthCheckListener = healthcheck.NewTCPListener(nil)
+	}
+	s.svcHC = healthcheck.NewServiceHealth(deps.HealthCheckListener, deps.Recorder, s.health.Healthy)
+	if deps.Conntrack == nil {
+		ct, err := conntrack.New()
+		if err != nil {
+			s.logger.Error(err, "Conntrack is unavailable; stale UDP flows will not be cleaned up")
+		} else {
+			deps.Conntrack = ct
+		}
+	}
+	if deps.Conntrack != nil {
+		s.cleaner = conntrack.NewCleaner(deps.Conntrack)
+	}
+	s.deps = deps
+
+	router, specs, err := buildRouter(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.specs = specs
+	s.router = router
+	return s, nil
+}
+
+// buildRouter turns the instances' configuration into routing specs.
+func buildRouter(cfg *config.Config) (*selector.Router, map[string]config.Instance, error) {
+	var specs []selector.Spec
+	byName := map[string]config.Instance{}
+	for _, inst := range cfg.Instances {
+		spec := selector.Spec{Name: inst.Name, Default: inst.Default, ProxyNames: inst.ProxyNames, Namespaces: inst.Tenant.Namespaces}
+		for _, c := range inst.Tenant.ExternalIPCIDRs {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				return nil, nil, fmt.Errorf("instance %q: tenant CIDR %q: %w", inst.Name, c, err)
+			}
+			spec.ExternalIPCIDRs = append(spec.ExternalIPCIDRs, p)
+		}
+		specs = append(specs, spec)
+		byName[inst.Name] = inst
+	}
+	router, err := selector.NewRouter(specs)
+	return router, byName, err
+}
+
+// Metrics returns the supervisor's metrics (for tests and embedding).
+func (s *Supervisor) Metrics() *metrics.Metrics { return s.metrics }
+
+// Health returns the node health state.
+func (s *Supervisor) Health() *healthcheck.ProxyHealth { return s.health }
+
+// Instance returns a running instance by name (for tests).
+func (s *Supervisor) Instance(name string) *instance.Proxy { return s.instances[name] }
+
+// Run starts everything and blocks until ctx is done. Rules stay in place when it
+// returns: stopping the supervisor never interrupts traffic.
+func (s *Supervisor) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.setConntrackSysctls()
+
+	serviceCIDRs := serviceCIDRAPIAvailable(s.deps.Client)
+	if !serviceCIDRs {
+		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
+	}
+	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, serviceCIDRs)
+	if err != nil {
+		return err
+	}
+	s.watches = w
+
+	node := s.waitForNode(ctx)
+	for _, spec := range s.cfg.Instances {
+		p, err := s.newInstance(spec, node)
+		if err != nil {
+			return err
+		}
+		s.instances[spec.Name] = p
+		s.health.AddInstance(spec.Name)
+		s.metrics.InitInstance(spec.Name)
+	}
+	sinks := map[string]selector.Sink{}
+	for n, p := range s.instances {
+		sinks[n] = p
+	}
+	d := selector.NewDispatcher(s.router, sinks, w.SlicesOf, selector.Events{
+		Handover: func(svc types.NamespacedName, from, to string) {
+			if from != "" && to != "" {
+				s.metrics.Handover(from, to)
+				s.logger.Info("Service handed over", "service", svc, "from", from, "to", to)
+			}
+		},
+		Rejected: func(svc *corev1.Service, why string) {
+			s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ServiceRejected", "%s", why)
+		},
+		Guarded: func(svc *corev1.Service, inst string, problems []string) {
+			for _, p := range problems {
+				s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ExternalIPIgnored", "%s", p)
+			}
+		},
+	})
+	if err := w.Connect(d, s.onNode); err != nil {
+		return err
+	}
+
+	var wg sync.WaitGroup
+	serve := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil && ctx.Err() == nil {
+				s.logger.Error(err, "Server failed", "server", name)
+			}
+		}()
+	}
+	serve("healthz", func() error { return serveHTTP(ctx, s.cfg.HealthzBindAddress, s.countedHealth()) })
+	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metrics.Handler()) })
+
+	if err := w.Start(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
+	for _, name := range sortedKeys(s.instances) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.superviseInstance(ctx, s.instances[name])
+		}()
+	}
+	<-ctx.Done()
+	s.svcHC.Close()
+	wg.Wait()
+	return nil
+}
+
+// superviseInstance runs one instance and restarts it with backoff if it panics, so one
+// instance's failure never stops the others.
+func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
+	logger := s.logger.WithValues("instance", p.Name())
+	backoff := time.Second
+	for {
+		s.metrics.SetInstanceUp(p.Name(), true)
+		s.health.SetInstanceUp(p.Name(), true, "")
+		err := runContained(ctx, p)
+		if ctx.Err() != nil {
+			return
+		}
+		logger.Error(err, "Instance stopped; restarting", "backoff", backoff)
+		s.metrics.SetInstanceUp(p.Name(), false)
+		s.metrics.InstanceRestarted(p.Name())
+		s.health.SetInstanceUp(p.Name(), false, err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+}
+
+func runContained(ctx context.Context, p *instance.Proxy) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	if err := p.Run(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("instance loop returned")
+	}
+	return nil
+}
+
+// newInstance builds one instance from its configuration and this node.
+func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*instance.Proxy, error) {
+	cfg := tables.Config{
+		TablePrefix:   s.cfg.TablePrefix,
+		Instance:      spec.Name,
+		Slot:          *spec.Slot,
+		MasqueradeBit: *s.cfg.MasqueradeBit,
+		MasqueradeAll: spec.MasqueradeAll,
+	}
+	s.applyNode(spec, node, &cfg)
+	minSync := time.Duration(0)
+	if spec.MinSyncPeriod != nil {
+		minSync = spec.MinSyncPeriod.Duration
+	}
+	return instance.New(instance.Options{
+		Name:           spec.Name,
+		Tables:         cfg,
+		NFT:            s.deps.NFT,
+		MinSyncPeriod:  minSync,
+		SyncPeriod:     spec.SyncPeriod.Duration,
+		FullSyncPeriod: spec.FullSyncPeriod.Duration,
+		Node:           nodeInfo(s.cfg.NodeName, node),
+		Observer:       &observer{s: s},
+	})
+}
+
+// applyNode fills the node-dependent table settings of an instance.
+func (s *Supervisor) applyNode(spec config.Instance, node *corev1.Node, cfg *tables.Config) {
+	nodeIPs := nodeAddresses(node)
+	cfg.NodeIPs = nodeIPs
+	cfg.NodePortIPs = nil
+	if len(spec.NodePortAddresses) == 0 || slices.Contains(spec.NodePortAddresses, config.NodePortAddressesPrimary) {
+		cfg.NodePortIPs = nodeIPs
+	} else {
+		addrs, err := s.deps.InterfaceAddrs()
+		if err != nil {
+			s.logger.Error(err, "Listing node addresses for nodePortAddresses", "instance", spec.Name)
+		}
+		for _, c := range spec.NodePortAddresses {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				continue
+			}
+			for _, a := range addrs {
+				if p.Contains(a) && !a.IsLoopback() && !slices.Contains(cfg.NodePortIPs, a) {
+					cfg.NodePortIPs = append(cfg.NodePortIPs, a)
+				}
+			}
+		}
+	}
+	cfg.Local = tables.LocalTraffic{Mode: tables.LocalMode(spec.DetectLocal.Mode)}
+	switch cfg.Local.Mode {
+	case tables.LocalClusterCIDR:
+		cfg.Local.CIDRs = parsePrefixes(spec.DetectLocal.ClusterCIDRs)
+	case tables.LocalNodeCIDR:
+		if node != nil {
+			cfg.Local.CIDRs = parsePrefixes(node.Spec.PodCIDRs)
+		}
+	case tables.LocalBridgeInterface:
+		cfg.Local.Interface = spec.DetectLocal.BridgeInterface
+	case tables.LocalInterfaceNamePrefix:
+		cfg.Local.Interface = spec.DetectLocal.InterfaceNamePrefix
+	}
+}
+
+// waitForNode reads this Node once before the instances start (addresses, pod CIDRs);
+// later changes arrive through the watch.
+func (s *Supervisor) waitForNode(ctx context.Context) *corev1.Node {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n, err := s.deps.Client.CoreV1().Nodes().Get(ctx, s.cfg.NodeName, metav1GetOptions)
+		if err == nil {
+			s.nodeMu.Lock()
+			s.node = n
+			s.nodeMu.Unlock()
+			return n
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.logger.Error(err, "Could not read this Node; NodePorts wait for its addresses")
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// onNode reacts to this Node changing: topology labels, addresses, pod CIDRs, deletion.
+func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
+	s.health.SetNodeDeleting(deleted || node.DeletionTimestamp != nil)
+	if deleted {
+		return
+	}
+	s.nodeMu.Lock()
+	old := s.node
+	s.node = node
+	s.nodeMu.Unlock()
+	addrsChanged := old == nil || !slices.Equal(nodeAddresses(old), nodeAddresses(node)) || !slices.Equal(old.Spec.PodCIDRs, node.Spec.PodCIDRs)
+	for name, p := range s.instances {
+		p.SetNode(nodeInfo(s.cfg.NodeName, node))
+		if addrsChanged {
+			spec := s.specs[name]
+			if err := p.Reconfigure(func(cfg *tables.Config) { s.applyNode(spec, node, cfg) }); err != nil {
+				s.logger.Error(err, "Reconfiguring instance for new node addresses", "instance", name)
+			}
+		}
+	}
+}
+
+func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {
+	info := instance.NodeInfo{Name: name}
+	if node != nil {
+		info.Labels = node.Labels
+	}
+	return info
+}
+
+// nodeAddresses are the node's InternalIPs, sorted.
+func nodeAddresses(node *corev1.Node) []netip.Addr {
+	if node == nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return out
+}
+
+func parsePrefixes(in []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range in {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// countedHealth wraps the health handler to count answers in the kube-proxy metrics.
+func (s *Supervisor) countedHealth() http.Handler {
+	h := s.health.Handler()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		switch r.URL.Path {
+		case "/healthz":
+			s.metrics.HealthzResult(rec.code)
+		case "/livez":
+			s.metrics.LivezResult(rec.code)
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.code = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+// serveHTTP serves h on addr until ctx is done.
+func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,177 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/selector"
+)
+
+// labelHeadless marks EndpointSlices of headless Services: no proxy rules come from them.
+const labelHeadless = "service.kubernetes.io/headless"
+
+// byServiceIndex indexes EndpointSlices by "namespace/service".
+const byServiceIndex = "by-service"
+
+// NodeHandler hears about this node's Node object.
+type NodeHandler func(node *corev1.Node, deleted bool)
+
+// Watches are the node's API watches: exactly one informer per resource, whatever the
+// number of instances.
+type Watches struct {
+	factory     informers.SharedInformerFactory
+	nodeFactory informers.SharedInformerFactory
+	services    cache.SharedIndexInformer
+	slices      cache.SharedIndexInformer
+	node        cache.SharedIndexInformer
+	serviceCIDR cache.SharedIndexInformer
+}
+
+// NewWatches creates the informers (nothing runs before Start). serviceCIDRs is false
+// when the apiserver does not serve networking.k8s.io/v1 ServiceCIDRs.
+func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool) (*Watches, error) {
+	w := &Watches{}
+	w.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = "!" + labelHeadless
+		}))
+	w.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}))
+	w.services = w.factory.Core().V1().Services().Informer()
+	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
+	if err := w.slices.AddIndexers(cache.Indexers{byServiceIndex: func(obj any) ([]string, error) {
+		sl, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return nil, nil
+		}
+		svc := sl.Labels[discoveryv1.LabelServiceName]
+		if svc == "" {
+			return nil, nil
+		}
+		return []string{sl.Namespace + "/" + svc}, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("indexing EndpointSlices: %w", err)
+	}
+	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
+	if serviceCIDRs {
+		w.serviceCIDR = w.factory.Networking().V1().ServiceCIDRs().Informer()
+	}
+	return w, nil
+}
+
+// SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister).
+func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSlice {
+	objs, err := w.slices.GetIndexer().ByIndex(byServiceIndex, namespace+"/"+service)
+	if err != nil {
+		return nil
+	}
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, sl)
+		}
+	}
+	return out
+}
+
+// ServiceCIDRs lists the cluster's Service CIDRs (empty without the API).
+func (w *Watches) ServiceCIDRs() []string {
+	if w.serviceCIDR == nil {
+		return nil
+	}
+	var out []string
+	for _, o := range w.serviceCIDR.GetStore().List() {
+		if sc, ok := o.(*networkingv1.ServiceCIDR); ok {
+			out = append(out, sc.Spec.CIDRs...)
+		}
+	}
+	return out
+}
+
+// Connect sends every event to the dispatcher and node events to onNode.
+func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler) error {
+	logger := klog.Background()
+	_, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { withService(obj, d.ServiceChanged) },
+		UpdateFunc: func(_, obj any) { withService(obj, d.ServiceChanged) },
+		DeleteFunc: func(obj any) { withService(obj, d.ServiceDeleted) },
+	})
+	if err != nil {
+		return fmt.Errorf("watching Services: %w", err)
+	}
+	_, err = w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { withSlice(obj, d.SliceChanged) },
+		UpdateFunc: func(_, obj any) { withSlice(obj, d.SliceChanged) },
+		DeleteFunc: func(obj any) { withSlice(obj, d.SliceDeleted) },
+	})
+	if err != nil {
+		return fmt.Errorf("watching EndpointSlices: %w", err)
+	}
+	_, err = w.node.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { withNode(obj, false, onNode) },
+		UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
+		DeleteFunc: func(obj any) { withNode(obj, true, onNode) },
+	})
+	if err != nil {
+		return fmt.Errorf("watching this Node: %w", err)
+	}
+	logger.V(2).Info("Watches connected")
+	return nil
+}
+
+// Start runs the informers and waits until their caches are filled, so the instances'
+// first full syncs see every Service (a restart never drops rules that still apply).
+func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
+	w.factory.Start(ctx.Done())
+	w.nodeFactory.Start(ctx.Done())
+	syncCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced}
+	if w.serviceCIDR != nil {
+		synced = append(synced, w.serviceCIDR.HasSynced)
+	}
+	if !cache.WaitForCacheSync(syncCtx.Done(), synced...) {
+		return fmt.Errorf("API caches did not fill within %s", timeout)
+	}
+	return nil
+}
+
+func withService(obj any, f func(*corev1.Service)) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if svc, ok := obj.(*corev1.Service); ok {
+		f(svc)
+	}
+}
+
+func withSlice(obj any, f func(*discoveryv1.EndpointSlice)) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		f(sl)
+	}
+}
+
+func withNode(obj any, deleted bool, f NodeHandler) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if n, ok := obj.(*corev1.Node); ok && f != nil {
+		f(n, deleted)
+	}
+}
