@@ -1,0 +1,203 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// flakyNFT wraps a Fake and fails Run while fail is set.
+type flakyNFT struct {
+	*knftables.Fake
+	fail atomic.Bool
+	runs atomic.Int32
+}
+
+func (f *flakyNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	f.runs.Add(1)
+	if f.fail.Load() {
+		return errors.New("simulated nft failure")
+	}
+	return f.Fake.Run(ctx, tx)
+}
+
+type recordingObserver struct {
+	mu      sync.Mutex
+	results []*SyncResult
+	fails   int
+}
+
+func (o *recordingObserver) Queued(string) {}
+func (o *recordingObserver) Synced(r *SyncResult) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.results = append(o.results, r)
+}
+func (o *recordingObserver) SyncFailed(string, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.fails++
+}
+
+func newTestProxy(t *testing.T, obs Observer) (*Proxy, *flakyNFT) {
+	t.Helper()
+	nft := &flakyNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+	p, err := New(Options{
+		Name:     "test",
+		Tables:   tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
+		Families: []tables.Family{tables.IPv4},
+		NFT: func(tables.Family, string) (knftables.Interface, error) {
+			return nft, nil
+		},
+		SyncPeriod:       time.Hour,
+		TableCheckPeriod: 20 * time.Millisecond,
+		Node:             thisNode(),
+		Observer:         obs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, nft
+}
+
+func (f *flakyNFT) dump() string {
+	f.RLock()
+	defer f.RUnlock()
+	if f.Table == nil {
+		return ""
+	}
+	return f.Dump()
+}
+
+func TestSyncPartialAfterFull(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	ctx := context.Background()
+	p.UpdateService(service())
+	res, err := p.Sync(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Full || res.Services != 1 {
+		t.Fatalf("first sync: want a full sync of 1 Service, got full=%v services=%d", res.Full, res.Services)
+	}
+	p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.5", thisNodeName)))
+	programmed := p.UpdateService(service())
+	res, err = p.Sync(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Full {
+		t.Error("second sync should be partial")
+	}
+	if len(res.Changed) != 1 || res.Changed[0].Before == nil || res.Changed[0].After == nil {
+		t.Errorf("want one changed Service with before and after, got %+v", res.Changed)
+	}
+	if !strings.Contains(nft.dump(), "10.244.1.5 . 8080") {
+		t.Errorf("endpoint not programmed:\n%s", nft.dump())
+	}
+	select {
+	case <-programmed:
+	default:
+		t.Error("the Service's programmed channel was not closed by the sync")
+	}
+}
+
+func TestFailedSyncRetriesAsFull(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	ctx := context.Background()
+	p.UpdateService(service())
+	if _, err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	nft.fail.Store(true)
+	ch := p.UpdateService(service(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.99"} }))
+	if _, err := p.Sync(ctx, false); err == nil {
+		t.Fatal("want a failure")
+	}
+	select {
+	case <-ch:
+		t.Fatal("a failed sync must not report the Service as programmed")
+	default:
+	}
+	nft.fail.Store(false)
+	res, err := p.Sync(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Full {
+		t.Error("the sync after a failure must be full")
+	}
+	<-ch
+	if !strings.Contains(nft.dump(), "192.0.2.99") {
+		t.Error("the change that failed was not applied by the retry")
+	}
+}
+
+func TestRunRebuildsDeletedTable(t *testing.T) {
+	obs := &recordingObserver{}
+	p, nft := newTestProxy(t, obs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	ch := p.UpdateService(service())
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Service never programmed")
+	}
+	// Someone deletes the table.
+	tx := nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := nft.Fake.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for !strings.Contains(nft.dump(), clusterIP4) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("table not rebuilt within 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("table rebuilt after %v", time.Since(start))
+}
+
+func TestRunBatchesChangesWithinMinSyncPeriod(t *testing.T) {
+	obs := &recordingObserver{}
+	p, nft := newTestProxy(t, obs)
+	p.opts.MinSyncPeriod = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	first := p.UpdateService(service())
+	<-first
+	before := nft.runs.Load()
+	var last <-chan struct{}
+	for i := 0; i < 20; i++ {
+		last = p.UpdateService(service(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2." + strconv.Itoa(i+1)} }))
+	}
+	select {
+	case <-last:
+	case <-time.After(5 * time.Second):
+		t.Fatal("changes never programmed")
+	}
+	if runs := nft.runs.Load() - before; runs > 2 {
+		t.Errorf("20 quick changes took %d transactions; minSyncPeriod should batch them", runs)
+	}
+	if !strings.Contains(nft.dump(), "192.0.2.20") {
+		t.Error("last change missing")
+	}
+}

@@ -1,0 +1,328 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/conntrack"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+const testConfigYAML = `
+apiVersion: shardproxy.io/v1alpha1
+kind: SupervisorConfig
+nodeName: node-1
+instances:
+- name: default
+  default: true
+  slot: 0
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+- name: team-a
+  proxyNames: [team-a]
+  slot: 1
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+- name: team-b
+  proxyNames: [team-b]
+  slot: 2
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+  tenant:
+    namespaces: [b]
+`
+
+// fakeTables hands out one knftables.Fake per table and can make one instance fail.
+type fakeTables struct {
+	mu    sync.Mutex
+	fakes map[string]*knftables.Fake
+	fail  string // table name whose transactions always fail
+}
+
+type failing struct{ *knftables.Fake }
+
+func (failing) Run(context.Context, *knftables.Transaction) error {
+	return errors.New("nft: simulated failure")
+}
+
+func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := fmt.Sprintf("%s %s", tables.KnftFamily(fam), table)
+	fk := knftables.NewFake(tables.KnftFamily(fam), table)
+	f.fakes[key] = fk
+	if table == f.fail {
+		return failing{fk}, nil
+	}
+	return fk, nil
+}
+
+// dump returns a table's content, or "" if it does not exist yet.
+func (f *fakeTables) dump(key string) string {
+	f.mu.Lock()
+	fk := f.fakes[key]
+	f.mu.Unlock()
+	if fk == nil {
+		return ""
+	}
+	fk.RLock()
+	defer fk.RUnlock()
+	if fk.Table == nil {
+		return ""
+	}
+	return fk.Dump()
+}
+
+type fakeRecorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *fakeRecorder) Eventf(svc types.NamespacedName, eventType, reason, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf("%s %s %s: %s", svc, eventType, reason, fmt.Sprintf(format, args...)))
+}
+
+func (r *fakeRecorder) all() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.events, "\n")
+}
+
+type fixture struct {
+	t      *testing.T
+	client *fake.Clientset
+	tables *fakeTables
+	rec    *fakeRecorder
+	sup    *Supervisor
+	ct     *conntrack.Fake
+}
+
+func startSupervisor(t *testing.T, failTable string) *fixture {
+	t.Helper()
+	cfg, err := config.Decode([]byte(testConfigYAML), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// Any free ports: the tests talk to the handlers directly.
+	cfg.HealthzBindAddress, cfg.MetricsBindAddress = "127.0.0.1:0", "127.0.0.1:0"
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
+	f := &fixture{t: t, client: fake.NewClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
+		rec: &fakeRecorder{}, ct: conntrack.NewFake()}
+	f.sup, err = New(cfg, Deps{
+		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
+		Sysctl: func(string, string) error { return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := f.sup.Run(ctx); err != nil {
+			t.Errorf("supervisor: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return f
+}
+
+func (f *fixture) createService(ns, name, proxyName, clusterIP string) {
+	f.t.Helper()
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}
+	if proxyName != "" {
+		svc.Labels = map[string]string{selector.LabelServiceProxyName: proxyName}
+	}
+	if _, err := f.client.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+	ready := true
+	port := int32(8080)
+	pname := "http"
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name + "-abc", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port}},
+	}
+	if _, err := f.client.DiscoveryV1().EndpointSlices(ns).Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) relabel(ns, name, proxyName string) {
+	f.t.Helper()
+	svc, err := f.client.CoreV1().Services(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	svc.Labels = map[string]string{}
+	if proxyName != "" {
+		svc.Labels[selector.LabelServiceProxyName] = proxyName
+	}
+	if _, err := f.client.CoreV1().Services(ns).Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for: %s", what)
+}
+
+func has(dump, ip string) bool { return strings.Contains(dump, "cluster-ips { "+ip+" }") }
+
+func TestInstancesServeOnlyTheirServices(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("x", "plain", "", "172.30.0.1")
+	f.createService("a", "web-a", "team-a", "172.30.0.2")
+	f.createService("b", "web-b", "team-b", "172.30.0.3")
+	f.createService("x", "foreign", "some-other-proxy", "172.30.0.4")
+	f.createService("x", "intruder", "team-b", "172.30.0.5") // team-b only accepts namespace b
+
+	want := map[string]string{"default": "172.30.0.1", "team-a": "172.30.0.2", "team-b": "172.30.0.3"}
+	for inst, ip := range want {
+		key := "ip shardproxy-" + inst
+		eventually(t, inst+" programs its Service", func() bool { return has(f.tables.dump(key), ip) })
+	}
+	for inst := range want {
+		d := f.tables.dump("ip shardproxy-" + inst)
+		for other, ip := range want {
+			if other != inst && has(d, ip) {
+				t.Errorf("%s's table holds %s's Service %s", inst, other, ip)
+			}
+		}
+		for _, ip := range []string{"172.30.0.4", "172.30.0.5"} {
+			if has(d, ip) {
+				t.Errorf("%s's table holds %s, which no local instance may serve", inst, ip)
+			}
+		}
+	}
+	eventually(t, "a rejection event for the intruding Service", func() bool {
+		return strings.Contains(f.rec.all(), "x/intruder Warning ServiceRejected")
+	})
+	// One watch per resource for the whole node, however many instances run.
+	watches := map[string]int{}
+	for _, a := range f.client.Actions() {
+		if a.GetVerb() == "watch" {
+			watches[a.GetResource().Resource]++
+		}
+	}
+	for _, res := range []string{"services", "endpointslices", "nodes"} {
+		if watches[res] != 1 {
+			t.Errorf("%d watches on %s for 3 instances, want 1 (all: %v)", watches[res], res, watches)
+		}
+	}
+	// Distinct priorities per instance.
+	for inst, prio := range map[string]string{"default": "-67", "team-a": "-66", "team-b": "-65"} {
+		if d := f.tables.dump("ip shardproxy-" + inst); !strings.Contains(d, "nat-prerouting { type nat hook prerouting priority "+prio+" ; }") {
+			t.Errorf("%s does not hook DNAT at %s:\n%s", inst, prio, d)
+		}
+	}
+}
+
+func TestRelabelHandsServiceOver(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("a", "web", "team-a", "172.30.0.9")
+	eventually(t, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+
+	f.relabel("a", "web", "") // to the default instance
+	eventually(t, "default takes web over with its endpoints", func() bool {
+		d := f.tables.dump("ip shardproxy-default")
+		return has(d, "172.30.0.9") && strings.Contains(d, "10.244.1.2 . 8080")
+	})
+	eventually(t, "team-a lets go", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+
+	f.relabel("a", "web", "team-a") // and back
+	eventually(t, "team-a takes it back", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+	eventually(t, "default lets go", func() bool { return !has(f.tables.dump("ip shardproxy-default"), "172.30.0.9") })
+
+	f.relabel("a", "web", "unknown-proxy") // to nobody here
+	eventually(t, "team-a lets go of a Service no local instance serves", func() bool {
+		return !has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9")
+	})
+	if got := metricValue(t, f.sup, `shardproxy_handovers_total{from="team-a",to="default"}`); got != "1" {
+		t.Errorf("handover metric = %q", got)
+	}
+}
+
+func TestFailingInstanceIsContained(t *testing.T) {
+	f := startSupervisor(t, "shardproxy-team-b")
+	f.createService("x", "plain", "", "172.30.0.1")
+	f.createService("a", "web-a", "team-a", "172.30.0.2")
+	f.createService("b", "web-b", "team-b", "172.30.0.3")
+	eventually(t, "default and team-a keep syncing", func() bool {
+		return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") && has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2")
+	})
+	eventually(t, "health names the failing instance", func() bool {
+		body := get(t, f.sup, "/status")
+		return strings.Contains(body, `"team-b"`) && strings.Contains(body, "simulated failure")
+	})
+	if !f.sup.Health().Healthy("team-a") || !f.sup.Health().Healthy("default") {
+		t.Error("healthy instances must stay healthy while another one fails")
+	}
+	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b"}`); got == "" || got == "0" {
+		t.Errorf("sync failures of team-b not counted: %q", got)
+	}
+}
+
+func get(t *testing.T, s *Supervisor, path string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.countedHealth().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Body.String()
+}
+
+func metricValue(t *testing.T, s *Supervisor, series string) string {
+	t.Helper()
+	srv := httptest.NewServer(s.Metrics().Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
