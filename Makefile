@@ -4,7 +4,6 @@
 GO        ?= go
 BIN       := bin/shardproxy
 PKGS      := ./...
-APT_PKGS  := nftables conntrack iproute2
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
@@ -15,24 +14,21 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/shardproxy
 
-# deps installs the host tools the real-kernel tests and the proxy use.
+# deps installs the host tools (nftables, conntrack, iproute2, etcd) that the proxy and
+# the tests use, and builds kube-apiserver v1.36.3 from the Go module into the cache
+# (~/.cache/shardproxy; minutes the first time, seconds after).
 deps:
-	@missing=""; \
-	command -v nft >/dev/null || missing="$$missing nftables"; \
-	command -v conntrack >/dev/null || missing="$$missing conntrack"; \
-	command -v ip >/dev/null || missing="$$missing iproute2"; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PKGS) >/dev/null; \
-	fi
+	hack/install-deps.sh
+	hack/build-apiserver.sh
 
 vet:
 	$(GO) vet $(PKGS)
 
-# test runs every layer that exists: unit tests (fakes, golden rulesets, packet tracer)
-# and real-kernel tests (nft in fresh network namespaces, real TCP/UDP traffic).
+# test runs every layer: unit tests (fakes, golden rulesets, packet tracer), real-kernel
+# tests (nft in fresh network namespaces, real TCP/UDP traffic) and control-plane tests
+# (etcd + kube-apiserver).
 test: deps vet
-	$(GO) test $(TEST_FLAGS) $(PKGS)
+	$(GO) test $(TEST_FLAGS) -timeout 30m $(PKGS)
 
 # test-unit runs only what needs no root.
 test-unit:

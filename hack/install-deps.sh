@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# install-deps.sh installs the host tools the tests, the e2e suite and the proxy use, on
+# Debian, as root: nftables (nft), conntrack, etcd-server (etcd) and iproute2 (ip). Only
+# missing tools are installed and `apt-get update` runs at most once, so running it again
+# is cheap.
+#
+# The etcd-server package starts an etcd service on the default ports. We never use it
+# (the test control plane runs its own etcd on free ports with a temporary data dir), so it
+# is stopped and disabled to keep port 2379 and the CPU free.
+set -euo pipefail
+
+declare -A pkg_for=(
+	[nft]=nftables
+	[conntrack]=conntrack
+	[etcd]=etcd-server
+	[ip]=iproute2
+)
+
+missing=()
+for cmd in nft conntrack etcd ip; do
+	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
+		missing+=("${pkg_for[${cmd}]}")
+	fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+	echo "install-deps: nothing to install"
+	exit 0
+fi
+
+if [[ ${EUID} -ne 0 ]]; then
+	echo "install-deps: need root to install: ${missing[*]}" >&2
+	exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# policy-rc.d exit 101 tells invoke-rc.d not to start services while we install, so the
+# packaged etcd does not start (on machines without systemd there is nothing else to stop).
+policy=/usr/sbin/policy-rc.d
+added_policy=false
+if [[ ! -e "${policy}" ]]; then
+	printf '#!/bin/sh\nexit 101\n' >"${policy}"
+	chmod +x "${policy}"
+	added_policy=true
+fi
+trap 'if ${added_policy}; then rm -f "${policy}"; fi' EXIT
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1 &&
+	[[ -d /run/systemd/system ]]; then
+	systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi
+echo "install-deps: done"
