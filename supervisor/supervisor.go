@@ -75,7 +75,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	if deps.NFT == nil {
 		deps.NFT = func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
+			return knftables.New(tables.KnftFamily(fam), table)
 		}
 	}
 	if deps.InterfaceAddrs == nil {

@@ -91,6 +91,12 @@ type Options struct {
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags, e.g. "--v=4" or
 	// "--feature-gates=...".
 	ExtraAPIServerArgs []string
+	// Netns, when set, runs etcd and kube-apiserver inside that network namespace (so
+	// nodes in other test namespaces reach it through their own veths). Dial must then
+	// open connections inside it; the control plane's own checks and Client use it.
+	Netns string
+	// Dial opens client connections to the control plane (default: net.Dialer).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Progress receives one line per start step and the build output when the
 	// kube-apiserver binary has to be built (default none).
 	Progress func(format string, args ...any)
@@ -117,6 +123,7 @@ type ControlPlane struct {
 	etcd, apiserver *process
 	etcdDataDir     string
 	client          kubernetes.Interface
+	dial            func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // Start starts a control plane with the default Options for the test and stops it when
@@ -237,6 +244,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Progress == nil {
 		o.Progress = func(string, ...any) {}
 	}
+	if o.Netns != "" && o.Dial == nil {
+		return o, fmt.Errorf("control plane in network namespace %q needs a Dial function", o.Netns)
+	}
+	if o.Dial == nil {
+		o.Dial = (&net.Dialer{}).DialContext
+	}
 	return o, nil
 }
 
@@ -310,17 +323,25 @@ func (cp *ControlPlane) start(ctx context.Context, opts Options) error {
 var errPortTaken = errors.New("a port was taken before the process bound it")
 
 func (cp *ControlPlane) startProcesses(ctx context.Context, opts Options, etcdData, keyFile, tokenFile string) error {
-	ports, err := freePorts(opts.BindAddress, 3)
-	if err != nil {
-		return err
+	ports := []int{2379, 2380, 6443} // a namespace of our own has every port free
+	if opts.Netns == "" {
+		var err error
+		if ports, err = freePorts(opts.BindAddress, 3); err != nil {
+			return err
+		}
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	cp.Port = ports[2]
 	cp.Host = "https://" + net.JoinHostPort(clientHost(opts.BindAddress), strconv.Itoa(cp.Port))
+	if opts.Netns != "" {
+		cp.Host = "https://" + net.JoinHostPort(opts.AdvertiseAddress, strconv.Itoa(cp.Port))
+	}
+	cp.dial = opts.Dial
+	var err error
 
 	opts.Progress("starting etcd on %s", etcdURL)
-	cp.etcd, err = startProcess("etcd", cp.EtcdLog, opts.EtcdBinary, []string{
+	cp.etcd, err = startProcess("etcd", cp.EtcdLog, opts.Netns, opts.EtcdBinary, []string{
 		"--name=shardproxy",
 		"--data-dir=" + etcdData,
 		"--listen-client-urls=" + etcdURL,
@@ -335,7 +356,7 @@ func (cp *ControlPlane) startProcesses(ctx context.Context, opts Options, etcdDa
 	if err != nil {
 		return err
 	}
-	httpClient := &http.Client{Timeout: 5 * time.Second}
+	httpClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: opts.Dial}}
 	if err := waitReady(ctx, cp.etcd, httpClient, etcdURL+"/health", ""); err != nil {
 		return err
 	}
@@ -361,14 +382,14 @@ func (cp *ControlPlane) startProcesses(ctx context.Context, opts Options, etcdDa
 		// so the lease reconciler would fail and log it every 10s. Leave it without one.
 		args = append(args, "--endpoint-reconciler-type=none")
 	}
-	cp.apiserver, err = startProcess("kube-apiserver", cp.APIServerLog, opts.APIServerBinary, append(args, opts.ExtraAPIServerArgs...))
+	cp.apiserver, err = startProcess("kube-apiserver", cp.APIServerLog, opts.Netns, opts.APIServerBinary, append(args, opts.ExtraAPIServerArgs...))
 	if err != nil {
 		return err
 	}
 	// kube-apiserver serves a self-signed certificate it generated into --cert-dir.
 	httpsClient := &http.Client{
 		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: opts.Dial},
 	}
 	defer httpsClient.CloseIdleConnections()
 	if err := waitReady(ctx, cp.apiserver, httpsClient, cp.Host+"/readyz", cp.AdminToken); err != nil {
@@ -551,6 +572,7 @@ func (cp *ControlPlane) RESTConfig() *rest.Config {
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS:             200,
 		Burst:           400,
+		Dial:            cp.dial,
 	}
 }
 

@@ -29,10 +29,14 @@ type process struct {
 // goroutine that locked it returns (as netns code does), so the child is started from a
 // goroutine that keeps its own thread locked until the child is gone. The child gets its
 // own process group so that a terminal's Ctrl-C reaches only us, and we stop it in order.
-func startProcess(name, logPath, bin string, args []string) (*process, error) {
+func startProcess(name, logPath, netns, bin string, args []string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("opening the %s log: %w", name, err)
+	}
+	if netns != "" {
+		args = append([]string{"netns", "exec", netns, bin}, args...)
+		bin = "ip"
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = logFile

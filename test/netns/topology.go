@@ -143,6 +143,8 @@ type Topology struct {
 	Remote string
 
 	t testing.TB
+	// extra are namespaces added with AddNamespace.
+	extra []string
 	// handles holds an open handle per namespace; written only in New.
 	handles map[string]netns.NsHandle
 }
@@ -158,9 +160,27 @@ func New(t testing.TB) *Topology {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("real-kernel test: ip (iproute2) is not installed")
 	}
+	tp, err := Build()
+	if tp != nil {
+		tp.t = t
+		t.Cleanup(func() {
+			if err := tp.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}
+
+// Build builds the standard topology for callers that are not tests (the demo); Close
+// removes it. On error the returned Topology, if any, still needs Close.
+func Build() (*Topology, error) {
 	prefix, err := freePrefix()
 	if err != nil {
-		t.Fatalf("choosing a namespace prefix: %v", err)
+		return nil, fmt.Errorf("choosing a namespace prefix: %w", err)
 	}
 	tp := &Topology{
 		Prefix:  prefix,
@@ -170,14 +190,12 @@ func New(t testing.TB) *Topology {
 		Pod2:    prefix + "-pod2",
 		Node2:   prefix + "-node2",
 		Remote:  prefix + "-remote",
-		t:       t,
 		handles: map[string]netns.NsHandle{},
 	}
-	t.Cleanup(tp.cleanup)
 	if err := tp.build(); err != nil {
-		t.Fatalf("building topology %s: %v", prefix, err)
+		return tp, fmt.Errorf("building topology %s: %w", prefix, err)
 	}
-	return tp
+	return tp, nil
 }
 
 // Namespaces returns the names of every namespace of the topology.
@@ -375,22 +393,36 @@ func writeSysctls(sysctls []sysctl) error {
 	return nil
 }
 
-// cleanup deletes the namespaces. Test cleanups run last-in first-out, so servers and
+// Close deletes the namespaces. Test cleanups run last-in first-out, so servers and
 // processes registered after New are gone by now and no socket pins a namespace.
-func (tp *Topology) cleanup() {
+func (tp *Topology) Close() error {
+	var errs []error
 	for ns, h := range tp.handles {
 		if err := h.Close(); err != nil {
-			tp.t.Errorf("closing handle of namespace %s: %v", ns, err)
+			errs = append(errs, fmt.Errorf("closing handle of namespace %s: %w", ns, err))
 		}
 	}
-	for _, ns := range tp.Namespaces() {
+	tp.handles = map[string]netns.NsHandle{}
+	for _, ns := range append(tp.Namespaces(), tp.extra...) {
 		if _, err := os.Stat(filepath.Join("/run/netns", ns)); errors.Is(err, os.ErrNotExist) {
-			continue // never created: New failed early
+			continue // never created, or already gone
 		}
 		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
-			tp.t.Errorf("deleting namespace %s: %v: %s", ns, err, bytes.TrimSpace(out))
+			errs = append(errs, fmt.Errorf("deleting namespace %s: %w: %s", ns, err, bytes.TrimSpace(out)))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// AddNamespace creates one more namespace "<prefix>-<suffix>", deleted by Close, and
+// returns its name.
+func (tp *Topology) AddNamespace(suffix string) (string, error) {
+	ns := tp.Prefix + "-" + suffix
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("ip netns add %s: %w: %s", ns, err, bytes.TrimSpace(out))
+	}
+	tp.extra = append(tp.extra, ns)
+	return ns, nil
 }
 
 // Do runs fn on an OS thread switched into namespace ns, so sockets fn creates, and

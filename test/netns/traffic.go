@@ -42,13 +42,37 @@ func (tp *Topology) StartServer(ns, name, proto string, port int) {
 // both families, "0.0.0.0" every IPv4 address.
 func (tp *Topology) StartServerAt(ns, name, proto, addr string, port int) {
 	tp.t.Helper()
-	s := &server{name: name, logf: tp.t.Logf}
+	stop, err := tp.Serve(ns, name, proto, addr, port, tp.t.Logf)
+	if err != nil {
+		tp.t.Fatal(err)
+	}
+	tp.t.Cleanup(stop)
+}
+
+// Serve is StartServerAt for callers that are not tests: it returns the function that
+// stops the server, and logs problems through logf.
+func (tp *Topology) Serve(ns, name, proto, addr string, port int, logf func(string, ...any)) (stop func(), err error) {
+	s := &server{name: name, logf: logf}
 	if err := tp.Do(ns, func() error { return s.listen(proto, addr, port) }); err != nil {
 		s.stop()
-		tp.t.Fatalf("starting %s server %q on [%s]:%d in %s: %v", proto, name, addr, port, ns, err)
+		return nil, fmt.Errorf("starting %s server %q on [%s]:%d in %s: %w", proto, name, addr, port, ns, err)
 	}
 	s.serve()
-	tp.t.Cleanup(s.stop)
+	return s.stop, nil
+}
+
+// Dialer returns a dial function whose connections are opened inside namespace ns (for
+// HTTP and API clients talking to servers in a test namespace).
+func (tp *Topology) Dialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := tp.Do(ns, func() error {
+			var err error
+			conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}
 }
 
 type server struct {
