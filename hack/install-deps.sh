@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # install-deps.sh installs the host tools the tests, the e2e suite and the proxy use, on
-# Debian, as root: nftables (nft), conntrack, etcd-server (etcd) and iproute2 (ip). Only
+# Debian, as root: nftables (nft), conntrack, etcd-server (etcd), iproute2 (ip) and iptables
+# (the nft backend: the coexistence e2e runs upstream kube-proxy in iptables mode). Only
 # missing tools are installed and `apt-get update` runs at most once, so running it again
 # is cheap.
 #
@@ -14,10 +15,11 @@ declare -A pkg_for=(
 	[conntrack]=conntrack
 	[etcd]=etcd-server
 	[ip]=iproute2
+	[iptables]=iptables
 )
 
 missing=()
-for cmd in nft conntrack etcd ip; do
+for cmd in nft conntrack etcd ip iptables; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
 		missing+=("${pkg_for[${cmd}]}")
 	fi
