@@ -1,0 +1,217 @@
+package coexist
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/netns"
+)
+
+var tcp80 = []env.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: 8080}}
+
+// serversOnce starts the identity servers (port 8080, TCP) on every pod once for the
+// whole package; they stop with the namespaces.
+var serversOnce sync.Once
+
+func servers(t *testing.T, e *env.Env) {
+	t.Helper()
+	var err error
+	serversOnce.Do(func() {
+		for ns, name := range map[string]string{e.TP.Pod1: "pod1", e.TP.Pod2: "pod2", e.TP.Remote: "remote"} {
+			if _, err = e.TP.Serve(ns, name, "tcp", "", 8080, func(string, ...any) {}); err != nil {
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// service creates a Service on port 80 backed by pod1 and remote, labeled for proxyName
+// unless it is "", and returns its cluster IP.
+func service(t *testing.T, e *env.Env, name, proxyName string) string {
+	t.Helper()
+	var edits []env.ServiceSpec
+	if proxyName != "" {
+		edits = append(edits, env.WithProxyName(proxyName))
+	}
+	svc, err := e.CreateService(context.Background(), "coexist", name, tcp80, []env.Backend{env.Pod1v4, env.Remotev4}, edits...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+// reach dials until both backends (pod1, remote) answered, failing on anything else.
+func reach(t *testing.T, e *env.Env, from, addr string) {
+	t.Helper()
+	seen := map[string]bool{}
+	deadline := time.Now().Add(20 * time.Second)
+	var lastErr error
+	for len(seen) < 2 && time.Now().Before(deadline) {
+		r, err := e.TP.Dial(from, "tcp", addr, 80)
+		if err != nil {
+			lastErr = err
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		seen[r.Server] = true
+	}
+	if !seen["pod1"] || !seen["remote"] || len(seen) != 2 {
+		t.Fatalf("%s -> %s:80: reached %v, want pod1 and remote (last error %v)", from, addr, seen, lastErr)
+	}
+}
+
+// load is a client dialing a Service in a loop and counting what failed.
+type load struct {
+	name         string
+	ok, failed   atomic.Int64
+	mu           sync.Mutex
+	firstErrors  []string
+	stop, done   chan struct{}
+	from, target string
+}
+
+// startLoad dials addr:80 from namespace from every 20ms, each attempt bounded by one
+// second, until stopLoad.
+func startLoad(e *env.Env, name, from, addr string) *load {
+	l := &load{name: name, stop: make(chan struct{}), done: make(chan struct{}), from: from, target: addr}
+	go func() {
+		defer close(l.done)
+		for {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			_, err := e.TP.DialWith(from, "tcp", addr, 80, netns.DialOptions{Timeout: time.Second})
+			if err != nil {
+				l.failed.Add(1)
+				l.mu.Lock()
+				if len(l.firstErrors) < 3 {
+					l.firstErrors = append(l.firstErrors, err.Error())
+				}
+				l.mu.Unlock()
+			} else {
+				l.ok.Add(1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return l
+}
+
+// finish stops the loop and reports its counts (also on stdout, for the record).
+func (l *load) finish(t *testing.T) (ok, failed int64) {
+	t.Helper()
+	close(l.stop)
+	<-l.done
+	ok, failed = l.ok.Load(), l.failed.Load()
+	msg := fmt.Sprintf("%s: %d connections succeeded, %d failed", l.name, ok, failed)
+	if failed > 0 {
+		msg += fmt.Sprintf(" (first errors: %v)", l.firstErrors)
+	}
+	t.Log(msg)
+	fmt.Println("coexist:", t.Name()+":", msg)
+	if ok == 0 {
+		t.Errorf("%s: no connection succeeded", l.name)
+	}
+	return ok, failed
+}
+
+// iptablesSave returns iptables-save and ip6tables-save of the node namespace, without
+// comments and counters, one sorted line per rule or chain, so two saves compare equal
+// when the rules are the same.
+func iptablesSave(t *testing.T, e *env.Env) []string {
+	t.Helper()
+	counters := regexp.MustCompile(` \[\d+:\d+\]$`)
+	var lines []string
+	for _, cmd := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := e.TP.Exec(e.TP.Node, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := ""
+		for _, line := range strings.Split(out, "\n") {
+			switch {
+			case line == "" || strings.HasPrefix(line, "#") || line == "COMMIT":
+				continue
+			case strings.HasPrefix(line, "*"):
+				table = line[1:]
+				continue
+			}
+			lines = append(lines, cmd+" "+table+" "+counters.ReplaceAllString(line, ""))
+		}
+	}
+	sort.Strings(lines)
+	return lines
+}
+
+// tables returns `nft list tables` of the node namespace, one "family name" per entry.
+func tables(t *testing.T, e *env.Env) map[string]bool {
+	t.Helper()
+	out, err := e.TP.Exec(e.TP.Node, "nft", "list", "tables")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		got[strings.TrimPrefix(line, "table ")] = true
+	}
+	return got
+}
+
+// ourTables are the shardproxy tables of the two instances.
+var ourTables = []string{"ip shardproxy-team-a", "ip6 shardproxy-team-a", "ip shardproxy-team-b", "ip6 shardproxy-team-b"}
+
+// tableState is each of our tables' kernel handle and listing: a table deleted and
+// recreated gets a new handle.
+func tableState(t *testing.T, e *env.Env) map[string]string {
+	t.Helper()
+	state := map[string]string{}
+	for _, tbl := range ourTables {
+		args := append([]string{"nft", "-a", "list", "table"}, strings.Fields(tbl)...)
+		out, err := e.TP.Exec(e.TP.Node, args...)
+		if err != nil {
+			t.Fatalf("listing %s: %v", tbl, err)
+		}
+		state[tbl] = out
+	}
+	return state
+}
+
+// diffLines returns the lines only in a and only in b.
+func diffLines(a, b []string) (onlyA, onlyB []string) {
+	in := func(s []string) map[string]int {
+		m := map[string]int{}
+		for _, x := range s {
+			m[x]++
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	for x, n := range ma {
+		if mb[x] < n {
+			onlyA = append(onlyA, x)
+		}
+	}
+	for x, n := range mb {
+		if ma[x] < n {
+			onlyB = append(onlyB, x)
+		}
+	}
+	sort.Strings(onlyA)
+	sort.Strings(onlyB)
+	return onlyA, onlyB
+}
