@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,4 +145,39 @@ func servers(t *testing.T, e *env.Env, port int, protos ...string) {
 	}
 }
 
-var _ = netns.IsRefused
+// fails dials until three consecutive attempts fail the way want says (refused, timed
+// out), failing the test if that does not happen within 20s.
+func fails(t *testing.T, e *env.Env, from, proto, addr string, port int, what string, want func(error) bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	streak := 0
+	var last string
+	// A drop shows as a timeout, so expect one soon; a refusal arrives at once, but over
+	// IPv6 Linux aborts a connect only on the second ICMPv6 error, after the SYN is
+	// retransmitted (1s).
+	timeout := 700 * time.Millisecond
+	if want(syscall.ECONNREFUSED) {
+		timeout = 3 * time.Second
+	}
+	for time.Now().Before(deadline) {
+		r, err := e.TP.DialWith(from, proto, addr, port, netns.DialOptions{Timeout: timeout})
+		switch {
+		case err != nil && want(err):
+			streak++
+			if streak == 3 {
+				return
+			}
+			continue
+		case err != nil:
+			last = err.Error()
+		default:
+			last = fmt.Sprintf("answered by %s (source %s)", r.Server, r.Source)
+		}
+		streak = 0
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s %s -> %s:%d: want %s, last attempt: %s", from, proto, addr, port, what, last)
+}
+
+func refused(err error) bool  { return netns.IsRefused(err) }
+func timedOut(err error) bool { return netns.IsTimeout(err) }

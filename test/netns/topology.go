@@ -373,9 +373,14 @@ var baseSysctls = []sysctl{
 	{"net/ipv6/conf/default/accept_dad", "0"},
 }
 
-// routerSysctls apply to node and node2.
+// routerSysctls apply to node and node2. No ICMP redirects: the client's default route is
+// the node, so traffic to an unprogrammed LB or external IP leaves by the interface it came
+// in on, and the redirects the node would send share the per-peer ICMP rate limit with the
+// rejects the tests wait for.
 var routerSysctls = []sysctl{
 	{"net/ipv4/ip_forward", "1"},
+	{"net/ipv4/conf/all/send_redirects", "0"},
+	{"net/ipv4/conf/default/send_redirects", "0"},
 	{"net/ipv6/conf/all/forwarding", "1"},
 	{"net/ipv6/conf/default/forwarding", "1"},
 }
@@ -507,9 +512,24 @@ type Process struct {
 
 // Start starts a long-running command in namespace ns and returns at once. The command
 // runs in its own process group, which is killed on test cleanup; its output is logged
-// then if the test failed.
+// then if the test failed. It needs a Topology made by New; others use StartProcess.
 func (tp *Topology) Start(ns string, args ...string) *Process {
 	tp.t.Helper()
+	p, err := tp.StartProcess(ns, args...)
+	if err != nil {
+		tp.t.Fatal(err)
+	}
+	tp.t.Cleanup(func() {
+		_ = p.Stop()
+		if tp.t.Failed() {
+			tp.t.Logf("output of %q in %s:\n%s", strings.Join(args, " "), ns, p.Output())
+		}
+	})
+	return p
+}
+
+// StartProcess is Start for callers without a test: the caller stops the process.
+func (tp *Topology) StartProcess(ns string, args ...string) (*Process, error) {
 	p := &Process{
 		cmd:  exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...),
 		out:  &syncBuffer{},
@@ -520,19 +540,13 @@ func (tp *Topology) Start(ns string, args ...string) *Process {
 	// Pdeathsig covers a test binary that dies without running cleanups.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
-		tp.t.Fatalf("starting %q in %s: %v", strings.Join(args, " "), ns, err)
+		return nil, fmt.Errorf("starting %q in %s: %w", strings.Join(args, " "), ns, err)
 	}
 	go func() {
 		p.err = p.cmd.Wait()
 		close(p.done)
 	}()
-	tp.t.Cleanup(func() {
-		_ = p.Stop()
-		if tp.t.Failed() {
-			tp.t.Logf("output of %q in %s:\n%s", strings.Join(args, " "), ns, p.Output())
-		}
-	})
-	return p
+	return p, nil
 }
 
 // Pid returns the process id.
