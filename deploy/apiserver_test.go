@@ -1,0 +1,156 @@
+package deploy
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/shardproxy/shardproxy/test/controlplane"
+)
+
+// TestServerDryRun sends every object of the base and of each overlay to a real
+// kube-apiserver v1.36.3 as `kubectl apply --dry-run=server` would: admission, defaulting
+// and validation run, nothing is stored. Unknown fields are errors (strict field
+// validation), so a misspelled field fails here rather than being dropped on a cluster.
+// Then it creates the base's RBAC for real and asks the authorizer what the
+// ServiceAccount may do.
+func TestServerDryRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: the control-plane tests run as root (CI is root)")
+	}
+	if _, err := exec.LookPath("etcd"); err != nil && !testing.Short() {
+		// controlplane.Start would skip; as root (CI) a missing etcd is a broken machine.
+		t.Fatalf("%v", controlplane.ErrEtcdNotFound)
+	}
+	cp := controlplane.Start(t)
+	ctx := t.Context()
+
+	dyn, err := dynamic.NewForConfig(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cp.Client().Discovery()))
+	create := func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
+		gvk := obj.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return err
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+		}
+		_, err = ri.Create(ctx, obj, opts)
+		return err
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
+
+	for _, k := range kustomizations {
+		t.Run(k.dir, func(t *testing.T) {
+			for _, obj := range render(t, k.dir) {
+				if err := create(ctx, obj, dryRun); err != nil {
+					t.Errorf("%s %s/%s: %v", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+				}
+			}
+		})
+	}
+
+	// The check must be able to fail: the same DaemonSet with a misspelled field and with
+	// a value of the wrong type is refused.
+	t.Run("an invalid DaemonSet is refused", func(t *testing.T) {
+		ds := objectsOf(render(t, "base"), "DaemonSet")[0]
+		for name, mutate := range map[string]func(*unstructured.Unstructured){
+			"unknown field": func(o *unstructured.Unstructured) {
+				_ = unstructured.SetNestedField(o.Object, true, "spec", "template", "spec", "hostNetwrok")
+			},
+			"wrong type": func(o *unstructured.Unstructured) {
+				_ = unstructured.SetNestedField(o.Object, "yes", "spec", "template", "spec", "hostNetwork")
+			},
+			"selector does not match the template": func(o *unstructured.Unstructured) {
+				_ = unstructured.SetNestedField(o.Object, "other", "spec", "selector", "matchLabels", "app.kubernetes.io/name")
+			},
+		} {
+			bad := ds.DeepCopy()
+			mutate(bad)
+			err := create(ctx, bad, dryRun)
+			if err == nil {
+				t.Errorf("%s: the apiserver accepted it", name)
+				continue
+			}
+			t.Logf("%s: refused: %v", name, err)
+		}
+	})
+
+	t.Run("ClusterRole grants what the supervisor uses, nothing more", func(t *testing.T) {
+		client := cp.Client()
+		var sa string
+		for _, obj := range render(t, "base") {
+			switch obj.GetKind() {
+			case "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+				if err := create(ctx, obj, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
+					t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
+				}
+				if obj.GetKind() == "ServiceAccount" {
+					sa = "system:serviceaccount:" + obj.GetNamespace() + ":" + obj.GetName()
+				}
+			}
+		}
+		for _, tc := range []struct {
+			verb, group, resource, namespace string
+			allowed                          bool
+		}{
+			// supervisor/watch.go: one informer per resource.
+			{"list", "", "services", "", true},
+			{"watch", "", "services", "", true},
+			{"list", "discovery.k8s.io", "endpointslices", "", true},
+			{"watch", "discovery.k8s.io", "endpointslices", "", true},
+			{"list", "networking.k8s.io", "servicecidrs", "", true},
+			{"watch", "networking.k8s.io", "servicecidrs", "", true},
+			{"list", "", "nodes", "", true},
+			{"watch", "", "nodes", "", true},
+			// supervisor.waitForNode.
+			{"get", "", "nodes", "", true},
+			// supervisor/events.go: client-go's recorder creates, then patches repeats.
+			{"create", "", "events", "team-a", true},
+			{"patch", "", "events", "team-a", true},
+
+			{"get", "", "services", "team-a", false},
+			{"update", "", "services", "team-a", false},
+			{"update", "", "nodes", "", false},
+			{"patch", "", "nodes", "", false},
+			{"create", "discovery.k8s.io", "endpointslices", "team-a", false},
+			{"update", "", "events", "team-a", false},
+			{"create", "events.k8s.io", "events", "team-a", false},
+			{"get", "", "secrets", "kube-system", false},
+			{"list", "", "secrets", "", false},
+			{"list", "", "configmaps", "", false},
+			{"list", "", "pods", "", false},
+			{"get", "coordination.k8s.io", "leases", "kube-system", false},
+		} {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   sa,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.namespace,
+				},
+			}}
+			got, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("SubjectAccessReview: %v", err)
+			}
+			if got.Status.Allowed != tc.allowed {
+				t.Errorf("%s may %s %s.%s in %q: %v, want %v (%s)", sa, tc.verb, tc.resource, tc.group, tc.namespace,
+					got.Status.Allowed, tc.allowed, got.Status.Reason)
+			}
+		}
+	})
+}
