@@ -1,0 +1,89 @@
+package deploy
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+)
+
+// TestDockerfile checks the Dockerfile against the rest of the repository. The image
+// itself is not built here (no registry access in CI; see README.md): this keeps what
+// can drift from drifting.
+func TestDockerfile(t *testing.T) {
+	data, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(data)
+
+	gomod, err := os.ReadFile(filepath.Join("..", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	goArg := regexp.MustCompile(`(?m)^ARG GO_VERSION=(\S+)$`).FindStringSubmatch(df)
+	switch {
+	case goLine == nil || goArg == nil:
+		t.Errorf("want a go line in go.mod and ARG GO_VERSION in the Dockerfile")
+	case string(goLine[1]) != goArg[1]:
+		t.Errorf("the image builds with Go %s, go.mod says go %s", goArg[1], goLine[1])
+	}
+
+	build := regexp.MustCompile(`go build (?:[^\n\\]|\\\n)*`).FindString(df)
+	if !strings.HasSuffix(strings.TrimSpace(build), "./cmd/shardproxy") {
+		t.Errorf("the build stage does not build ./cmd/shardproxy: %q", build)
+	}
+	if _, err := os.Stat(filepath.Join("..", "cmd", "shardproxy", "main.go")); err != nil {
+		t.Error(err)
+	}
+
+	install := regexp.MustCompile(`apt-get install [^\n&]*`).FindString(df)
+	for _, pkg := range []string{"nftables", "conntrack", "iproute2", "kmod"} {
+		if !regexp.MustCompile(`\b` + pkg + `\b`).MatchString(install) {
+			t.Errorf("the runtime stage does not install %s: %q", pkg, install)
+		}
+	}
+	if !strings.Contains(df, "FROM debian:bookworm-slim") {
+		t.Error("the runtime stage is not debian:bookworm-slim")
+	}
+	if !strings.Contains(df, `ENTRYPOINT ["/usr/local/bin/shardproxy"]`) {
+		t.Error("the entrypoint is not the shardproxy binary, which the DaemonSet's args expect")
+	}
+}
+
+// TestInitContainerScript checks that the replace overlay's conntrack-sysctls script
+// parses, uses only commands the image has, and that the supervisor container passes
+// arguments to the image's entrypoint rather than replacing it.
+func TestInitContainerScript(t *testing.T) {
+	objs := render(t, "overlays/replace-kube-proxy")
+	ds := only[appsv1.DaemonSet](t, objs, "DaemonSet")
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers[0].Command) != 0 {
+		t.Errorf("the supervisor container sets command %q: the image's entrypoint is shardproxy", pod.Containers[0].Command)
+	}
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("%d init containers, want conntrack-sysctls", len(pod.InitContainers))
+	}
+	ic := pod.InitContainers[0]
+	if ic.Image != pod.Containers[0].Image {
+		t.Errorf("init container image %q, supervisor image %q: the script relies on the shardproxy image's tools", ic.Image, pod.Containers[0].Image)
+	}
+	if len(ic.Command) != 3 || ic.Command[0] != "/bin/sh" {
+		t.Fatalf("init container command %q, want /bin/sh -ec SCRIPT", ic.Command)
+	}
+	script := ic.Command[2]
+	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
+		t.Errorf("the init script does not parse: %v\n%s", err, out)
+	}
+	// modprobe comes from kmod, nproc and cat from coreutils (in every Debian image).
+	for _, cmd := range []string{"modprobe", "nproc"} {
+		if !strings.Contains(script, cmd) {
+			t.Errorf("the script no longer uses %s: update this test and the Dockerfile's packages", cmd)
+		}
+	}
+}
