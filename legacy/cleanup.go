@@ -181,9 +181,12 @@ func Cleanup(ctx context.Context, opts Options) error {
 	for _, s := range ip.Kept {
 		fmt.Fprintf(w, "ipvs: kept virtual service %s (not kube-proxy's)\n", s)
 	}
-	if ip.Dummy {
+	switch {
+	case ip.Dummy:
 		fmt.Fprintf(w, "ipvs: %s interface %s\n", verb, DummyInterface)
-	} else {
+	case ip.NotDummy != "":
+		fmt.Fprintf(w, "ipvs: warning: %s is a %s interface, not the dummy kube-proxy creates: left alone\n", DummyInterface, ip.NotDummy)
+	default:
 		fmt.Fprintf(w, "ipvs: no interface %s\n", DummyInterface)
 	}
 	if len(ip.IPSets) > 0 {

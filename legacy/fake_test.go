@@ -265,12 +265,24 @@ func (f *fakeIPVS) DeleteService(s VirtualService) error {
 	return nil
 }
 
-// fakeLinks holds interfaces and their addresses.
-type fakeLinks struct{ links map[string][]string }
+// fakeLinks holds interfaces and their addresses; kube-ipvs0 is a dummy unless kinds
+// says otherwise, every other interface a veth.
+type fakeLinks struct {
+	links map[string][]string
+	kinds map[string]string
+}
 
-func (f *fakeLinks) Addresses(name string) ([]net.IP, bool, error) {
+func (f *fakeLinks) Addresses(name string) ([]net.IP, string, error) {
 	addrs, ok := f.links[name]
-	return parseIPs(addrs), ok, nil
+	switch {
+	case !ok:
+		return nil, "", nil
+	case f.kinds[name] != "":
+		return parseIPs(addrs), f.kinds[name], nil
+	case name == DummyInterface:
+		return parseIPs(addrs), "dummy", nil
+	}
+	return parseIPs(addrs), "veth", nil
 }
 
 func (f *fakeLinks) LocalAddresses() ([]net.IP, error) {

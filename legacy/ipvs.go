@@ -70,8 +70,9 @@ type IPVS interface {
 
 // Links reads and deletes network interfaces.
 type Links interface {
-	// Addresses returns the addresses of interface name; ok is false if there is none.
-	Addresses(name string) (addrs []net.IP, ok bool, err error)
+	// Addresses returns the addresses of interface name and its kind ("dummy", "veth",
+	// ...); kind is "" if there is no such interface.
+	Addresses(name string) (addrs []net.IP, kind string, err error)
 	// LocalAddresses returns the addresses of every interface.
 	LocalAddresses() ([]net.IP, error)
 	// Delete deletes interface name.
@@ -90,8 +91,11 @@ type IPVSPlan struct {
 	Services, Kept []VirtualService
 	// NoIPVS is true when the kernel has no IPVS, so there are no virtual services.
 	NoIPVS bool
-	// Dummy is true when kube-ipvs0 exists.
+	// Dummy is true when kube-ipvs0 exists and is a dummy interface.
 	Dummy bool
+	// NotDummy is the kind of a kube-ipvs0 that is not a dummy: not kube-proxy's, so it
+	// stays, and its addresses do not mark virtual services as kube-proxy's.
+	NotDummy string
 	// IPSets are kube-proxy's ipsets that exist.
 	IPSets []string
 }
@@ -104,11 +108,17 @@ type NodePortRange struct{ Min, Max uint16 }
 // port in nodePorts.
 func PlanIPVS(ipvs IPVS, links Links, sets IPSets, nodePorts NodePortRange) (*IPVSPlan, error) {
 	p := &IPVSPlan{}
-	dummyAddrs, ok, err := links.Addresses(DummyInterface)
+	dummyAddrs, kind, err := links.Addresses(DummyInterface)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", DummyInterface, err)
 	}
-	p.Dummy = ok
+	switch kind {
+	case "":
+	case "dummy":
+		p.Dummy = true
+	default:
+		p.NotDummy, dummyAddrs = kind, nil
+	}
 	local, err := links.LocalAddresses()
 	if err != nil {
 		return nil, fmt.Errorf("reading the node's addresses: %w", err)

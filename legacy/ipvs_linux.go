@@ -66,20 +66,20 @@ type KernelLinks struct{}
 var _ Links = KernelLinks{}
 
 // Addresses implements Links.
-func (KernelLinks) Addresses(name string) ([]net.IP, bool, error) {
+func (KernelLinks) Addresses(name string) ([]net.IP, string, error) {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
 		var notFound netlink.LinkNotFoundError
 		if errors.As(err, &notFound) {
-			return nil, false, nil
+			return nil, "", nil
 		}
-		return nil, false, err
+		return nil, "", err
 	}
 	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, true, err
+		return nil, link.Type(), err
 	}
-	return ips(addrs), true, nil
+	return ips(addrs), link.Type(), nil
 }
 
 // LocalAddresses implements Links.

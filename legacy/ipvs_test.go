@@ -25,6 +25,7 @@ func TestIPVSCleanup(t *testing.T) {
 		services    []VirtualService
 		noIPVS      bool
 		links       map[string][]string
+		kinds       map[string]string
 		sets        []string
 		wantDeleted []string
 		wantKept    []string
@@ -74,6 +75,16 @@ func TestIPVSCleanup(t *testing.T) {
 			wantReport: []string{"ipvs: the kernel has no IPVS loaded: no virtual services to remove", "ipvs: removed interface kube-ipvs0"},
 		},
 		{
+			name:        "a kube-ipvs0 that is not a dummy is not kube-proxy's: it and its addresses' services stay",
+			services:    []VirtualService{vs("10.96.0.10", 80), vs("192.168.100.1", 30080)},
+			links:       map[string][]string{DummyInterface: {"10.96.0.10"}, "eth0": {"192.168.100.1"}},
+			kinds:       map[string]string{DummyInterface: "bridge"},
+			wantDeleted: []string{"TCP 192.168.100.1:30080"},
+			wantKept:    []string{"TCP 10.96.0.10:80"},
+			wantLinks:   []string{"eth0", DummyInterface},
+			wantReport:  []string{"ipvs: warning: kube-ipvs0 is a bridge interface, not the dummy kube-proxy creates: left alone"},
+		},
+		{
 			name:       "nothing left: nothing removed",
 			links:      map[string][]string{"eth0": {"192.168.100.1"}},
 			wantLinks:  []string{"eth0"},
@@ -82,7 +93,7 @@ func TestIPVSCleanup(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ipvs := &fakeIPVS{services: tc.services, noIPVS: tc.noIPVS}
-			links := &fakeLinks{links: tc.links}
+			links := &fakeLinks{links: tc.links, kinds: tc.kinds}
 			sets := &fakeIPSets{names: tc.sets}
 			var out bytes.Buffer
 			err := Cleanup(context.Background(), Options{

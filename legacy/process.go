@@ -1,10 +1,12 @@
 package legacy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,7 +39,12 @@ func isKubeProxyName(name string) bool {
 // kube-proxy in a pod's own network namespace, or a test namespace, does not). Run it on
 // the host, or in a pod with hostPID: /proc of a pod without it shows no kube-proxy.
 func FindKubeProxy(procRoot string) ([]Process, error) {
-	self, err := netnsID(filepath.Join(procRoot, "self"))
+	// thread-self, not self: a caller may have switched only its own thread into another
+	// network namespace (setns), and that is the namespace it cleans up.
+	self, err := netnsID(filepath.Join(procRoot, "thread-self"))
+	if os.IsNotExist(err) {
+		self, err = netnsID(filepath.Join(procRoot, "self"))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading this process's network namespace: %w", err)
 	}
@@ -99,22 +106,34 @@ const DefaultKubeProxyMetricsAddress = "127.0.0.1:10249"
 func ProbeKubeProxy(ctx context.Context, addr string) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	// The connection is opened on the calling goroutine, so a caller whose thread is in
+	// another network namespace probes that namespace (http.Client would dial elsewhere).
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return ""
+	}
+	defer conn.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/proxyMode", nil)
 	if err != nil {
 		return ""
 	}
-	client := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
-	resp, err := client.Do(req)
+	req.Close = true
+	if err := req.Write(conn); err != nil {
+		return ""
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
 	if err != nil {
 		return ""
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64))
-	mode := string(bytes.TrimSpace(body))
 	if resp.StatusCode != http.StatusOK {
 		return ""
 	}
-	switch mode {
+	switch mode := string(bytes.TrimSpace(body)); mode {
 	case "iptables", "ipvs", "nftables", "kernelspace":
 		return mode
 	}
