@@ -7,7 +7,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build test test-unit fuzz deps vet fmt clean
+.PHONY: all build test test-unit fuzz deps vet fmt clean demo
 
 all: build
 
@@ -24,11 +24,19 @@ deps:
 vet:
 	$(GO) vet $(PKGS)
 
-# test runs every layer: unit tests (fakes, golden rulesets, packet tracer), real-kernel
-# tests (nft in fresh network namespaces, real TCP/UDP traffic) and control-plane tests
-# (etcd + kube-apiserver).
+# test runs every layer, one summary line each (hack/test.sh): unit (fakes, golden
+# rulesets, packet tracer), real-kernel (nft in fresh network namespaces, real TCP/UDP
+# traffic), integration (etcd + kube-apiserver), e2e (the real binary, three instances,
+# real traffic) and the demo in --once mode. Root only; CI is root.
 test: deps vet
-	$(GO) test $(TEST_FLAGS) -timeout 30m $(PKGS)
+	hack/test.sh
+
+# demo is the README's main job: a local control plane, a node namespace running three
+# instances, sample Services, real traffic and a table of who served what. It stays up
+# until Ctrl-C; `make demo DEMO_FLAGS=--once` exits after the report.
+demo: deps
+	$(GO) build -o bin/demo ./hack/demo
+	bin/demo --repo . $(DEMO_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

@@ -20,6 +20,9 @@ func requireRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel test: needs root (CI runs as root)")
 	}
+	if testing.Short() {
+		t.Skip("real-kernel test: skipped with -short")
+	}
 	for _, bin := range []string{"nft", "ip"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("real-kernel test: %s not installed (make deps installs it)", bin)

@@ -27,6 +27,9 @@ func requireKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel test: needs root to create network namespaces (CI runs as root)")
 	}
+	if testing.Short() {
+		t.Skip("real-kernel test: skipped with -short")
+	}
 	for _, bin := range []string{"ip", "conntrack"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("real-kernel test: %s not installed (make deps installs it)", bin)

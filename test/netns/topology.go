@@ -157,6 +157,9 @@ func New(t testing.TB) *Topology {
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel test: creating network namespaces needs root (CI runs as root)")
 	}
+	if testing.Short() {
+		t.Skip("real-kernel test: skipped with -short")
+	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("real-kernel test: ip (iproute2) is not installed")
 	}
