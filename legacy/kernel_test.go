@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -204,7 +206,17 @@ func fakeKubeProxy(t *testing.T, tp *netns.Topology, ns string) *netns.Process {
 		t.Fatal(err)
 	}
 	dst.Close()
-	return tp.Start(ns, bin, "1000")
+	p := tp.Start(ns, bin, "1000")
+	// Start returns before ip netns exec has exec'd the program.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p.Pid())); strings.TrimSpace(string(b)) == "kube-proxy" {
+			return p
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("pid %d never became kube-proxy", p.Pid())
+	return nil
 }
 
 func TestKernelRefusesWhileKubeProxyRuns(t *testing.T) {

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/legacy"
 	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
@@ -90,9 +91,44 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			},
 			{
 				Name:  "cleanup",
-				Usage: "delete shardproxy's tables (all instances of the configuration, or one); never touches other tables",
-				Flags: []cli.Flag{configFlag, &cli.StringFlag{Name: "instance", Usage: "only this instance"}},
+				Usage: "delete shardproxy's tables (all instances of the configuration, or one), or with --legacy the rules a gone kube-proxy left; never touches other tables",
+				Description: `With --config (and optionally --instance): delete those instances' ip and ip6 tables.
+With --legacy iptables|ipvs instead: remove what an upstream kube-proxy in that mode left
+on this node once it is gone: its KUBE-* iptables chains and the jumps to them (never
+kubelet's or other components' chains, nor any nftables table that is not iptables'), and
+for ipvs also its IPVS virtual services, kube-ipvs0 and ipsets. It refuses while a
+kube-proxy still runs in this network namespace (run it on the host, or with hostPID)
+unless --force. --legacy cannot be combined with --config or --instance: run cleanup twice.`,
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "supervisor configuration file (required unless --legacy)"},
+					&cli.StringFlag{Name: "instance", Usage: "only this instance"},
+					&cli.StringFlag{Name: "legacy", Usage: "iptables or ipvs: clean up after a gone kube-proxy in that mode"},
+					&cli.BoolFlag{Name: "force", Usage: "with --legacy: go on although a kube-proxy is still running"},
+					&cli.BoolFlag{Name: "dry-run", Usage: "with --legacy: only print what would be removed"},
+					&cli.StringFlag{Name: "kube-proxy-metrics-address", Value: legacy.DefaultKubeProxyMetricsAddress, Usage: `with --legacy: where a running kube-proxy answers /proxyMode ("-": do not ask)`},
+				},
 				Action: func(c *cli.Context) error {
+					if c.IsSet("legacy") {
+						if c.IsSet("config") || c.IsSet("instance") {
+							return errors.New("--legacy cleans up after kube-proxy only: it cannot be combined with --config or --instance (run cleanup twice)")
+						}
+						mode, err := legacy.ParseMode(c.String("legacy"))
+						if err != nil {
+							return err
+						}
+						return legacy.Cleanup(c.Context, legacy.Options{
+							Mode: mode, Force: c.Bool("force"), DryRun: c.Bool("dry-run"), Out: c.App.Writer,
+							KubeProxyMetricsAddress: c.String("kube-proxy-metrics-address"),
+						})
+					}
+					for _, f := range []string{"force", "dry-run"} {
+						if c.IsSet(f) {
+							return fmt.Errorf("--%s only applies to --legacy", f)
+						}
+					}
+					if !c.IsSet("config") {
+						return errors.New(`cleanup needs --config (shardproxy's tables) or --legacy iptables|ipvs (a gone kube-proxy's rules)`)
+					}
 					return cleanup(c.Context, c.App.Writer, c.String("config"), c.String("instance"))
 				},
 			},

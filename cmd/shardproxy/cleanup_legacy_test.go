@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardproxy/shardproxy/test/netns"
+)
+
+func TestCleanupFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"neither --config nor --legacy", []string{"cleanup"}, "cleanup needs --config"},
+		{"unknown legacy mode", []string{"cleanup", "--legacy", "nftables"}, `unknown legacy mode "nftables" (want iptables or ipvs)`},
+		{"--legacy with --instance", []string{"cleanup", "--legacy", "iptables", "--instance", "team-a"}, "cannot be combined with --config or --instance"},
+		{"--legacy with --config", []string{"cleanup", "--legacy", "ipvs", "--config", "testdata/config.yaml"}, "cannot be combined with --config or --instance"},
+		{"--force without --legacy", []string{"cleanup", "--config", "testdata/config.yaml", "--force"}, "--force only applies to --legacy"},
+		{"--dry-run without --legacy", []string{"cleanup", "--config", "testdata/config.yaml", "--dry-run"}, "--dry-run only applies to --legacy"},
+		{"--instance keeps working: an unknown instance", []string{"cleanup", "--config", "testdata/config.yaml", "--instance", "nope"}, `no instance "nope"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errOut, code := runCLI(tc.args...)
+			if code == 0 || !strings.Contains(errOut, tc.wantErr) {
+				t.Errorf("exit %d, stderr %q; want failure with %q", code, errOut, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestCleanupLegacyInNamespace runs `shardproxy cleanup --legacy iptables` for real inside
+// a node namespace holding a kube-proxy ruleset and a shardproxy table: it refuses while a
+// process named kube-proxy runs there, and then removes kube-proxy's chains only.
+func TestCleanupLegacyInNamespace(t *testing.T) {
+	for _, tool := range []string{"iptables-restore", "iptables-save", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("real-kernel test: %s is not installed (hack/install-deps.sh)", tool)
+		}
+	}
+	tp := netns.New(t)
+	fixture, err := os.ReadFile("../../legacy/testdata/iptables.save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := exec.Command("ip", "netns", "exec", tp.Node, "iptables-restore")
+	restore.Stdin = bytes.NewReader(fixture)
+	if out, err := restore.CombinedOutput(); err != nil {
+		t.Fatalf("loading the fixture: %v: %s", err, out)
+	}
+	if err := tp.NFT(tp.Node, "add table ip shardproxy-team-a\nadd chain ip shardproxy-team-a services\n"); err != nil {
+		t.Fatal(err)
+	}
+	cli := func(args ...string) (string, string, int) {
+		var out, errOut string
+		var code int
+		if err := tp.Do(tp.Node, func() error {
+			out, errOut, code = runCLI(args...)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out, errOut, code
+	}
+
+	// A stand-in kube-proxy: sleep under kube-proxy's name.
+	bin := filepath.Join(t.TempDir(), "kube-proxy")
+	copyFile(t, mustLookPath(t, "sleep"), bin)
+	proc := tp.Start(tp.Node, bin, "1000")
+	waitExec(t, proc.Pid(), "kube-proxy")
+	_, errOut, code := cli("cleanup", "--legacy", "iptables")
+	if code == 0 || !strings.Contains(errOut, "kube-proxy is still running on this node: pid ") || !strings.Contains(errOut, "--force") {
+		t.Fatalf("with kube-proxy (pid %d) running: exit %d, stderr %q; want a refusal", proc.Pid(), code, errOut)
+	}
+	t.Logf("refused: %s", strings.TrimSpace(errOut))
+
+	out, errOut, code := cli("cleanup", "--legacy", "iptables", "--dry-run", "--force")
+	if code != 0 || !strings.Contains(out, "would remove 13 kube-proxy chains from table nat") {
+		t.Fatalf("dry run: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	_ = proc.Stop() // killed: Wait reports the signal
+
+	out, errOut, code = cli("cleanup", "--legacy", "iptables")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	t.Logf("stdout:\n%s", out)
+	save, err := tp.Exec(tp.Node, "iptables-save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{"KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "KUBE-POSTROUTING", "KUBE-PROXY-CANARY"} {
+		if strings.Contains(save, gone) {
+			t.Errorf("%s is still there:\n%s", gone, save)
+		}
+	}
+	for _, kept := range []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-MARK-DROP", "KUBE-ROUTER-INPUT", "CNI-MASQ", "--dport 22 -j ACCEPT"} {
+		if !strings.Contains(save, kept) {
+			t.Errorf("%s is gone:\n%s", kept, save)
+		}
+	}
+	if _, err := tp.Exec(tp.Node, "nft", "list", "chain", "ip", "shardproxy-team-a", "services"); err != nil {
+		t.Errorf("our table was touched: %v", err)
+	}
+}
+
+// waitExec waits until process pid runs the program named comm (ip netns exec has
+// exec'd it).
+func waitExec(t *testing.T, pid int, comm string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if strings.TrimSpace(string(b)) == comm {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("pid %d never became %s", pid, comm)
+}
+
+func mustLookPath(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("no %s", name)
+	}
+	return p
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	src, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
