@@ -1,6 +1,7 @@
 package selector
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -33,11 +34,12 @@ type Events struct {
 	Guarded func(svc *corev1.Service, instance string, problems []string)
 }
 
-// Dispatcher routes watch events to the owning instance. When a Service is relabeled it
-// gives the new owner the Service with its current EndpointSlices at once, and tells the
-// old owner to let go only after the new owner programmed it (or after HandoverTimeout),
-// so there is no moment where neither serves it. Objects no local instance owns cost a
-// map lookup. Safe for concurrent use.
+// Dispatcher routes watch events to the owning instances: the label's owner and, during
+// a migration, a shadow (AnnotationShadow). When a Service moves it gives the new owner
+// the Service with its current EndpointSlices at once, and tells the old owner to let go
+// only after the new owner programmed it (or after HandoverTimeout), so there is no moment
+// where neither serves it. Objects no local instance owns cost a map lookup. Safe for
+// concurrent use.
 type Dispatcher struct {
 	router *Router
 	sinks  map[string]Sink
@@ -48,7 +50,22 @@ type Dispatcher struct {
 	HandoverTimeout time.Duration
 
 	mu     sync.Mutex
-	owners map[types.NamespacedName]string
+	owners map[types.NamespacedName]ownership
+	// shadows are the Services programmed in shadow, for the node status.
+	shadows map[types.NamespacedName]*shadowState
+}
+
+// ownership is who programs one Service: the label's owner ("" if not local) and every
+// instance that programs it (the owner and the shadow).
+type ownership struct {
+	owner string
+	all   []string
+}
+
+// shadowState tracks one Service in shadow on one instance.
+type shadowState struct {
+	instance   string
+	programmed bool
 }
 
 // NewDispatcher returns a Dispatcher over one sink per instance of the router.
@@ -56,15 +73,29 @@ func NewDispatcher(router *Router, sinks map[string]Sink, slices SliceLister, ev
 	return &Dispatcher{
 		router: router, sinks: sinks, slices: slices, events: events,
 		HandoverTimeout: 30 * time.Second,
-		owners:          map[types.NamespacedName]string{},
+		owners:          map[types.NamespacedName]ownership{},
+		shadows:         map[types.NamespacedName]*shadowState{},
 	}
 }
 
-// Owner returns the instance that currently owns a Service ("" if none).
+// Owner returns the instance that currently owns a Service by its label ("" if none).
 func (d *Dispatcher) Owner(name types.NamespacedName) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.owners[name]
+	return d.owners[name].owner
+}
+
+// Shadows returns, per instance, the Services it has programmed in shadow.
+func (d *Dispatcher) Shadows() map[string][]types.NamespacedName {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string][]types.NamespacedName{}
+	for name, st := range d.shadows {
+		if st.programmed {
+			out[st.instance] = append(out[st.instance], name)
+		}
+	}
+	return out
 }
 
 // ServiceChanged handles an added or updated Service.
@@ -74,64 +105,102 @@ func (d *Dispatcher) ServiceChanged(svc *corev1.Service) {
 	if dec.Instance != "" && d.sinks[dec.Instance] == nil {
 		dec.Instance = ""
 	}
+	if dec.Shadow != "" && d.sinks[dec.Shadow] == nil {
+		dec.Shadow = ""
+	}
 	if dec.Rejected != "" && d.events.Rejected != nil {
 		d.events.Rejected(svc, dec.Rejected)
 	}
+	want := dec.Owners()
 
 	d.mu.Lock()
 	old := d.owners[name]
-	if dec.Instance == "" {
+	if len(want) == 0 {
 		delete(d.owners, name)
 	} else {
-		d.owners[name] = dec.Instance
+		d.owners[name] = ownership{owner: dec.Instance, all: want}
+	}
+	var shadow *shadowState
+	if dec.Shadow != "" {
+		if shadow = d.shadows[name]; shadow == nil || shadow.instance != dec.Shadow {
+			shadow = &shadowState{instance: dec.Shadow}
+			d.shadows[name] = shadow
+		}
+	} else {
+		delete(d.shadows, name)
 	}
 	d.mu.Unlock()
 
-	var programmed <-chan struct{}
-	if dec.Instance != "" {
-		guarded, problems := d.router.Guard(dec.Instance, svc)
+	var added []<-chan struct{}
+	for _, inst := range want {
+		guarded, problems := d.router.Guard(inst, svc)
 		if len(problems) > 0 && d.events.Guarded != nil {
-			d.events.Guarded(svc, dec.Instance, problems)
+			d.events.Guarded(svc, inst, problems)
 		}
-		sink := d.sinks[dec.Instance]
-		programmed = sink.UpdateService(guarded)
-		if old != dec.Instance {
+		sink := d.sinks[inst]
+		programmed := sink.UpdateService(guarded)
+		if !slices.Contains(old.all, inst) {
 			for _, sl := range d.slices(svc.Namespace, svc.Name) {
 				sink.UpdateEndpointSlice(sl)
 			}
+			added = append(added, programmed)
+		}
+		if inst == dec.Shadow {
+			go d.shadowProgrammed(name, shadow, programmed)
 		}
 	}
-	if old == dec.Instance {
-		return
+	if old.owner != dec.Instance && d.events.Handover != nil {
+		d.events.Handover(name, old.owner, dec.Instance)
 	}
-	if d.events.Handover != nil {
-		d.events.Handover(name, old, dec.Instance)
+	var removed []string
+	for _, inst := range old.all {
+		if !slices.Contains(want, inst) {
+			removed = append(removed, inst)
+		}
 	}
-	if old == "" {
-		return
+	switch {
+	case len(removed) == 0:
+	case len(added) == 0:
+		// Nobody new takes over (the Service left every local instance, or only its
+		// shadow went away): let go at once.
+		for _, inst := range removed {
+			d.sinks[inst].DeleteService(name)
+		}
+	default:
+		go d.release(name, removed, added)
 	}
-	if programmed == nil {
-		d.sinks[old].DeleteService(name)
-		return
-	}
-	go d.release(name, old, programmed)
 }
 
-// release tells the old owner to drop a Service once the new owner has it, unless the
-// Service came back to the old owner meanwhile.
-func (d *Dispatcher) release(name types.NamespacedName, old string, programmed <-chan struct{}) {
+// shadowProgrammed marks a shadow programmed once its instance synced it.
+func (d *Dispatcher) shadowProgrammed(name types.NamespacedName, st *shadowState, programmed <-chan struct{}) {
+	<-programmed
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.shadows[name] == st {
+		st.programmed = true
+	}
+}
+
+// release tells the old owners to drop a Service once every new owner has it, unless the
+// Service came back to them meanwhile.
+func (d *Dispatcher) release(name types.NamespacedName, old []string, added []<-chan struct{}) {
 	timer := time.NewTimer(d.HandoverTimeout)
 	defer timer.Stop()
-	select {
-	case <-programmed:
-	case <-timer.C:
+wait:
+	for _, programmed := range added {
+		select {
+		case <-programmed:
+		case <-timer.C:
+			break wait
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.owners[name] == old {
-		return
+	for _, inst := range old {
+		if !slices.Contains(d.owners[name].all, inst) {
+			d.sinks[inst].DeleteService(name)
+		}
 	}
-	d.sinks[old].DeleteService(name)
 }
 
 // ServiceDeleted handles a deleted Service.
@@ -140,33 +209,34 @@ func (d *Dispatcher) ServiceDeleted(svc *corev1.Service) {
 	d.mu.Lock()
 	old := d.owners[name]
 	delete(d.owners, name)
+	delete(d.shadows, name)
 	d.mu.Unlock()
-	if old != "" {
-		d.sinks[old].DeleteService(name)
+	for _, inst := range old.all {
+		d.sinks[inst].DeleteService(name)
 	}
 }
 
-// SliceChanged handles an added or updated EndpointSlice: it goes to the owner of its
+// SliceChanged handles an added or updated EndpointSlice: it goes to the owners of its
 // Service, if any.
 func (d *Dispatcher) SliceChanged(slice *discoveryv1.EndpointSlice) {
-	if owner := d.sliceOwner(slice); owner != "" {
+	for _, owner := range d.sliceOwners(slice) {
 		d.sinks[owner].UpdateEndpointSlice(slice)
 	}
 }
 
 // SliceDeleted handles a deleted EndpointSlice.
 func (d *Dispatcher) SliceDeleted(slice *discoveryv1.EndpointSlice) {
-	if owner := d.sliceOwner(slice); owner != "" {
+	for _, owner := range d.sliceOwners(slice) {
 		d.sinks[owner].DeleteEndpointSlice(slice)
 	}
 }
 
-func (d *Dispatcher) sliceOwner(slice *discoveryv1.EndpointSlice) string {
+func (d *Dispatcher) sliceOwners(slice *discoveryv1.EndpointSlice) []string {
 	svc := slice.Labels[discoveryv1.LabelServiceName]
 	if svc == "" {
-		return ""
+		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.owners[types.NamespacedName{Namespace: slice.Namespace, Name: svc}]
+	return d.owners[types.NamespacedName{Namespace: slice.Namespace, Name: svc}].all
 }

@@ -8,12 +8,20 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 )
 
 // LabelServiceProxyName is the label that assigns a Service to a proxy by name.
 const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// AnnotationShadow names a proxy (a label value) whose local instance programs the Service
+// too, in addition to whoever the label assigns it to: `shardproxy migrate` sets it so the
+// target programs Services before the label moves them (and keeps them while a rollback
+// hands them back). An instance's rules run after a legacy kube-proxy's, so a shadow copy
+// serves nothing while the legacy rules exist.
+const AnnotationShadow = "shardproxy.io/shadow"
 
 // Spec says what one instance serves.
 type Spec struct {
@@ -72,28 +80,55 @@ func NewRouter(specs []Spec) (*Router, error) {
 type Decision struct {
 	// Instance is the owning instance, or "" when no local instance serves the Service.
 	Instance string
-	// Rejected explains why the instance that the label names refused the Service (a
-	// tenant guard); Instance is then "".
+	// Shadow is the instance that programs the Service in shadow (AnnotationShadow), or
+	// "" when there is none or it is Instance itself.
+	Shadow string
+	// Rejected explains why an instance the label or annotation names refused the
+	// Service (a tenant guard); that instance is then not in the decision.
 	Rejected string
 }
 
-// Route returns the instance that serves svc.
+// Owners lists the instances that program the Service: the owner, then the shadow.
+func (d Decision) Owners() []string {
+	var out []string
+	if d.Instance != "" {
+		out = append(out, d.Instance)
+	}
+	if d.Shadow != "" {
+		out = append(out, d.Shadow)
+	}
+	return out
+}
+
+// Route returns the instances that serve svc.
 func (r *Router) Route(svc *corev1.Service) Decision {
-	name, labeled := svc.Labels[LabelServiceProxyName]
-	var inst string
-	if labeled {
-		inst = r.byProxyName[name]
+	var dec Decision
+	var rejected []string
+	admit := func(inst string) string {
+		if inst == "" {
+			return ""
+		}
+		spec := r.specs[inst]
+		if len(spec.Namespaces) > 0 && !slices.Contains(spec.Namespaces, svc.Namespace) {
+			rejected = append(rejected, fmt.Sprintf("instance %q does not accept Services from namespace %q", inst, svc.Namespace))
+			return ""
+		}
+		return inst
+	}
+	if name, labeled := svc.Labels[LabelServiceProxyName]; labeled {
+		dec.Instance = admit(r.byProxyName[name])
 	} else {
-		inst = r.defaultName
+		dec.Instance = admit(r.defaultName)
 	}
-	if inst == "" {
-		return Decision{}
+	if shadow, ok := svc.Annotations[AnnotationShadow]; ok {
+		if inst := r.byProxyName[shadow]; inst != dec.Instance {
+			dec.Shadow = admit(inst)
+		}
 	}
-	spec := r.specs[inst]
-	if len(spec.Namespaces) > 0 && !slices.Contains(spec.Namespaces, svc.Namespace) {
-		return Decision{Rejected: fmt.Sprintf("instance %q does not accept Services from namespace %q", inst, svc.Namespace)}
+	if len(rejected) > 0 {
+		dec.Rejected = strings.Join(rejected, "; ")
 	}
-	return Decision{Instance: inst}
+	return dec
 }
 
 // Guard applies the instance's tenant guards to a Service it owns. It returns the

@@ -286,3 +286,95 @@ func TestDispatchTenantGuardRejectsNamespace(t *testing.T) {
 		t.Errorf("want one rejection event, got %q", rejected)
 	}
 }
+
+func shadowed(svc *corev1.Service, proxyName string) *corev1.Service {
+	svc.Annotations = map[string]string{AnnotationShadow: proxyName}
+	return svc
+}
+
+// TestDispatchShadowMigration walks a Service through a migration from a proxy that is
+// not local (a legacy kube-proxy) to team-a and back: the shadow programs it before the
+// label moves, nothing is deleted while it moves, and the node status learns when the
+// shadow is programmed.
+func TestDispatchShadowMigration(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	name := types.NamespacedName{Namespace: "a1", Name: "web"}
+	f.slices["a1/web"] = []*discoveryv1.EndpointSlice{slice("a1", "web-1", "web")}
+
+	f.d.ServiceChanged(service("a1", "web", "legacy"))
+	if got := f.take(); len(got) != 0 {
+		t.Fatalf("a Service of a proxy that is not local went to %q", got)
+	}
+	// Shadow: team-a programs it while the label still names the legacy proxy.
+	f.d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web", "team-a: slice a1/web-1"}) {
+		t.Fatalf("shadow: %q", got)
+	}
+	if f.d.Owner(name) != "" {
+		t.Errorf("a shadow is not the owner; got %q", f.d.Owner(name))
+	}
+	if got := f.d.Shadows(); len(got) != 0 {
+		t.Errorf("reported as programmed before the sync: %v", got)
+	}
+	f.sinks["team-a"].program(name)
+	eventuallyTrue(t, "the shadow to be reported programmed", func() bool {
+		return slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name})
+	})
+	f.d.SliceChanged(slice("a1", "web-2", "web"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: slice a1/web-2"}) {
+		t.Fatalf("slices reach the shadow: %q", got)
+	}
+
+	// The label moves to team-a, then the annotation goes: team-a keeps it throughout.
+	f.d.ServiceChanged(shadowed(service("a1", "web", "team-a"), "team-a"))
+	f.d.ServiceChanged(service("a1", "web", "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web", "team-a: service a1/web"}) {
+		t.Fatalf("moving the label to the shadow: %q", got)
+	}
+	if len(f.d.Shadows()) != 0 {
+		t.Errorf("still reported as a shadow: %v", f.d.Shadows())
+	}
+
+	// Rollback: team-a becomes the shadow, the label goes back to the legacy proxy; then
+	// the shadow is dropped, and only then does team-a let go.
+	f.d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web"}) {
+		t.Fatalf("rollback keeps the Service on team-a as a shadow: %q", got)
+	}
+	f.d.ServiceChanged(service("a1", "web", "legacy"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: delete service a1/web"}) {
+		t.Fatalf("dropping the shadow: %q", got)
+	}
+	f.d.SliceChanged(slice("a1", "web-3", "web"))
+	if got := f.take(); len(got) != 0 {
+		t.Fatalf("slices of a Service no local instance owns went to %q", got)
+	}
+}
+
+// TestDispatchShadowBesideLocalOwner: a Service owned by one local instance and shadowed
+// by another is programmed by both; slices reach both; deleting it deletes it from both.
+func TestDispatchShadowBesideLocalOwner(t *testing.T) {
+	f := newDispatchFixture(t, true)
+	f.d.ServiceChanged(shadowed(service("a1", "web", "team-b"), "team-a"))
+	f.d.SliceChanged(slice("a1", "web-1", "web"))
+	f.d.ServiceDeleted(service("a1", "web", "team-b"))
+	got := f.take()
+	slices.Sort(got)
+	want := []string{"team-a: delete service a1/web", "team-a: service a1/web", "team-a: slice a1/web-1",
+		"team-b: delete service a1/web", "team-b: service a1/web", "team-b: slice a1/web-1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func eventuallyTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
