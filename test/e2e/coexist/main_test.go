@@ -104,6 +104,15 @@ func runMain(m *testing.M) int {
 	logf("environment with kube-proxy up in %v", time.Since(start).Round(time.Millisecond))
 	shared, kubeProxy = e, kp
 	code := m.Run()
+	// kube-proxy's klog error lines ("E1122 ..."), for the record: a namespace it could
+	// not configure shows up here first.
+	var errLines []string
+	for _, line := range strings.Split(kp.Log(), "\n") {
+		if strings.HasPrefix(line, "E") && len(line) > 5 && line[1] >= '0' && line[1] <= '9' {
+			errLines = append(errLines, line)
+		}
+	}
+	logf("kube-proxy logged %d error lines%s", len(errLines), strings.Join(append([]string{""}, firstN(errLines, 5)...), "\n  "))
 	if code != 0 {
 		fmt.Println("coexist: supervisor log (end):\n" + tail(e.SupervisorLog(), 60))
 		fmt.Println("coexist: kube-proxy log (end):\n" + kp.LogTail(60))
@@ -119,6 +128,13 @@ func environment(t *testing.T) (*env.Env, *env.KubeProxy) {
 		t.Skip("coexist: needs root and no -short (CI runs it as root)")
 	}
 	return shared, kubeProxy
+}
+
+func firstN(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 func tail(s string, n int) string {

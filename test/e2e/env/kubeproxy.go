@@ -45,6 +45,7 @@ func (e *Env) KubeProxyArgs(mode string) []string {
 		"--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
 		fmt.Sprintf("--healthz-bind-address=0.0.0.0:%d", KubeProxyHealthzPort),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", KubeProxyMetricsPort),
+		"--nodeport-addresses=primary", // as shardproxy instances default to
 		"--conntrack-max-per-core=0",
 		"--conntrack-tcp-timeout-established=0",
 		"--conntrack-tcp-timeout-close-wait=0",
