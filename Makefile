@@ -16,10 +16,11 @@ build:
 
 # deps installs the host tools (nftables, conntrack, iproute2, etcd) that the proxy and
 # the tests use, and builds kube-apiserver v1.36.3 from the Go module into the cache
-# (~/.cache/shardproxy; minutes the first time, seconds after).
+# (~/.cache/shardproxy; minutes the first time, seconds after), and kube-proxy v1.36.3 for
+# the coexistence and migration e2e.
 deps:
 	hack/install-deps.sh
-	hack/build-apiserver.sh
+	hack/build-apiserver.sh --all
 
 vet:
 	$(GO) vet $(PKGS)

@@ -113,7 +113,7 @@ func TestManifests(t *testing.T) {
 				kinds = append(kinds, o.GetKind())
 			}
 			slices.Sort(kinds)
-			want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount"}
+			want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"}
 			if !slices.Equal(kinds, want) {
 				t.Fatalf("kinds %v, want one each of %v", kinds, want)
 			}
@@ -397,7 +397,7 @@ func TestRBACFileKinds(t *testing.T) {
 			kinds = append(kinds, kind)
 		}
 	}
-	want := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+	want := []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Namespace", "Role", "RoleBinding"}
 	if !slices.Equal(kinds, want) {
 		t.Errorf("base/rbac.yaml holds %v, want exactly %v", kinds, want)
 	}

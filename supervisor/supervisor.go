@@ -23,6 +23,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/instance"
 	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
@@ -218,10 +219,20 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	if s.cfg.StatusNamespace != config.StatusDisabled {
+		pub := &migrate.Publisher{Client: s.deps.Client, Namespace: s.cfg.StatusNamespace, Node: s.cfg.NodeName,
+			Source: func() migrate.NodeStatus { return s.nodeStatus(d) }}
+		wg.Add(1)
+		go func() { defer wg.Done(); pub.Run(ctx) }()
+	}
 	serve("healthz", func() error { return serveHTTP(ctx, s.cfg.HealthzBindAddress, s.countedHealth()) })
 	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metrics.Handler()) })
 
 	if err := w.Start(ctx, 2*time.Minute); err != nil {
+		if ctx.Err() != nil {
+			wg.Wait()
+			return nil // stopped while waiting for the caches: not a failure
+		}
 		return err
 	}
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
@@ -476,4 +487,20 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// nodeStatus is what this node reports for `shardproxy migrate`: its instances and the
+// Services each has programmed in shadow.
+func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
+	st := migrate.NodeStatus{Instances: map[string]migrate.InstanceStatus{}}
+	shadows := d.Shadows()
+	for _, in := range s.cfg.Instances {
+		is := migrate.InstanceStatus{Default: in.Default, ProxyNames: in.ProxyNames}
+		for _, n := range shadows[in.Name] {
+			is.Shadow = append(is.Shadow, n.String())
+		}
+		slices.Sort(is.Shadow)
+		st.Instances[in.Name] = is
+	}
+	return st
 }

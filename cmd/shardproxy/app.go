@@ -132,6 +132,7 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 					return cleanup(c.Context, c.App.Writer, c.String("config"), c.String("instance"))
 				},
 			},
+			migrateCommand(),
 			{
 				Name:  "status",
 				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",

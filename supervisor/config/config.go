@@ -25,6 +25,9 @@ const (
 	DefaultMetricsBindAddress = "127.0.0.1:10249"
 	DefaultMasqueradeBit      = 14
 	DefaultTablePrefix        = "shardproxy"
+	DefaultStatusNamespace    = "shardproxy-system"
+	// StatusDisabled as StatusNamespace turns the node status off.
+	StatusDisabled = "-"
 
 	DefaultConntrackMaxPerCore            int32 = 32768
 	DefaultConntrackMin                   int32 = 131072
@@ -65,6 +68,11 @@ type Config struct {
 	// TablePrefix starts every instance's table name ("<prefix>-<instance>").
 	// Default "shardproxy".
 	TablePrefix string `yaml:"tablePrefix"`
+	// StatusNamespace holds this node's status ConfigMap ("shardproxy-node-<node>"),
+	// which `shardproxy migrate` reads to confirm Services are programmed in shadow.
+	// Default "shardproxy-system" (deploy/ creates it, with a Role for exactly this);
+	// "-" turns the node status off.
+	StatusNamespace string `yaml:"statusNamespace"`
 	// Conntrack holds the node-wide conntrack sysctls the supervisor sets once.
 	Conntrack Conntrack `yaml:"conntrack"`
 	// Instances are the proxies run side by side; at least one.
@@ -179,6 +187,9 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	}
 	if c.TablePrefix == "" {
 		c.TablePrefix = DefaultTablePrefix
+	}
+	if c.StatusNamespace == "" {
+		c.StatusNamespace = DefaultStatusNamespace
 	}
 
 	ct := &c.Conntrack

@@ -224,6 +224,11 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			yaml:    minimal + "tablePrefix: Shard_Proxy\n",
 			wantErr: []string{`tablePrefix: "Shard_Proxy" is not valid`},
 		},
+		{
+			name:    "invalid status namespace",
+			yaml:    minimal + "statusNamespace: Kube_System\n",
+			wantErr: []string{`statusNamespace: "Kube_System" is not a namespace name`},
+		},
 
 		// Instances.
 		{
@@ -557,6 +562,7 @@ conntrack:
 				MetricsBindAddress: "127.0.0.1:10249",
 				MasqueradeBit:      ptr(14),
 				TablePrefix:        "shardproxy",
+				StatusNamespace:    "shardproxy-system",
 				Conntrack: Conntrack{
 					MaxPerCore:            ptr[int32](32768),
 					Min:                   ptr[int32](131072),

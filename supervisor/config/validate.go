@@ -42,6 +42,11 @@ func (c *Config) Validate() error {
 		p.add("masqueradeBit", "%d is out of range [0, 31]", *c.MasqueradeBit)
 	}
 
+	if c.StatusNamespace != StatusDisabled {
+		if msgs := content.IsDNS1123Label(c.StatusNamespace); len(msgs) > 0 {
+			p.add("statusNamespace", "%q is not a namespace name (or \"-\" for none): %s", c.StatusNamespace, strings.Join(msgs, "; "))
+		}
+	}
 	prefixOK := true
 	switch {
 	case c.TablePrefix == "":

@@ -206,7 +206,8 @@ func (e *Env) wireControlPlane() error {
 	return nil
 }
 
-// applyRBAC creates deploy/base/rbac.yaml's ServiceAccount, ClusterRole and binding, so
+// applyRBAC creates deploy/base/rbac.yaml's objects (ServiceAccount, ClusterRole and
+// binding, the node-status namespace and Role), so
 // the supervisor runs with exactly the permissions a deployment grants.
 func (e *Env) applyRBAC(ctx context.Context) error {
 	data, err := os.ReadFile(filepath.Join(e.opts.RepoRoot, "deploy", "base", "rbac.yaml"))
@@ -252,6 +253,24 @@ func (e *Env) applyRBAC(ctx context.Context) error {
 				return err
 			}
 			_, err = e.Client.RbacV1().ClusterRoleBindings().Create(ctx, &crb, metav1.CreateOptions{})
+		case "Namespace":
+			var ns corev1.Namespace
+			if err := fromJSON(js, &ns); err != nil {
+				return err
+			}
+			_, err = e.Client.CoreV1().Namespaces().Create(ctx, &ns, metav1.CreateOptions{})
+		case "Role":
+			var r rbacv1.Role
+			if err := fromJSON(js, &r); err != nil {
+				return err
+			}
+			_, err = e.Client.RbacV1().Roles(r.Namespace).Create(ctx, &r, metav1.CreateOptions{})
+		case "RoleBinding":
+			var rb rbacv1.RoleBinding
+			if err := fromJSON(js, &rb); err != nil {
+				return err
+			}
+			_, err = e.Client.RbacV1().RoleBindings(rb.Namespace).Create(ctx, &rb, metav1.CreateOptions{})
 		default:
 			return fmt.Errorf("deploy/base/rbac.yaml: unexpected kind %q", obj.Kind)
 		}

@@ -1,0 +1,291 @@
+package migrate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/selector"
+)
+
+// Selection chooses Services. Empty fields select everything.
+type Selection struct {
+	// Namespace limits the selection to one namespace.
+	Namespace string
+	// LabelSelector is a Kubernetes label selector.
+	LabelSelector string
+	// Names are "namespace/name", or "name" within Namespace.
+	Names []string
+}
+
+// Mover moves Services between proxies through the shadow annotation and the node
+// statuses.
+type Mover struct {
+	Client kubernetes.Interface
+	// StatusNamespace holds the node status ConfigMaps.
+	StatusNamespace string
+	// Out receives progress lines.
+	Out io.Writer
+	// BatchSize is how many Services move together; default 20.
+	BatchSize int
+	// Timeout bounds the wait for every node to confirm a batch; default 2m.
+	Timeout time.Duration
+	// StaleAfter: node statuses whose heartbeat is older are ignored (the node is gone);
+	// default 3 × HeartbeatInterval.
+	StaleAfter time.Duration
+	// LegacyGrace is how long a rollback keeps the shadow after handing Services back, so
+	// the legacy proxy (which reports nothing) has programmed them; default 10s.
+	LegacyGrace time.Duration
+	// Poll is how often node statuses are read; default 250ms.
+	Poll time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+func (m *Mover) defaults() {
+	if m.BatchSize <= 0 {
+		m.BatchSize = 20
+	}
+	if m.Timeout == 0 {
+		m.Timeout = 2 * time.Minute
+	}
+	if m.StaleAfter == 0 {
+		m.StaleAfter = 3 * HeartbeatInterval
+	}
+	if m.LegacyGrace == 0 {
+		m.LegacyGrace = 10 * time.Second
+	}
+	if m.Poll == 0 {
+		m.Poll = 250 * time.Millisecond
+	}
+	if m.Now == nil {
+		m.Now = time.Now
+	}
+	if m.StatusNamespace == "" {
+		m.StatusNamespace = DefaultNamespace
+	}
+	if m.Out == nil {
+		m.Out = io.Discard
+	}
+}
+
+// Select lists the chosen Services, sorted by namespace and name.
+func (m *Mover) Select(ctx context.Context, sel Selection) ([]corev1.Service, error) {
+	var out []corev1.Service
+	if len(sel.Names) > 0 {
+		for _, n := range sel.Names {
+			ns, name := sel.Namespace, n
+			if i := strings.IndexByte(n, '/'); i >= 0 {
+				ns, name = n[:i], n[i+1:]
+			}
+			if ns == "" {
+				return nil, fmt.Errorf("service %q: give it as namespace/name or use --namespace", n)
+			}
+			svc, err := m.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("service %s/%s: %w", ns, name, err)
+			}
+			out = append(out, *svc)
+		}
+	} else {
+		list, err := m.Client.CoreV1().Services(sel.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.LabelSelector})
+		if err != nil {
+			return nil, fmt.Errorf("listing Services: %w", err)
+		}
+		out = list.Items
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+// Report sums up a move or rollback.
+type Report struct {
+	Moved   int
+	Skipped int
+	Batches int
+}
+
+// Move hands the selected Services to the instances serving proxy name to. Per batch:
+// annotate them for shadow programming; wait until every live node whose supervisor runs
+// an instance serving to reports them all programmed; then, in one patch, set the label
+// and drop the annotation. On a timeout the batch's annotations are removed and the
+// Services stay where they were.
+func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, error) {
+	m.defaults()
+	var rep Report
+	svcs, err := m.Select(ctx, sel)
+	if err != nil {
+		return rep, err
+	}
+	var todo []types.NamespacedName
+	for _, s := range svcs {
+		if s.Labels[selector.LabelServiceProxyName] == to {
+			rep.Skipped++
+			continue
+		}
+		todo = append(todo, types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
+	}
+	for i := 0; i < len(todo); i += m.BatchSize {
+		batch := todo[i:min(i+m.BatchSize, len(todo))]
+		rep.Batches++
+		start := m.Now()
+		for _, n := range batch {
+			if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: &to}); err != nil {
+				return rep, err
+			}
+		}
+		nodes, err := m.waitProgrammed(ctx, batch, to)
+		if err != nil {
+			for _, n := range batch {
+				_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
+			}
+			return rep, fmt.Errorf("batch %d: %w; its Services stay where they were", rep.Batches, err)
+		}
+		for _, n := range batch {
+			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: &to},
+				map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+				return rep, err
+			}
+		}
+		rep.Moved += len(batch)
+		fmt.Fprintf(m.Out, "batch %d: %d Services programmed in shadow on %d node(s) (%s) after %v; labeled %s\n",
+			rep.Batches, len(batch), len(nodes), strings.Join(nodes, ", "), m.Now().Sub(start).Round(time.Millisecond), to)
+	}
+	return rep, nil
+}
+
+// Rollback hands the selected Services labeled from back to the unlabeled (legacy)
+// proxy, or to the proxy named by to. Per batch, one patch moves the label and makes the
+// from instance a shadow, so it keeps serving until the legacy proxy has its rules (it
+// runs after them); after LegacyGrace the shadow goes.
+func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (Report, error) {
+	m.defaults()
+	var rep Report
+	svcs, err := m.Select(ctx, sel)
+	if err != nil {
+		return rep, err
+	}
+	var todo []types.NamespacedName
+	for _, s := range svcs {
+		if s.Labels[selector.LabelServiceProxyName] != from {
+			rep.Skipped++
+			continue
+		}
+		todo = append(todo, types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
+	}
+	var label *string
+	if to != "" {
+		label = &to
+	}
+	for i := 0; i < len(todo); i += m.BatchSize {
+		batch := todo[i:min(i+m.BatchSize, len(todo))]
+		rep.Batches++
+		for _, n := range batch {
+			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label},
+				map[string]*string{selector.AnnotationShadow: &from}); err != nil {
+				return rep, err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return rep, ctx.Err()
+		case <-time.After(m.LegacyGrace):
+		}
+		for _, n := range batch {
+			if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+				return rep, err
+			}
+		}
+		rep.Moved += len(batch)
+		dest := "the unlabeled proxy"
+		if to != "" {
+			dest = to
+		}
+		fmt.Fprintf(m.Out, "batch %d: %d Services handed back to %s; %s kept them in shadow for %v\n",
+			rep.Batches, len(batch), dest, from, m.LegacyGrace)
+	}
+	return rep, nil
+}
+
+// waitProgrammed waits until every live node running an instance for proxyName reports
+// every Service of the batch in shadow (or, for one already labeled there, owned). It
+// returns the nodes that confirmed.
+func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName, proxyName string) ([]string, error) {
+	deadline := m.Now().Add(m.Timeout)
+	var missing []string
+	for {
+		statuses, err := ReadStatuses(ctx, m.Client, m.StatusNamespace)
+		if err != nil {
+			return nil, err
+		}
+		var nodes []string
+		missing = missing[:0]
+		for _, st := range statuses {
+			if m.Now().Sub(st.Heartbeat) > m.StaleAfter {
+				continue
+			}
+			inst, ok := st.ServesProxyName(proxyName)
+			if !ok {
+				continue
+			}
+			nodes = append(nodes, st.Node)
+			for _, n := range batch {
+				if !slices.Contains(st.Instances[inst].Shadow, n.String()) {
+					missing = append(missing, st.Node+": "+n.String())
+				}
+			}
+		}
+		sort.Strings(nodes)
+		if len(nodes) == 0 {
+			return nil, fmt.Errorf("no live node runs an instance serving proxy name %q (node statuses in %s)", proxyName, m.StatusNamespace)
+		}
+		if len(missing) == 0 {
+			return nodes, nil
+		}
+		if m.Now().After(deadline) {
+			if len(missing) > 10 {
+				missing = append(missing[:10], fmt.Sprintf("and %d more", len(missing)-10))
+			}
+			return nil, fmt.Errorf("not programmed in shadow within %v: %s", m.Timeout, strings.Join(missing, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(m.Poll):
+		}
+	}
+}
+
+// patch sets (or with nil, removes) labels and annotations with one merge patch.
+func (m *Mover) patch(ctx context.Context, n types.NamespacedName, labels, annotations map[string]*string) error {
+	meta := map[string]any{}
+	if labels != nil {
+		meta["labels"] = labels
+	}
+	if annotations != nil {
+		meta["annotations"] = annotations
+	}
+	body, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return err
+	}
+	if _, err := m.Client.CoreV1().Services(n.Namespace).Patch(ctx, n.Name, types.MergePatchType, body, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("patching Service %s: %w", n, err)
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+// Package migrate moves Services between a legacy proxy (upstream kube-proxy) and
+// shardproxy instances, and back, without a failed connection: the target programs the
+// Services in shadow first (selector.AnnotationShadow), every node running it confirms
+// through its node status, and only then does the service-proxy-name label move.
+//
+// The node status is a ConfigMap per node ("shardproxy-node-<node>") that each
+// supervisor keeps current: its instances, the proxy names they serve, and the Services
+// each has programmed in shadow. `shardproxy migrate` reads them to know which nodes run
+// the target and whether they are ready.
+package migrate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+)
+
+// Labels and keys of the node status ConfigMaps.
+const (
+	// LabelComponent marks node status ConfigMaps, for listing them.
+	LabelComponent = "shardproxy.io/component"
+	// ComponentNodeStatus is LabelComponent's value on node status ConfigMaps.
+	ComponentNodeStatus = "node-status"
+	// StatusKey is the data key holding the JSON NodeStatus.
+	StatusKey = "status.json"
+	// DefaultNamespace holds the node status ConfigMaps unless configured otherwise.
+	DefaultNamespace = "shardproxy-system"
+	// HeartbeatInterval is how often an unchanged status is rewritten, so readers can
+	// tell a live node from a gone one.
+	HeartbeatInterval = 30 * time.Second
+)
+
+// NodeStatus is what one node's supervisor reports.
+type NodeStatus struct {
+	// Node is the Node object's name.
+	Node string `json:"node"`
+	// Heartbeat is when the supervisor last wrote the status.
+	Heartbeat time.Time `json:"heartbeat"`
+	// Instances are the node's proxy instances by name.
+	Instances map[string]InstanceStatus `json:"instances"`
+}
+
+// InstanceStatus is one instance in a NodeStatus.
+type InstanceStatus struct {
+	// Default is true for the instance serving unlabeled Services.
+	Default bool `json:"default,omitempty"`
+	// ProxyNames are the label values it serves.
+	ProxyNames []string `json:"proxyNames,omitempty"`
+	// Shadow lists "namespace/name" of the Services it has programmed in shadow.
+	Shadow []string `json:"shadow,omitempty"`
+}
+
+// ServesProxyName returns the name of the instance serving proxyName, if any.
+func (s NodeStatus) ServesProxyName(proxyName string) (string, bool) {
+	for name, inst := range s.Instances {
+		if slices.Contains(inst.ProxyNames, proxyName) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// ConfigMapName is the name of a node's status ConfigMap.
+func ConfigMapName(node string) string { return "shardproxy-node-" + node }
+
+// sameContent compares two statuses ignoring the heartbeat.
+func sameContent(a, b NodeStatus) bool {
+	a.Heartbeat, b.Heartbeat = time.Time{}, time.Time{}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// Publisher keeps one node's status ConfigMap current.
+type Publisher struct {
+	Client    kubernetes.Interface
+	Namespace string
+	Node      string
+	// Source returns the current status (Node and Heartbeat are filled in).
+	Source func() NodeStatus
+	// Interval is how often Source is polled; default 500ms.
+	Interval time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Run publishes until ctx ends: at once, on every change, and every HeartbeatInterval.
+// Failures are logged and retried; they never stop the supervisor.
+func (p *Publisher) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithName("node-status")
+	if p.Interval == 0 {
+		p.Interval = 500 * time.Millisecond
+	}
+	if p.Now == nil {
+		p.Now = time.Now
+	}
+	var last NodeStatus
+	var lastWrite time.Time
+	published := false
+	tick := time.NewTicker(p.Interval)
+	defer tick.Stop()
+	for {
+		cur := p.Source()
+		cur.Node = p.Node
+		if !published || !sameContent(cur, last) || p.Now().Sub(lastWrite) >= HeartbeatInterval {
+			cur.Heartbeat = p.Now().UTC().Truncate(time.Millisecond)
+			if err := p.write(ctx, cur); err != nil {
+				logger.Error(err, "Writing the node status failed; will retry", "namespace", p.Namespace, "name", ConfigMapName(p.Node))
+			} else {
+				last, lastWrite, published = cur, p.Now(), true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (p *Publisher) write(ctx context.Context, st NodeStatus) error {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	cms := p.Client.CoreV1().ConfigMaps(p.Namespace)
+	cm, err := cms.Get(ctx, ConfigMapName(p.Node), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = cms.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(p.Node), Namespace: p.Namespace,
+				Labels: map[string]string{LabelComponent: ComponentNodeStatus}},
+			Data: map[string]string{StatusKey: string(data)},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	cm.Data = map[string]string{StatusKey: string(data)}
+	if cm.Labels == nil {
+		cm.Labels = map[string]string{}
+	}
+	cm.Labels[LabelComponent] = ComponentNodeStatus
+	_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	return err
+}
+
+// ReadStatuses lists every node status in namespace.
+func ReadStatuses(ctx context.Context, client kubernetes.Interface, namespace string) ([]NodeStatus, error) {
+	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: LabelComponent + "=" + ComponentNodeStatus})
+	if err != nil {
+		return nil, fmt.Errorf("listing node statuses in %s: %w", namespace, err)
+	}
+	var out []NodeStatus
+	for _, cm := range list.Items {
+		var st NodeStatus
+		if err := json.Unmarshal([]byte(cm.Data[StatusKey]), &st); err != nil {
+			return nil, fmt.Errorf("node status %s/%s: %w", cm.Namespace, cm.Name, err)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}

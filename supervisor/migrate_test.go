@@ -1,0 +1,99 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/migrate"
+	"github.com/shardproxy/shardproxy/selector"
+)
+
+// TestMigrateMoveAndRollback drives `shardproxy migrate` against a supervisor: the node
+// status reports the shadow once the instance programmed it, the move sets the label only
+// then, and a rollback keeps the Service programmed until the shadow goes.
+func TestMigrateMoveAndRollback(t *testing.T) {
+	f := startSupervisor(t, "")
+	ctx := context.Background()
+	f.createService("shop", "cart", "legacy", "10.96.0.50")
+	f.createService("shop", "web", "legacy", "10.96.0.51")
+	teamA := "ip shardproxy-team-a"
+
+	var out bytes.Buffer
+	m := &migrate.Mover{Client: f.client, StatusNamespace: "shardproxy-system", Out: &out, BatchSize: 1,
+		Timeout: 10 * time.Second, Poll: 20 * time.Millisecond, LegacyGrace: 50 * time.Millisecond}
+	eventually(t, "the node status to be published", func() bool {
+		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
+		return err == nil && len(st) == 1 && st[0].Node == "node-1" && len(st[0].Instances) == 3
+	})
+	rep, err := m.Move(ctx, migrate.Selection{Namespace: "shop"}, "team-a")
+	if err != nil {
+		t.Fatalf("move: %v\n%s", err, out.String())
+	}
+	if rep.Moved != 2 || rep.Batches != 2 {
+		t.Errorf("move report %+v, want 2 Services in 2 batches", rep)
+	}
+	for _, name := range []string{"cart", "web"} {
+		svc, err := f.client.CoreV1().Services("shop").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if svc.Labels[selector.LabelServiceProxyName] != "team-a" || svc.Annotations[selector.AnnotationShadow] != "" {
+			t.Errorf("%s after the move: labels %v annotations %v", name, svc.Labels, svc.Annotations)
+		}
+	}
+	if d := f.tables.dump(teamA); !has(d, "10.96.0.50") || !has(d, "10.96.0.51") {
+		t.Fatalf("team-a does not serve the moved Services:\n%s", d)
+	}
+	t.Logf("move:\n%s", out.String())
+
+	out.Reset()
+	rep, err = m.Rollback(ctx, migrate.Selection{Names: []string{"shop/cart"}}, "team-a", "")
+	if err != nil || rep.Moved != 1 {
+		t.Fatalf("rollback: %+v %v", rep, err)
+	}
+	eventually(t, "team-a to let go of the rolled-back Service", func() bool {
+		return !has(f.tables.dump(teamA), "10.96.0.50")
+	})
+	if !has(f.tables.dump(teamA), "10.96.0.51") {
+		t.Error("the rollback touched a Service it did not select")
+	}
+	svc, err := f.client.CoreV1().Services("shop").Get(ctx, "cart", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, labeled := svc.Labels[selector.LabelServiceProxyName]; labeled || svc.Annotations[selector.AnnotationShadow] != "" {
+		t.Errorf("after rollback: labels %v annotations %v", svc.Labels, svc.Annotations)
+	}
+	// The unlabeled Service now belongs to the default instance, as it would to a legacy
+	// kube-proxy beside an install without one.
+	eventually(t, "the default instance to take the rolled-back Service", func() bool {
+		return has(f.tables.dump("ip shardproxy-default"), "10.96.0.50")
+	})
+}
+
+// TestMigrateMoveTimesOutWithoutTarget: moving to a proxy name no node runs fails at once
+// and leaves the Services untouched.
+func TestMigrateMoveTimesOutWithoutTarget(t *testing.T) {
+	f := startSupervisor(t, "")
+	ctx := context.Background()
+	f.createService("shop", "cart", "legacy", "10.96.0.50")
+	m := &migrate.Mover{Client: f.client, StatusNamespace: "shardproxy-system", Timeout: time.Second, Poll: 20 * time.Millisecond}
+	eventually(t, "the node status to be published", func() bool {
+		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
+		return err == nil && len(st) == 1
+	})
+	if _, err := m.Move(ctx, migrate.Selection{Namespace: "shop"}, "team-z"); err == nil {
+		t.Fatal("a move to a proxy no node runs succeeded")
+	}
+	svc, err := f.client.CoreV1().Services("shop").Get(ctx, "cart", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Labels[selector.LabelServiceProxyName] != "legacy" || svc.Annotations[selector.AnnotationShadow] != "" {
+		t.Errorf("a failed move left labels %v annotations %v", svc.Labels, svc.Annotations)
+	}
+}
