@@ -52,6 +52,8 @@ func summarize(in io.Reader, out io.Writer, layer string, prefixes []string) int
 		}
 		k := key{ev.Package, ev.Test}
 		switch ev.Action {
+		case "build-output":
+			fmt.Fprint(out, ev.Output) // compiler errors: always shown
 		case "output":
 			b := outputs[k]
 			if b == nil {

@@ -1,0 +1,122 @@
+package coexist
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/test/e2e/env"
+)
+
+// TestMigrateMoveAndRollback moves Services from the real kube-proxy to team-a with
+// `shardproxy migrate move` and back with `migrate rollback`, each Service under a client
+// loop, and counts the failed connections (target 0). The move waits for the node status
+// to confirm team-a programmed them in shadow before the label changes; the rollback keeps
+// team-a's copy until kube-proxy has its rules again.
+func TestMigrateMoveAndRollback(t *testing.T) {
+	e, _ := environment(t)
+	ctx := context.Background()
+	servers(t, e)
+	names := []string{"mig-1", "mig-2", "mig-3"}
+	ips := map[string]string{}
+	var args []string
+	for _, n := range names {
+		ips[n] = service(t, e, n, "")
+		reach(t, e, e.TP.Pod2, ips[n])
+		args = append(args, "coexist/"+n)
+	}
+	kc := e.CP.Kubeconfig
+	migrate := func(sub string, flags ...string) string {
+		t.Helper()
+		out, err := e.CLI(append(append([]string{"migrate", sub, "--kubeconfig", kc}, flags...), args...)...)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		t.Logf("shardproxy migrate %s:\n%s", sub, out)
+		return out
+	}
+
+	plan := migrate("plan")
+	for _, n := range names {
+		if !strings.Contains(plan, "coexist/"+n) || !strings.Contains(plan, "legacy (unlabeled)") {
+			t.Errorf("plan does not list coexist/%s as served by the legacy proxy:\n%s", n, plan)
+		}
+	}
+
+	var loads []*load
+	for _, n := range names {
+		loads = append(loads, startLoad(e, "pod2 -> "+n, e.TP.Pod2, ips[n]))
+	}
+	time.Sleep(time.Second)
+
+	start := time.Now()
+	migrate("move", "--to", "team-a", "--batch-size", "2")
+	moved := time.Since(start)
+	for _, n := range names {
+		svc, err := e.Client.CoreV1().Services("coexist").Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if svc.Labels[selector.LabelServiceProxyName] != "team-a" || svc.Annotations[selector.AnnotationShadow] != "" {
+			t.Errorf("%s after the move: labels %v, annotations %v", n, svc.Labels, svc.Annotations)
+		}
+	}
+	eventually(t, "kube-proxy to let go and team-a to own them", func() bool {
+		save := strings.Join(iptablesSave(t, e), "\n")
+		for _, ip := range ips {
+			if strings.Contains(save, ip) || !teamAHas(e, ip) {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(time.Second)
+
+	start = time.Now()
+	migrate("rollback", "--from", "team-a", "--legacy-grace", "3s")
+	rolledBack := time.Since(start)
+	eventually(t, "kube-proxy to serve them again and team-a to let go", func() bool {
+		save := strings.Join(iptablesSave(t, e), "\n")
+		for _, ip := range ips {
+			if !strings.Contains(save, ip) || teamAHas(e, ip) {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(time.Second)
+
+	var total, failed int64
+	for _, l := range loads {
+		ok, f := l.finish(t)
+		total += ok + f
+		failed += f
+		if f != 0 {
+			t.Errorf("%s: %d connections failed during the migration", l.name, f)
+		}
+	}
+	fmt.Printf("e2e: migrate: move of %d Services (batches of 2) took %v, rollback %v; client loops: %d connections, %d failed\n",
+		len(names), moved.Round(time.Millisecond), rolledBack.Round(time.Millisecond), total, failed)
+}
+
+func teamAHas(e *env.Env, ip string) bool {
+	out, err := e.TP.Exec(e.TP.Node, "nft", "list", "table", "ip", "shardproxy-team-a")
+	return err == nil && strings.Contains(out, ip+" . tcp . 80")
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
