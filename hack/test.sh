@@ -6,6 +6,7 @@
 #                and send real traffic (their unit tests run here too)
 #   integration  packages whose tests talk to a real etcd + kube-apiserver
 #   e2e          the real `shardproxy run` binary on a control plane + node namespaces
+#   fuzz         the fuzz targets (config decoder, Service model), briefly
 #   demo         `make demo --once`: the README's main job, end to end
 #
 # Every package lands in exactly one layer: anything not listed as kernel, integration or
@@ -54,6 +55,26 @@ layer unit 10m 2 ${unit}
 layer real-kernel 15m 2 ${kernel}
 layer integration 15m 2 ${integration}
 layer e2e 20m 1 ${e2e}
+
+# fuzz: each fuzz target briefly, beyond its seed corpus (which the unit layer runs).
+fuzz_start=$(date +%s)
+fuzz_ok=0
+fuzz_failed=()
+for target in "./supervisor/config FuzzDecode" "./instance FuzzBuild"; do
+	set -- ${target}
+	echo "=== layer fuzz: $2 in $1 for ${FUZZTIME:-15s}"
+	if ${go} test -run '^$' -fuzz "^$2\$" -fuzztime "${FUZZTIME:-15s}" "$1" 2>&1 | tail -5; [[ ${PIPESTATUS[0]} -eq 0 ]]; then
+		fuzz_ok=$((fuzz_ok + 1))
+	else
+		fuzz_failed+=("$2")
+		rc=1
+	fi
+done
+if [[ ${#fuzz_failed[@]} -eq 0 ]]; then
+	summary+=("LAYER fuzz         ok: ${fuzz_ok} targets fuzzed ${FUZZTIME:-15s} each, no failure, $(($(date +%s) - fuzz_start))s")
+else
+	summary+=("LAYER fuzz         FAIL: ${fuzz_failed[*]} found a failing input (see testdata/fuzz), $(($(date +%s) - fuzz_start))s")
+fi
 
 if [[ "${SKIP_DEMO:-}" == "" ]]; then
 	echo "=== layer demo: make demo --once"
