@@ -316,19 +316,10 @@ func (e *Env) StartSupervisor() error {
 	if e.sup != nil {
 		return errors.New("the supervisor is already running")
 	}
-	logFile, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cmd, done, err := startLogged(e.TP.Node, e.logPath, "the supervisor", e.Binary, "run", "--config", e.ConfigPath, "--v", "2")
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("ip", "netns", "exec", e.TP.Node, e.Binary, "run", "--config", e.ConfigPath, "--v", "2")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("starting the supervisor: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
 	e.sup, e.supDone = cmd, done
 	return nil
 }
@@ -343,15 +334,7 @@ func (e *Env) StopSupervisor(sig syscall.Signal) error {
 	if cmd == nil {
 		return nil
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, sig)
-	select {
-	case <-done:
-		return nil
-	case <-time.After(30 * time.Second):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return errors.New("the supervisor did not stop within 30s")
-	}
+	return stopGroup(cmd, done, sig, "the supervisor")
 }
 
 // SupervisorLog returns the supervisor's log so far.

@@ -70,19 +70,10 @@ func (kp *KubeProxy) Start() error {
 	if kp.cmd != nil {
 		return errors.New("kube-proxy is already running")
 	}
-	logFile, err := os.OpenFile(kp.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	cmd, done, err := startLogged(kp.e.TP.Node, kp.logPath, "kube-proxy", append([]string{kp.binary}, kp.args...)...)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", kp.e.TP.Node, kp.binary}, kp.args...)...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("starting kube-proxy: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logFile.Close(); close(done) }()
 	kp.cmd, kp.done = cmd, done
 	return nil
 }
@@ -107,15 +98,7 @@ func (kp *KubeProxy) Stop(sig syscall.Signal) error {
 	if cmd == nil {
 		return nil
 	}
-	_ = syscall.Kill(-cmd.Process.Pid, sig)
-	select {
-	case <-done:
-		return nil
-	case <-time.After(30 * time.Second):
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return errors.New("kube-proxy did not stop within 30s")
-	}
+	return stopGroup(cmd, done, sig, "kube-proxy")
 }
 
 // Log returns the process's output so far (every run appends to the same file).
