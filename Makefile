@@ -7,7 +7,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build test test-unit fuzz deps vet fmt clean demo
+.PHONY: all build test test-unit fuzz deps vet fmt clean demo bench
 
 all: build
 
@@ -38,6 +38,17 @@ test: deps vet
 demo: deps
 	$(GO) build -o bin/demo ./hack/demo
 	bin/demo --repo . $(DEMO_FLAGS)
+
+# bench measures one instance with the real nft in fresh network namespaces (test/bench):
+# full and partial syncs against `nft -f` alone, memory, per-packet cost, 4 instances vs 1,
+# at BENCH_SCALES Services × 10 endpoints. Prints a table, writes BENCH_OUT. Root only;
+# ~6 minutes on two cores with the default scales. BENCH_FLAGS adds flags (-h lists them).
+BENCH_SCALES ?= 1000,10000,30000
+BENCH_OUT    ?= _output/bench/bench.json
+bench:
+	hack/install-deps.sh
+	$(GO) build -o bin/shardproxy-bench ./test/bench/cmd/shardproxy-bench
+	bin/shardproxy-bench -scales $(BENCH_SCALES) -out $(BENCH_OUT) $(BENCH_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

@@ -109,6 +109,12 @@ type Proxy struct {
 	syncMu   sync.Mutex
 	applied  map[types.NamespacedName]*ServiceModel
 	lastFull time.Time
+	// The per-Service figures of applied and their totals, kept as applied changes so a
+	// partial sync's SyncResult costs what changed, not what exists.
+	sums     map[types.NamespacedName]summary
+	total    summary
+	hcPorts  map[types.NamespacedName]int32
+	localEps map[types.NamespacedName]int
 }
 
 // New creates an instance and opens its nftables interfaces; it changes nothing yet.
@@ -123,13 +129,16 @@ func New(opts Options) (*Proxy, error) {
 		opts.Families = []tables.Family{tables.IPv4, tables.IPv6}
 	}
 	p := &Proxy{
-		opts:    opts,
-		logger:  klog.Background().WithValues("instance", opts.Name),
-		syncers: map[tables.Family]*tables.Syncer{},
-		tracker: NewTracker(opts.Node),
-		waiting: map[types.NamespacedName][]chan struct{}{},
-		trigger: make(chan struct{}, 1),
-		applied: map[types.NamespacedName]*ServiceModel{},
+		opts:     opts,
+		logger:   klog.Background().WithValues("instance", opts.Name),
+		syncers:  map[tables.Family]*tables.Syncer{},
+		tracker:  NewTracker(opts.Node),
+		waiting:  map[types.NamespacedName][]chan struct{}{},
+		trigger:  make(chan struct{}, 1),
+		applied:  map[types.NamespacedName]*ServiceModel{},
+		sums:     map[types.NamespacedName]summary{},
+		hcPorts:  map[types.NamespacedName]int32{},
+		localEps: map[types.NamespacedName]int{},
 	}
 	for _, fam := range opts.Families {
 		cfg := opts.Tables
@@ -312,7 +321,11 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	if full {
 		all = map[types.NamespacedName]*ServiceModel{}
 		for _, n := range p.tracker.Services() {
-			if m := p.tracker.Model(n); m != nil {
+			m, built := models[n]
+			if !built {
+				m = p.tracker.Model(n)
+			}
+			if m != nil {
 				all[n] = m
 			}
 		}
@@ -366,16 +379,19 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 				res.Changed = append(res.Changed, ChangedService{Name: n, Before: m})
 			}
 		}
-		p.applied = all
+		p.applied = map[types.NamespacedName]*ServiceModel{}
+		p.sums = map[types.NamespacedName]summary{}
+		p.total = summary{}
+		clear(p.hcPorts)
+		clear(p.localEps)
+		for n, m := range all {
+			p.setApplied(n, m)
+		}
 		p.lastFull = start
 	} else {
 		for n, m := range models {
 			res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
-			if m == nil {
-				delete(p.applied, n)
-			} else {
-				p.applied[n] = m
-			}
+			p.setApplied(n, m)
 		}
 	}
 	slices.SortFunc(res.Changed, func(a, b ChangedService) int { return compareNames(a.Name, b.Name) })
@@ -404,32 +420,66 @@ func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
 }
 
 func (p *Proxy) summarize(res *SyncResult) {
-	res.HealthCheckNodePorts = map[types.NamespacedName]int32{}
-	res.LocalEndpoints = map[types.NamespacedName]int{}
-	for n, m := range p.applied {
-		res.Services++
-		seen := map[tables.Endpoint]bool{}
-		for _, ports := range m.Ports {
-			for _, sp := range ports {
-				for _, e := range sp.ClusterEndpoints {
-					seen[e] = true
-				}
-				for _, e := range sp.LocalEndpoints {
-					seen[e] = true
-				}
-				if sp.InternalLocal && len(sp.LocalEndpoints) == 0 {
-					res.NoLocalInternal++
-				}
-				if sp.ExternalLocal && len(sp.LocalEndpoints) == 0 {
-					res.NoLocalExternal++
-				}
+	res.Services = len(p.applied)
+	res.Endpoints = p.total.endpoints
+	res.NoLocalInternal = p.total.noLocalInternal
+	res.NoLocalExternal = p.total.noLocalExternal
+	res.HealthCheckNodePorts = maps.Clone(p.hcPorts)
+	res.LocalEndpoints = maps.Clone(p.localEps)
+}
+
+// summary is what one applied Service adds to a SyncResult.
+type summary struct {
+	endpoints                        int
+	noLocalInternal, noLocalExternal int
+}
+
+func summaryOf(m *ServiceModel) summary {
+	var s summary
+	seen := map[tables.Endpoint]bool{}
+	for _, ports := range m.Ports {
+		for _, sp := range ports {
+			for _, e := range sp.ClusterEndpoints {
+				seen[e] = true
+			}
+			for _, e := range sp.LocalEndpoints {
+				seen[e] = true
+			}
+			if sp.InternalLocal && len(sp.LocalEndpoints) == 0 {
+				s.noLocalInternal++
+			}
+			if sp.ExternalLocal && len(sp.LocalEndpoints) == 0 {
+				s.noLocalExternal++
 			}
 		}
-		res.Endpoints += len(seen)
-		if m.HealthCheckNodePort != 0 {
-			res.HealthCheckNodePorts[n] = m.HealthCheckNodePort
-			res.LocalEndpoints[n] = m.LocalEndpoints
-		}
+	}
+	s.endpoints = len(seen)
+	return s
+}
+
+// setApplied records m as the programmed model of n (nil: none) and keeps the totals.
+func (p *Proxy) setApplied(n types.NamespacedName, m *ServiceModel) {
+	if old, ok := p.sums[n]; ok {
+		p.total.endpoints -= old.endpoints
+		p.total.noLocalInternal -= old.noLocalInternal
+		p.total.noLocalExternal -= old.noLocalExternal
+	}
+	delete(p.applied, n)
+	delete(p.sums, n)
+	delete(p.hcPorts, n)
+	delete(p.localEps, n)
+	if m == nil {
+		return
+	}
+	s := summaryOf(m)
+	p.applied[n] = m
+	p.sums[n] = s
+	p.total.endpoints += s.endpoints
+	p.total.noLocalInternal += s.noLocalInternal
+	p.total.noLocalExternal += s.noLocalExternal
+	if m.HealthCheckNodePort != 0 {
+		p.hcPorts[n] = m.HealthCheckNodePort
+		p.localEps[n] = m.LocalEndpoints
 	}
 }
 

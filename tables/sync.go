@@ -52,6 +52,8 @@ type Syncer struct {
 	// recreate asks the next full sync to delete the table first (after a failed full
 	// sync, e.g. an incompatible table left by another version or another slot).
 	recreate bool
+	// batch writes many elements per command; see writeElements.
+	batch bool
 
 	ports    map[ServiceName]map[ServicePortName]portState
 	refs     map[string]int             // element id -> number of owners
@@ -69,7 +71,7 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masquerade bit %d is out of range [0, 31]", cfg.MasqueradeBit)
 	}
-	s := &Syncer{cfg: cfg, nft: nft, prio: prio}
+	s := &Syncer{cfg: cfg, nft: nft, prio: prio, batch: !inMemory(nft)}
 	s.c = newCompiler(&s.cfg)
 	s.reset()
 	return s, nil
@@ -269,10 +271,22 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	// Chains and sets of an earlier run that nothing needs any more are deleted; listing
 	// their names is cheap next to listing the whole table, and only a full sync does it.
 	var staleChains, staleSets []string
+	// exists tells which chains are in the kernel (nil: unknown, any may be). A chain
+	// that is not needs no flush, and with a few thousand affinity chains the flushes
+	// cost more than the rest of the load: at 10,000 Services, nft -f takes 10.2 s with
+	// them and 4.6 s without (mostly kernel time).
+	var exists map[string]bool
+	if s.recreate {
+		exists = map[string]bool{}
+	}
 	if listStale && !s.recreate {
 		chains, err := s.nft.List(ctx, "chains")
 		if err != nil && !knftables.IsNotFound(err) {
 			return nil, stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
+		}
+		exists = make(map[string]bool, len(chains))
+		for _, ch := range chains {
+			exists[ch] = true
 		}
 		for _, ch := range chains {
 			_, own := b.newOwn.chains[ch]
@@ -318,16 +332,15 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	for _, ch := range staleChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	if err := s.writeOwned(tx, newOwned(), b.newOwn); err != nil {
+	mayExist := func(ch string) bool { return exists == nil || exists[ch] }
+	if err := s.writeOwned(tx, newOwned(), b.newOwn, mayExist); err != nil {
 		return nil, stats, err
 	}
-	if err := s.addPickChains(tx, sortedKeys(s.chainRef)); err != nil {
+	if err := s.addPickChains(tx, sortedKeys(s.chainRef), mayExist); err != nil {
 		return nil, stats, err
 	}
 	ids := sortedKeys(s.refs)
-	for _, id := range ids {
-		tx.Add(s.elems[id].object())
-	}
+	saved := s.writeElements(tx, false, lookup(ids, s.elems))
 	stats.Added = len(ids)
 	for _, ch := range staleChains {
 		tx.Delete(&knftables.Chain{Name: ch})
@@ -335,7 +348,7 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	for _, st := range staleSets {
 		tx.Delete(&knftables.Set{Name: st})
 	}
-	stats.Operations = tx.NumOperations()
+	stats.Operations = tx.NumOperations() + saved
 	return tx, stats, nil
 }
 
@@ -397,23 +410,20 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	slices.Sort(goneSets)
 
 	tx := s.nft.NewTransaction()
-	for _, id := range deleted {
-		tx.Delete(b.gone[id].object())
-	}
+	saved := s.writeElements(tx, true, lookup(deleted, b.gone))
 	for _, ch := range goneChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	if err := s.writeOwned(tx, b.oldOwn, b.newOwn); err != nil {
+	mayExist := func(string) bool { return true }
+	if err := s.writeOwned(tx, b.oldOwn, b.newOwn, mayExist); err != nil {
 		s.synced = false
 		return stats, err
 	}
-	if err := s.addPickChains(tx, newChains); err != nil {
+	if err := s.addPickChains(tx, newChains, mayExist); err != nil {
 		s.synced = false
 		return stats, err
 	}
-	for _, id := range added {
-		tx.Add(s.elems[id].object())
-	}
+	saved += s.writeElements(tx, false, lookup(added, s.elems))
 	for _, ch := range goneChains {
 		tx.Delete(&knftables.Chain{Name: ch})
 	}
@@ -421,7 +431,7 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 		tx.Delete(&knftables.Set{Name: st})
 	}
 	stats.Added, stats.Deleted = len(added), len(deleted)
-	stats.Operations = tx.NumOperations()
+	stats.Operations = tx.NumOperations() + saved
 	if stats.Operations > 0 {
 		if err := s.nft.Run(ctx, tx); err != nil {
 			s.synced = false
@@ -433,8 +443,9 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 }
 
 // writeOwned adds the per-port sets and chains that are new or changed between old and
-// now. Sets are only ever added (never flushed): they hold the affinity clients.
-func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned) error {
+// now. Sets are only ever added (never flushed): they hold the affinity clients. Chains
+// for which mayExist is false are known not to be in the kernel and are not flushed.
+func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned, mayExist func(string) bool) error {
 	for _, st := range sortedKeys(now.sets) {
 		if _, ok := old.sets[st]; !ok {
 			tx.Add(s.c.affinitySet(st, now.sets[st]))
@@ -447,7 +458,9 @@ func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned) error {
 		}
 		changed = append(changed, ch)
 		tx.Add(&knftables.Chain{Name: ch})
-		tx.Flush(&knftables.Chain{Name: ch})
+		if mayExist(ch) {
+			tx.Flush(&knftables.Chain{Name: ch})
+		}
 	}
 	// Rules only after every chain exists: class chains jump to endpoint chains.
 	for _, ch := range changed {
@@ -458,16 +471,94 @@ func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned) error {
 	return nil
 }
 
+// maxBatch bounds the elements of one command, so no line of the script gets huge.
+const maxBatch = 4096
+
+// writeElements adds (or, with del, deletes) elements, given sorted by id so that the
+// elements of one set are next to each other. It returns how many operations batching
+// saved, so Stats.Operations counts one per element either way.
+//
+// nft takes several times longer over one command per element than over one command per
+// set (measured with test/bench: 1,000 Services' 28,000 elements load in 1.1 s one per
+// command and in 0.35 s as one command per set, the time of `nft -f` of the resulting
+// ruleset), so for the real nft a set's elements go out in commands of up to maxBatch.
+// knftables has no multi-element object, so batchElement builds one from its rendering.
+// In-memory fakes keep one object per element: they store elements as they get them.
+func (s *Syncer) writeElements(tx *knftables.Transaction, del bool, elems []element) (saved int) {
+	op := tx.Add
+	if del {
+		op = tx.Delete
+	}
+	if !s.batch {
+		for _, e := range elems {
+			op(e.object())
+		}
+		return 0
+	}
+	for len(elems) > 0 {
+		n := 1
+		for n < len(elems) && n < maxBatch && elems[n].set == elems[0].set {
+			n++
+		}
+		op(batchElement(elems[:n], del))
+		saved += n - 1
+		elems = elems[n:]
+	}
+	return saved
+}
+
+// batchElement returns one knftables element that stands for elems, all of one set.
+// knftables writes `add element <family> <table> <set> { KEY : VALUE }` (no value for
+// delete), KEY being the key parts joined by " . ", so the key "k1 : v1, k2 : v2, ..., kn"
+// with the value vn adds all n in one command.
+func batchElement(elems []element, del bool) *knftables.Element {
+	last := elems[len(elems)-1]
+	el := last.object()
+	if len(elems) == 1 {
+		return el
+	}
+	var b strings.Builder
+	for i, e := range elems {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strings.Join(e.key, " . "))
+		if e.isMap && !del && i < len(elems)-1 {
+			b.WriteString(" : ")
+			b.WriteString(strings.Join(e.value, " . "))
+		}
+	}
+	el.Key = []string{b.String()}
+	return el
+}
+
+// inMemory reports whether nft is knftables' Fake or wraps one (tests do, to inject
+// failures): those can dump their content, the real nft cannot.
+func inMemory(nft knftables.Interface) bool {
+	_, ok := nft.(interface{ Dump() string })
+	return ok
+}
+
+func lookup(ids []string, m map[string]element) []element {
+	out := make([]element, len(ids))
+	for i, id := range ids {
+		out[i] = m[id]
+	}
+	return out
+}
+
 // addPickChains adds pick chains with their rules (flushing first, so a chain left over
-// by an earlier run gets exactly the rules wanted).
-func (s *Syncer) addPickChains(tx *knftables.Transaction, names []string) error {
+// by an earlier run gets exactly the rules wanted; unless mayExist says it is not there).
+func (s *Syncer) addPickChains(tx *knftables.Transaction, names []string, mayExist func(string) bool) error {
 	for _, ch := range names {
 		rules, err := s.c.pickChainRules(ch)
 		if err != nil {
 			return err
 		}
 		tx.Add(&knftables.Chain{Name: ch})
-		tx.Flush(&knftables.Chain{Name: ch})
+		if mayExist(ch) {
+			tx.Flush(&knftables.Chain{Name: ch})
+		}
 		for _, r := range rules {
 			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
 		}

@@ -1,0 +1,204 @@
+package tables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// The benchmarks here cover the pure part of a sync: compiling Service ports, keeping
+// the Syncer's memory and building (and rendering) the transaction. test/bench measures
+// the same with the real nft; `go test -bench . ./tables/ -run '^$'` runs these.
+
+// benchServices returns n Services with m endpoints each, in test/bench/gen's mix (kept
+// here as plain data, since this package knows no Kubernetes types): of every 100, 70
+// ClusterIP, 20 NodePort, 10 LoadBalancer (half with source ranges); 5 UDP; 10 with a
+// second port; 2 with ClientIP affinity; a third of the external ones Local.
+func benchServices(n, m int) map[ServiceName][]*ServicePort {
+	out := make(map[ServiceName][]*ServicePort, n)
+	nodePort := 30000
+	pod := netip.MustParseAddr("100.64.0.1")
+	for i := range n {
+		out[benchName(i)] = benchService(i, m, &nodePort, &pod)
+	}
+	return out
+}
+
+func benchName(i int) ServiceName {
+	return ServiceName{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i)}
+}
+
+func benchService(i, m int, nodePort *int, pod *netip.Addr) []*ServicePort {
+	r := i % 100
+	lb, np := r >= 90, r >= 70
+	udp := r%20 == 3
+	twoPorts := !udp && r%10 == 5
+	extLocal := np && r%3 == 0
+	common := ServicePort{
+		ClusterIP:     offset(netip.MustParseAddr("10.96.0.10"), i),
+		ExternalLocal: extLocal,
+		InternalLocal: r == 21 || r == 41,
+		HasEndpoints:  true,
+	}
+	if r == 11 || r == 77 {
+		common.AffinityTimeout = 3 * time.Hour
+	}
+	if lb {
+		common.LoadBalancerIPs = []netip.Addr{offset(netip.MustParseAddr("198.18.0.1"), i)}
+		if r%2 == 0 {
+			common.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.0/24")}
+		}
+	}
+	for k := range m {
+		e := Endpoint{IP: *pod, Port: 8080}
+		*pod = pod.Next()
+		common.ClusterEndpoints = append(common.ClusterEndpoints, e)
+		if (i+k)%20 == 0 {
+			common.LocalEndpoints = append(common.LocalEndpoints, e)
+		}
+	}
+	type port struct {
+		name  string
+		proto Protocol
+		num   uint16
+	}
+	ports := []port{{"http", TCP, 80}}
+	if udp {
+		ports = []port{{"dns", UDP, 53}}
+	} else if twoPorts {
+		ports = append(ports, port{"https", TCP, 443})
+	}
+	var out []*ServicePort
+	for _, p := range ports {
+		sp := common
+		sp.Name = ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i), Port: p.name, Protocol: p.proto}
+		sp.Protocol, sp.Port = p.proto, p.num
+		if np {
+			sp.NodePort = uint16(*nodePort)
+			*nodePort++
+		}
+		out = append(out, &sp)
+	}
+	return out
+}
+
+func offset(base netip.Addr, n int) netip.Addr {
+	b := base.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) + uint32(n)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// renderOnly is a knftables.Interface that renders every transaction, as the real one
+// does before running nft, and applies nothing. It is not a Fake (it cannot Dump), so
+// the Syncer writes what it writes for the real nft. Fake's own bookkeeping would
+// otherwise dominate the larger benchmarks.
+type renderOnly struct {
+	fake  *knftables.Fake
+	bytes int
+}
+
+func (r *renderOnly) NewTransaction() *knftables.Transaction { return r.fake.NewTransaction() }
+func (r *renderOnly) Run(_ context.Context, tx *knftables.Transaction) error {
+	r.bytes += len(tx.String())
+	return nil
+}
+func (r *renderOnly) Check(context.Context, *knftables.Transaction) error { return nil }
+func (r *renderOnly) ListAll(context.Context) (map[string][]string, error) {
+	return map[string][]string{}, nil
+}
+func (r *renderOnly) List(context.Context, string) ([]string, error) { return nil, nil }
+func (r *renderOnly) ListRules(context.Context, string) ([]*knftables.Rule, error) {
+	return nil, nil
+}
+func (r *renderOnly) ListElements(context.Context, string, string) ([]*knftables.Element, error) {
+	return nil, nil
+}
+func (r *renderOnly) ListCounters(context.Context) ([]*knftables.Counter, error) { return nil, nil }
+
+var _ knftables.Interface = &renderOnly{}
+
+func benchSyncer(b *testing.B, nft knftables.Interface) *Syncer {
+	b.Helper()
+	s, err := NewSyncer(testConfig(IPv4), nft)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+var benchScales = []int{1000, 10000}
+
+// BenchmarkFullSync is a full sync of n Services × 10 endpoints: compile, state, and
+// the rendered transaction.
+func BenchmarkFullSync(b *testing.B) {
+	for _, n := range benchScales {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			services := benchServices(n, 10)
+			s := benchSyncer(b, &renderOnly{fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")})
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.Full(context.Background(), services); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkFullSyncFake is BenchmarkFullSync applied to knftables' Fake (one element
+// per operation, as the unit tests see it), at 1,000 Services.
+func BenchmarkFullSyncFake(b *testing.B) {
+	services := benchServices(1000, 10)
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		s := benchSyncer(b, knftables.NewFake(knftables.IPv4Family, "shardproxy-test"))
+		b.StartTimer()
+		if _, err := s.Full(context.Background(), services); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPartialOneEndpoint changes one endpoint of one Service per sync; its cost
+// must not grow with the number of Services.
+func BenchmarkPartialOneEndpoint(b *testing.B) {
+	for _, n := range benchScales {
+		for _, nft := range []string{"render", "fake"} {
+			b.Run(fmt.Sprintf("services=%d/%s", n, nft), func(b *testing.B) {
+				services := benchServices(n, 10)
+				var iface knftables.Interface = &renderOnly{fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+				if nft == "fake" {
+					iface = knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
+				}
+				s := benchSyncer(b, iface)
+				if _, err := s.Full(context.Background(), services); err != nil {
+					b.Fatal(err)
+				}
+				pod := netip.MustParseAddr("100.127.0.1")
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					name := benchName(i * 7919 % n)
+					i++
+					ports := services[name]
+					changed := make([]*ServicePort, len(ports))
+					for k, sp := range ports {
+						c := *sp
+						c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
+						changed[k] = &c
+					}
+					pod = pod.Next()
+					services[name] = changed
+					if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
