@@ -2,11 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/shardproxy/shardproxy/instance"
 	"github.com/shardproxy/shardproxy/tables"
@@ -44,7 +46,7 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	s.metrics.SetLastSync(inst, time.Now())
 	s.metrics.SetOwned(inst, res.Services, res.Endpoints)
 	s.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
-	s.svcHC.SyncServices(inst, res.HealthCheckNodePorts)
+	s.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
 	s.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
 	o.cleanConntrack(inst, res.Changed)
 	for _, c := range res.Changed {
@@ -57,6 +59,29 @@ func (o *observer) Synced(res *instance.SyncResult) {
 		s.deps.Recorder.Eventf(c.Name, corev1.EventTypeWarning, "InvalidServiceParts",
 			"instance %s skipped parts of the Service: %s", inst, strings.Join(c.After.Problems, "; "))
 	}
+}
+
+// ownedHealthChecks keeps the health-check node ports of the Services inst owns by
+// label: a Service it only shadows during a migration keeps its health check where it is
+// (on the legacy proxy or the owning instance) until the label moves.
+func (o *observer) ownedHealthChecks(inst string, ports map[types.NamespacedName]int32) map[types.NamespacedName]int32 {
+	d := o.s.dispatcher
+	if d == nil {
+		return ports
+	}
+	var out map[types.NamespacedName]int32
+	for name := range ports {
+		if d.Owner(name) != inst {
+			if out == nil {
+				out = maps.Clone(ports)
+			}
+			delete(out, name)
+		}
+	}
+	if out == nil {
+		return ports
+	}
+	return out
 }
 
 // cleanConntrack removes stale UDP/SCTP flows of the changed Services. Only Services an

@@ -61,6 +61,8 @@ type Supervisor struct {
 	cleaner *conntrack.Cleaner
 	router  *selector.Router
 	watches *Watches
+	// dispatcher is set in Run before any instance starts.
+	dispatcher *selector.Dispatcher
 
 	instances map[string]*instance.Proxy
 	specs     map[string]config.Instance
@@ -205,6 +207,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 		},
 	})
+	s.dispatcher = d
 	if err := w.Connect(d, s.onNode); err != nil {
 		return err
 	}
@@ -225,6 +228,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); pub.Run(ctx) }()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.retryHealthChecks(ctx, healthCheckRetryInterval)
+	}()
 	serve("healthz", func() error { return serveHTTP(ctx, s.cfg.HealthzBindAddress, s.countedHealth()) })
 	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metrics.Handler()) })
 
@@ -503,4 +511,24 @@ func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
 		st.Instances[in.Name] = is
 	}
 	return st
+}
+
+// healthCheckRetryInterval is how often health-check node ports that could not be bound
+// are tried again between syncs.
+const healthCheckRetryInterval = 5 * time.Second
+
+// retryHealthChecks retries unbound health-check node ports until ctx ends: a port
+// another process held (a legacy kube-proxy that just let go of a migrated Service) opens
+// within seconds, not at the owner's next periodic sync.
+func (s *Supervisor) retryHealthChecks(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.svcHC.RetryFailed()
+		}
+	}
 }

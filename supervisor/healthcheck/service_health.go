@@ -119,7 +119,7 @@ func (s *ServiceHealth) SyncServices(instance string, ports map[types.Namespaced
 		}
 		wanted[name] = svc
 		if svc.server == nil {
-			s.openLocked(logger, svc)
+			s.openLocked(logger, svc, true)
 		}
 	}
 	if len(wanted) == 0 {
@@ -158,21 +158,48 @@ func (s *ServiceHealth) Close() {
 	s.services = map[string]map[types.NamespacedName]*hcService{}
 }
 
-// openLocked binds svc's port and starts serving it, or logs and records why it could not.
-func (s *ServiceHealth) openLocked(logger klog.Logger, svc *hcService) {
+// RetryFailed tries again to open every health check whose port could not be bound,
+// without new events: a port another process held (a legacy kube-proxy letting go of a
+// migrated Service) opens within one call of being freed, not at the owner's next sync.
+func (s *ServiceHealth) RetryFailed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	for instance, services := range s.services {
+		logger := s.logger.WithValues("instance", instance)
+		for _, svc := range services {
+			if svc.server == nil {
+				s.openLocked(logger, svc, false)
+			}
+		}
+	}
+}
+
+// openLocked binds svc's port and starts serving it, or logs (and, with report, records
+// an event saying) why it could not.
+func (s *ServiceHealth) openLocked(logger klog.Logger, svc *hcService, report bool) {
 	logger = logger.WithValues("service", svc.name, "port", svc.port)
+	fail := func(err error) {
+		if report {
+			s.failLocked(logger, svc, err)
+		} else {
+			logger.V(4).Info("Service health check still cannot open", "err", err)
+		}
+	}
 	if holder, ok := s.ports[svc.port]; ok {
-		s.failLocked(logger, svc, fmt.Errorf("port %d already serves the health check of Service %s (instance %q)",
+		fail(fmt.Errorf("port %d already serves the health check of Service %s (instance %q)",
 			svc.port, holder.name, holder.instance))
 		return
 	}
 	if svc.port <= 0 || svc.port > 65535 {
-		s.failLocked(logger, svc, fmt.Errorf("port %d is not a valid port", svc.port))
+		fail(fmt.Errorf("port %d is not a valid port", svc.port))
 		return
 	}
 	l, err := s.listen.Listen(int(svc.port))
 	if err != nil {
-		s.failLocked(logger, svc, err)
+		fail(err)
 		return
 	}
 	srv := &http.Server{
@@ -242,7 +269,7 @@ func (s *ServiceHealth) openWaitingLocked(freed []int32) {
 		if _, taken := s.ports[svc.port]; taken {
 			continue
 		}
-		s.openLocked(s.logger.WithValues("instance", svc.instance), svc)
+		s.openLocked(s.logger.WithValues("instance", svc.instance), svc, true)
 	}
 }
 

@@ -414,10 +414,22 @@ func TestServiceHealthBindFailure(t *testing.T) {
 		t.Errorf("events on retry %+v, want one", events)
 	}
 
+	// A timed retry while the port is still held: no event, still closed.
+	sh.RetryFailed()
+	if events := recorder.take(); len(events) != 0 {
+		t.Errorf("RetryFailed recorded events %+v, want none", events)
+	}
+	// The holder accepts but never answers: a short timeout, and no answer expected.
+	client := &http.Client{Timeout: 300 * time.Millisecond}
+	if _, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/", port)); err == nil {
+		t.Fatal("the holder's port answered as a health check")
+	}
+
+	// Freed (a legacy kube-proxy letting go): the timed retry opens it, no sync needed.
 	if err := held.Close(); err != nil {
 		t.Fatal(err)
 	}
-	sh.SyncServices("team-a", ports)
+	sh.RetryFailed()
 	if events := recorder.take(); len(events) != 0 {
 		t.Errorf("events after the port was freed %+v, want none", events)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/shardproxy/shardproxy/selector"
@@ -30,6 +31,18 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		reach(t, e, e.TP.Pod2, ips[n])
 		args = append(args, "coexist/"+n)
 	}
+	// A LoadBalancer Service with Local policy: its health-check node port moves too.
+	lb, err := e.CreateService(ctx, "coexist", "mig-lb", tcp80, []env.Backend{env.Pod1v4, env.Remotev4},
+		env.WithType(corev1.ServiceTypeLoadBalancer), env.WithExternalLocal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names = append(names, "mig-lb")
+	ips["mig-lb"] = lb.Spec.ClusterIP
+	args = append(args, "coexist/mig-lb")
+	reach(t, e, e.TP.Pod2, lb.Spec.ClusterIP)
+	hcPort := int(lb.Spec.HealthCheckNodePort)
+	eventually(t, "kube-proxy to serve the health-check node port", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
 	kc := e.CP.Kubeconfig
 	migrate := func(sub string, flags ...string) string {
 		t.Helper()
@@ -75,6 +88,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		}
 		return true
 	})
+	eventually(t, "shardproxy to take over the health-check node port", func() bool { return hcHolder(e, hcPort) == "shardproxy" })
 	time.Sleep(time.Second)
 
 	start = time.Now()
@@ -89,6 +103,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		}
 		return true
 	})
+	eventually(t, "kube-proxy to take the health-check node port back", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
 	time.Sleep(time.Second)
 
 	var total, failed int64
@@ -100,8 +115,22 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 			t.Errorf("%s: %d connections failed during the migration", l.name, f)
 		}
 	}
-	fmt.Printf("e2e: migrate: move of %d Services (batches of 2) took %v, rollback %v; client loops: %d connections, %d failed\n",
+	fmt.Printf("e2e: migrate: move of %d Services (batches of 2, one LoadBalancer whose health-check node port moved with it) took %v, rollback %v; client loops: %d connections, %d failed\n",
 		len(names), moved.Round(time.Millisecond), rolledBack.Round(time.Millisecond), total, failed)
+}
+
+// hcHolder names the process listening on a TCP port in the node namespace.
+func hcHolder(e *env.Env, port int) string {
+	out, err := e.TP.Exec(e.TP.Node, "ss", "-Hltnp", fmt.Sprintf("sport = :%d", port))
+	if err != nil {
+		return ""
+	}
+	for _, name := range []string{"kube-proxy", "shardproxy"} {
+		if strings.Contains(out, `(("`+name) { // comm, truncated to 15 bytes: "kube-proxy-v1.3"
+			return name
+		}
+	}
+	return ""
 }
 
 func teamAHas(e *env.Env, ip string) bool {
