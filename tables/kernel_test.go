@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,6 +144,40 @@ func TestKernelAcceptsRules(t *testing.T) {
 			if strings.Contains(chains, affinityPrefix) {
 				t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
 			}
+
+			// The real nft gets elements batched per set; knftables' Fake one by one. The
+			// same syncs must leave every set and map with the same elements in both.
+			fake := knftables.NewFake(KnftFamily(fam), cfg.TableName())
+			fs, err := NewSyncer(cfg, fake)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fs.Full(ctx, svcs); err != nil {
+				t.Fatal(err)
+			}
+			for _, st := range steps {
+				if _, err := fs.Partial(ctx, st.changes); err != nil {
+					t.Fatal(err)
+				}
+			}
+			kernel := kernelElementCounts(t, ns, fam, cfg.TableName())
+			total := 0
+			for _, n := range kernel {
+				total += n
+			}
+			if total < 20 {
+				t.Fatalf("only %d elements in the kernel's sets and maps: the comparison would prove nothing", total)
+			}
+			for name, set := range fake.Table.Sets {
+				if got, want := kernel[name], len(set.Elements); got != want {
+					t.Errorf("set %s: %d elements in the kernel, %d in the fake", name, got, want)
+				}
+			}
+			for name, m := range fake.Table.Maps {
+				if got, want := kernel[name], len(m.Elements); got != want {
+					t.Errorf("map %s: %d elements in the kernel, %d in the fake", name, got, want)
+				}
+			}
 		})
 	}
 }
@@ -215,4 +250,35 @@ func TestDeleteTableTouchesOnlyItsOwn(t *testing.T) {
 	if err := DeleteTable(ctx, kernelNFT(t, ns, IPv4, "shardproxy-team-a")); err != nil {
 		t.Errorf("second cleanup: %v", err)
 	}
+}
+
+// kernelElementCounts returns the number of elements of every set and map of a table, as
+// the kernel holds them.
+func kernelElementCounts(t *testing.T, ns string, fam Family, table string) map[string]int {
+	t.Helper()
+	out := nftIn(t, ns, "-j", "list", "table", string(familyName(fam)), table)
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("parsing nft -j: %v", err)
+	}
+	counts := map[string]int{}
+	for _, obj := range doc.Nftables {
+		for _, kind := range []string{"set", "map"} {
+			raw, ok := obj[kind]
+			if !ok {
+				continue
+			}
+			var s struct {
+				Name string            `json:"name"`
+				Elem []json.RawMessage `json:"elem"`
+			}
+			if err := json.Unmarshal(raw, &s); err != nil {
+				t.Fatalf("parsing %s: %v", kind, err)
+			}
+			counts[s.Name] = len(s.Elem)
+		}
+	}
+	return counts
 }
