@@ -88,7 +88,11 @@ type SyncResult struct {
 	LocalEndpoints       map[types.NamespacedName]int
 	// NoLocalEndpoints counts Service ports with a Local policy and no local endpoint.
 	NoLocalInternal, NoLocalExternal int
-	Elapsed                          time.Duration
+	// ProgrammingLatencies are, for each EndpointSlice change this sync programmed that
+	// carried endpoints.kubernetes.io/last-change-trigger-time, the time from that
+	// trigger until the sync finished (kube-proxy's network programming latency).
+	ProgrammingLatencies []time.Duration
+	Elapsed              time.Duration
 }
 
 // Proxy is one proxy instance: it tracks the Services and EndpointSlices it owns and
@@ -115,6 +119,9 @@ type Proxy struct {
 	total    summary
 	hcPorts  map[types.NamespacedName]int32
 	localEps map[types.NamespacedName]int
+	// triggers are the endpoint change times not yet programmed (kept across a failed
+	// sync, reported by the next successful one).
+	triggers []time.Time
 }
 
 // New creates an instance and opens its nftables interfaces; it changes nothing yet.
@@ -140,6 +147,7 @@ func New(opts Options) (*Proxy, error) {
 		hcPorts:  map[types.NamespacedName]int32{},
 		localEps: map[types.NamespacedName]int{},
 	}
+	p.tracker.SetClock(opts.Clock.Now)
 	for _, fam := range opts.Families {
 		cfg := opts.Tables
 		cfg.Family = fam
@@ -309,6 +317,7 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	start := p.opts.Clock.Now()
 	p.mu.Lock()
 	dirty := p.tracker.TakeDirty()
+	p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
 	models := make(map[types.NamespacedName]*ServiceModel, len(dirty))
 	for _, n := range dirty {
 		models[n] = p.tracker.Model(n)
@@ -401,7 +410,12 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 			close(ch)
 		}
 	}
-	res.Elapsed = p.opts.Clock.Now().Sub(start)
+	end := p.opts.Clock.Now()
+	res.Elapsed = end.Sub(start)
+	for _, t := range p.triggers {
+		res.ProgrammingLatencies = append(res.ProgrammingLatencies, end.Sub(t))
+	}
+	p.triggers = nil
 	for _, m := range models {
 		if m != nil && len(m.Problems) > 0 {
 			p.logger.Info("Skipped parts of a Service", "service", m.Name, "problems", m.Problems)

@@ -3,6 +3,7 @@ package instance
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,5 +200,65 @@ func TestRunBatchesChangesWithinMinSyncPeriod(t *testing.T) {
 	}
 	if !strings.Contains(nft.dump(), "192.0.2.20") {
 		t.Error("last change missing")
+	}
+}
+
+// fakeClock is a Clock the test moves by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// TestSyncReportsProgrammingLatency checks a sync reports, for each endpoint change it
+// programmed, the time since the change's trigger, and that a failed sync keeps them for
+// the next one.
+func TestSyncReportsProgrammingLatency(t *testing.T) {
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
+	nft := &flakyNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+	p, err := New(Options{
+		Name: "test", Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
+		Families: []tables.Family{tables.IPv4},
+		NFT:      func(tables.Family, string) (knftables.Interface, error) { return nft, nil },
+		Node:     thisNode(), Clock: clock,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p.UpdateService(service())
+	if res, err := p.Sync(ctx, false); err != nil || len(res.ProgrammingLatencies) != 0 {
+		t.Fatalf("first sync: %v, latencies %v; want none", err, res.ProgrammingLatencies)
+	}
+
+	clock.step(time.Second)
+	p.UpdateEndpointSlice(triggered(v4Slice("web-1", ep("10.244.1.5", thisNodeName)), "2", clock.Now()))
+	clock.step(300 * time.Millisecond)
+	nft.fail.Store(true)
+	if _, err := p.Sync(ctx, false); err == nil {
+		t.Fatal("want a failure")
+	}
+	nft.fail.Store(false)
+	clock.step(200 * time.Millisecond)
+	res, err := p.Sync(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []time.Duration{500 * time.Millisecond}; !slices.Equal(res.ProgrammingLatencies, want) {
+		t.Errorf("latencies after the retry = %v, want %v", res.ProgrammingLatencies, want)
+	}
+	if res, err := p.Sync(ctx, false); err != nil || len(res.ProgrammingLatencies) != 0 {
+		t.Errorf("a sync with nothing new: %v, latencies %v; want none", err, res.ProgrammingLatencies)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"maps"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -26,6 +27,13 @@ type Tracker struct {
 	// delete (whose object may be a stale tombstone) or a relabel finds the old entry.
 	sliceOwner map[types.NamespacedName]types.NamespacedName
 	dirty      map[types.NamespacedName]struct{}
+
+	// now is the clock; since records when each Service was first tracked, and triggers
+	// the endpoints.kubernetes.io/last-change-trigger-time of slice changes since the last
+	// TakeTriggerTimes, for the network programming latency.
+	now      func() time.Time
+	since    map[types.NamespacedName]time.Time
+	triggers []time.Time
 }
 
 // NewTracker returns an empty Tracker for the given node.
@@ -35,10 +43,15 @@ func NewTracker(node NodeInfo) *Tracker {
 		slices:     map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
 		sliceOwner: map[types.NamespacedName]types.NamespacedName{},
 		dirty:      map[types.NamespacedName]struct{}{},
+		now:        time.Now,
+		since:      map[types.NamespacedName]time.Time{},
 	}
 	t.node = cloneNode(node)
 	return t
 }
+
+// SetClock replaces the clock used to timestamp when Services are first tracked.
+func (t *Tracker) SetClock(now func() time.Time) { t.now = now }
 
 // UpdateService adds or updates a Service.
 func (t *Tracker) UpdateService(svc *corev1.Service) {
@@ -48,6 +61,9 @@ func (t *Tracker) UpdateService(svc *corev1.Service) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	prev := t.services[name]
 	t.services[name] = svc
+	if prev == nil {
+		t.since[name] = t.now()
+	}
 	if prev != nil && sameVersion(prev.ResourceVersion, svc.ResourceVersion) {
 		return
 	}
@@ -62,6 +78,7 @@ func (t *Tracker) DeleteService(name types.NamespacedName) {
 	}
 	t.markDirty(name)
 	delete(t.services, name)
+	delete(t.since, name)
 }
 
 // UpdateEndpointSlice adds or updates an EndpointSlice. Slices are grouped by their
@@ -89,6 +106,7 @@ func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
 	if prev != nil && sameVersion(prev.ResourceVersion, slice.ResourceVersion) {
 		return
 	}
+	t.recordTrigger(owner, slice)
 	t.markDirty(owner)
 }
 
@@ -98,7 +116,40 @@ func (t *Tracker) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
 	if slice == nil {
 		return
 	}
-	t.removeSlice(types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name})
+	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
+	if owner, ok := t.sliceOwner[key]; ok {
+		t.recordTrigger(owner, slice)
+	}
+	t.removeSlice(key)
+}
+
+// recordTrigger keeps a slice event's last-change-trigger-time for the network
+// programming latency. Like upstream, only changes this Tracker could have seen count: a
+// time from before the Service was first tracked (the initial list, a Service handed over
+// from another instance, a new Service's first slice) would measure how long we were not
+// watching, not how long programming took.
+func (t *Tracker) recordTrigger(owner types.NamespacedName, slice *discoveryv1.EndpointSlice) {
+	since, ok := t.since[owner]
+	if !ok {
+		return
+	}
+	v := slice.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if v == "" {
+		return
+	}
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || !at.After(since) {
+		return
+	}
+	t.triggers = append(t.triggers, at)
+}
+
+// TakeTriggerTimes returns the trigger times of the slice changes recorded since the
+// last call and forgets them.
+func (t *Tracker) TakeTriggerTimes() []time.Time {
+	out := t.triggers
+	t.triggers = nil
+	return out
 }
 
 // removeSlice drops a slice from the Service it is filed under.

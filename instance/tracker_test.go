@@ -2,6 +2,7 @@ package instance
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -366,5 +367,70 @@ func TestTrackerModelMatchesBuild(t *testing.T) {
 	tr.UpdateEndpointSlice(labelled(v4Slice("other-1", ep("10.244.3.2", "node-c")), "other"))
 	if diff := cmp.Diff(Build(svc, own, thisNode()), tr.Model(webName), modelOptions()); diff != "" {
 		t.Errorf("Model differs from Build (-build +tracker):\n%s", diff)
+	}
+}
+
+// triggered sets a slice's endpoints.kubernetes.io/last-change-trigger-time and version.
+func triggered(slice *discoveryv1.EndpointSlice, rv string, at time.Time) *discoveryv1.EndpointSlice {
+	slice.ResourceVersion = rv
+	slice.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: at.Format(time.RFC3339Nano)}
+	return slice
+}
+
+// TestTrackerTriggerTimes checks which slice changes count toward the network
+// programming latency: changes after the Service was first tracked, once each.
+func TestTrackerTriggerTimes(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
+	tests := []struct {
+		name string
+		do   func(tr *Tracker)
+		want []time.Time
+	}{{
+		name: "an endpoint change after the Service was tracked counts",
+		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5))) },
+		want: []time.Time{sec(5)},
+	}, {
+		name: "a trigger from before the Service was tracked does not (initial list, handover)",
+		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(-5))) },
+	}, {
+		name: "the same version twice counts once",
+		do: func(tr *Tracker) {
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+		},
+		want: []time.Time{sec(5)},
+	}, {
+		name: "a deleted slice counts with its last trigger time",
+		do: func(tr *Tracker) {
+			tr.UpdateEndpointSlice(v4Slice("web-1"))
+			tr.DeleteEndpointSlice(triggered(v4Slice("web-1"), "3", sec(7)))
+		},
+		want: []time.Time{sec(7)},
+	}, {
+		name: "a slice of a Service not tracked does not count",
+		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(labelled(triggered(v4Slice("x-1"), "2", sec(5)), "unknown")) },
+	}, {
+		name: "a malformed or missing annotation does not count",
+		do: func(tr *Tracker) {
+			s := v4Slice("web-1")
+			s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "yesterday"}
+			tr.UpdateEndpointSlice(s)
+			tr.UpdateEndpointSlice(v4Slice("web-2"))
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker(thisNode())
+			tr.SetClock(func() time.Time { return t0 })
+			tr.UpdateService(service())
+			tc.do(tr)
+			if diff := cmp.Diff(tc.want, tr.TakeTriggerTimes()); diff != "" {
+				t.Errorf("TakeTriggerTimes (-want +got):\n%s", diff)
+			}
+			if got := tr.TakeTriggerTimes(); len(got) != 0 {
+				t.Errorf("second TakeTriggerTimes = %v, want none", got)
+			}
+		})
 	}
 }

@@ -44,6 +44,9 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	}
 	s.metrics.ObserveSync(inst, res.Full, res.Elapsed, ops)
 	s.metrics.SetLastSync(inst, time.Now())
+	for _, d := range res.ProgrammingLatencies {
+		s.metrics.ObserveNetworkProgramming(inst, d)
+	}
 	s.metrics.SetOwned(inst, res.Services, res.Endpoints)
 	s.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
 	s.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))

@@ -326,3 +326,52 @@ func metricValue(t *testing.T, s *Supervisor, series string) string {
 	}
 	return ""
 }
+
+// TestNetworkProgrammingLatency checks an EndpointSlice change carrying
+// endpoints.kubernetes.io/last-change-trigger-time is observed, once, in kube-proxy's
+// network programming histogram of the owning instance.
+func TestNetworkProgrammingLatency(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("a", "web-a", "team-a", "172.30.0.2")
+	eventually(t, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+
+	ctx := context.Background()
+	sl, err := f.client.DiscoveryV1().EndpointSlices("a").Get(ctx, "web-a-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The trigger (a pod became ready) happened 300ms before the slice reached the API.
+	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+	time.Sleep(300 * time.Millisecond)
+	sl.Endpoints[0].Addresses = []string{"10.244.1.9"}
+	sl.ResourceVersion = "2"
+	if _, err := f.client.DiscoveryV1().EndpointSlices("a").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	histogram := func(inst string) (count uint64, sum float64) {
+		families, err := f.sup.Metrics().Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range families {
+			if mf.GetName() != "kubeproxy_network_programming_duration_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "instance" && l.GetValue() == inst {
+						return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+					}
+				}
+			}
+		}
+		return 0, 0
+	}
+	eventually(t, "team-a observes the change's programming latency", func() bool { c, _ := histogram("team-a"); return c == 1 })
+	if _, sum := histogram("team-a"); sum < 0.3 || sum > 10 {
+		t.Errorf("observed latency %.3fs, want at least the 0.3s between the trigger and the update", sum)
+	}
+	if c, _ := histogram("default"); c != 0 {
+		t.Errorf("the default instance observed %d latencies for a Service it does not own", c)
+	}
+}
