@@ -7,7 +7,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build test test-unit fuzz deps vet fmt clean demo bench
+.PHONY: all build test test-unit fuzz deps vet fmt clean demo bench bench-compare
 
 all: build
 
@@ -49,6 +49,18 @@ bench:
 	hack/install-deps.sh
 	$(GO) build -o bin/shardproxy-bench ./test/bench/cmd/shardproxy-bench
 	bin/shardproxy-bench -scales $(BENCH_SCALES) -out $(BENCH_OUT) $(BENCH_FLAGS)
+
+# bench-compare serves the same Services (BENCH_COMPARE_SCALES × 10 endpoints, created in
+# a local kube-apiserver) once with upstream kube-proxy v1.36.3 in nftables mode and once
+# with one shardproxy instance, one after the other in a fresh node namespace, and prints
+# both proxies' first full sync, partial sync, network programming latency and peak RSS
+# from their own metrics, with the ratios (test/bench/compare). Root only; ~10 minutes on
+# two cores with the default scales, after `make deps`.
+BENCH_COMPARE_SCALES ?= 1000,10000
+BENCH_COMPARE_OUT    ?= _output/bench/compare.json
+bench-compare: deps
+	$(GO) build -o bin/shardproxy-bench-compare ./test/bench/cmd/shardproxy-bench-compare
+	bin/shardproxy-bench-compare -repo . -scales $(BENCH_COMPARE_SCALES) -out $(BENCH_COMPARE_OUT) $(BENCH_COMPARE_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

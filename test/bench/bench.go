@@ -78,7 +78,7 @@ func Main(args []string) int {
 	rep, err := Run(ctx, opts, os.Stderr)
 	if rep != nil {
 		PrintTable(os.Stdout, rep)
-		if werr := writeJSON(opts.Out, rep); werr != nil {
+		if werr := WriteJSON(opts.Out, rep); werr != nil {
 			err = errors.Join(err, werr)
 		} else {
 			fmt.Printf("\nJSON: %s\n", opts.Out)
@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	}
 
 	start := time.Now()
-	rep := &Report{Machine: machine(), Endpoints: o.Endpoints}
+	rep := &Report{Machine: DescribeMachine(), Endpoints: o.Endpoints}
 	r := &runner{exe: exe, work: work, log: log}
 	for _, n := range o.Scales {
 		sr, err := r.scale(ctx, o, n)
@@ -374,7 +374,8 @@ func newNamespace(prefix string) (string, error) {
 
 func deleteNamespace(name string) { _ = exec.Command("ip", "netns", "del", name).Run() }
 
-func machine() Machine {
+// DescribeMachine says where a run happens: cores, kernel, nft and Go versions.
+func DescribeMachine() Machine {
 	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version()}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
@@ -385,11 +386,12 @@ func machine() Machine {
 	return m
 }
 
-func writeJSON(path string, rep *Report) error {
+// WriteJSON writes v as indented JSON to path, creating its directory.
+func WriteJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(rep, "", "  ")
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}

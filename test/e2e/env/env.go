@@ -62,6 +62,11 @@ type Options struct {
 	Instances string
 	// Logf reports progress.
 	Logf func(format string, args ...any)
+	// NoSupervisor writes the supervisor's configuration but does not start it (the
+	// caller calls StartSupervisor).
+	NoSupervisor bool
+	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
+	ExtraAPIServerArgs []string
 }
 
 // DefaultInstances are three instances: the default one and two teams.
@@ -125,8 +130,9 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	cp, stop, err := controlplane.StartProcess(ctx, controlplane.Options{
 		Netns: e.cpNS, Dial: tp.Dialer(e.cpNS),
 		BindAddress: "0.0.0.0", AdvertiseAddress: ControlPlaneIP,
-		ServiceCIDRs: []string{"10.96.0.0/16", "fd00:96::/112"},
-		Progress:     opts.Logf,
+		ServiceCIDRs:       []string{"10.96.0.0/16", "fd00:96::/112"},
+		ExtraAPIServerArgs: opts.ExtraAPIServerArgs,
+		Progress:           opts.Logf,
 	})
 	e.CP, e.stopCP = cp, stop
 	if err != nil {
@@ -164,6 +170,9 @@ instances:%s`, NodeName, kubeconfig, HealthzPort, MetricsPort, indent(opts.Insta
 		return e, err
 	}
 	e.logPath = filepath.Join(opts.WorkDir, "shardproxy.log")
+	if opts.NoSupervisor {
+		return e, nil
+	}
 	if err := e.StartSupervisor(); err != nil {
 		return e, err
 	}
@@ -322,6 +331,17 @@ func (e *Env) StartSupervisor() error {
 	}
 	e.sup, e.supDone = cmd, done
 	return nil
+}
+
+// SupervisorPid is the process id of the running supervisor (ip netns exec execs it in
+// place), or 0.
+func (e *Env) SupervisorPid() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sup == nil {
+		return 0
+	}
+	return e.sup.Process.Pid
 }
 
 // StopSupervisor stops the supervisor with sig (SIGTERM, or SIGKILL for a crash) and

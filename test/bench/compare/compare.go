@@ -1,0 +1,395 @@
+// Package compare is `make bench-compare` (issue 6): the same generated Services and
+// EndpointSlices in a real kube-apiserver, served once by upstream kube-proxy in nftables
+// mode and once by one shardproxy instance, each measured from its own /metrics (the
+// same kube-proxy metric names): the first full sync, partial syncs for one changed
+// endpoint, network programming latency (the EndpointSlice's
+// endpoints.kubernetes.io/last-change-trigger-time until programmed) and peak RSS.
+//
+// Each scale gets a fresh environment (test/e2e/env: etcd and kube-apiserver in a
+// namespace of their own, a node namespace). The two proxies run there one after the
+// other, never together, so neither competes with the other for the two cores; between
+// them kube-proxy is stopped and its tables deleted, so shardproxy starts on a node as
+// clean as kube-proxy had.
+package compare
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/test/bench"
+	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/e2e/env"
+)
+
+// Options configure a run.
+type Options struct {
+	// Scales are the numbers of Services to measure.
+	Scales []int
+	// Endpoints per Service (one EndpointSlice each).
+	Endpoints int
+	// Samples is the number of one-endpoint changes measured per proxy.
+	Samples int
+	// MinSyncPeriod is both proxies' minimum time between syncs (kube-proxy's default
+	// is 1s); samples are spaced further apart so each change syncs on its own.
+	MinSyncPeriod time.Duration
+	// SyncTimeout bounds the wait for a proxy's first sync and for each sample.
+	SyncTimeout time.Duration
+	// RepoRoot is the repository (deploy/ RBAC, building shardproxy).
+	RepoRoot string
+	// KubeProxy is the upstream kube-proxy binary.
+	KubeProxy string
+	// Out is the JSON report's path.
+	Out string
+	// Keep keeps each scale's work directory (logs) instead of deleting it.
+	Keep bool
+}
+
+// Main runs bench-compare and returns the exit code.
+func Main(args []string) int {
+	o, err := parseOptions(args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	rep, err := Run(ctx, o, os.Stderr)
+	if rep != nil {
+		PrintTable(os.Stdout, rep)
+		if werr := rep.WriteJSON(o.Out); werr != nil {
+			err = errors.Join(err, werr)
+		} else {
+			fmt.Printf("\nJSON: %s\n", o.Out)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-compare:", err)
+		return 1
+	}
+	return 0
+}
+
+func parseOptions(args []string) (Options, error) {
+	var o Options
+	fs := flag.NewFlagSet("shardproxy-bench-compare", flag.ContinueOnError)
+	scales := fs.String("scales", "1000,10000", "comma-separated numbers of Services")
+	fs.IntVar(&o.Endpoints, "endpoints", 10, "endpoints per Service")
+	fs.IntVar(&o.Samples, "samples", 7, "one-endpoint changes measured per proxy")
+	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "both proxies' minimum sync period")
+	fs.DurationVar(&o.SyncTimeout, "sync-timeout", 10*time.Minute, "longest wait for a first sync or one change")
+	fs.StringVar(&o.RepoRoot, "repo", ".", "the shardproxy repository")
+	fs.StringVar(&o.KubeProxy, "kube-proxy", "", "upstream kube-proxy binary (default: hack/build-apiserver.sh --print-path kube-proxy)")
+	fs.StringVar(&o.Out, "out", "_output/bench/compare.json", "JSON report path")
+	fs.BoolVar(&o.Keep, "keep", false, "keep each scale's work directory (logs)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for f := range strings.SplitSeq(*scales, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return o, fmt.Errorf("-scales %q: %q is not a positive number", *scales, f)
+		}
+		o.Scales = append(o.Scales, n)
+	}
+	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 {
+		return o, errors.New("-endpoints, -samples and -min-sync-period must be positive")
+	}
+	return o, nil
+}
+
+// Run measures every scale. It returns the report so far with the first error.
+func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("bench-compare needs root (network namespaces, nft)")
+	}
+	root, err := filepath.Abs(o.RepoRoot)
+	if err != nil {
+		return nil, err
+	}
+	o.RepoRoot = root
+	if o.KubeProxy == "" {
+		out, err := exec.Command(filepath.Join(root, "hack", "build-apiserver.sh"), "--print-path", "kube-proxy").Output()
+		if err != nil {
+			return nil, fmt.Errorf("finding kube-proxy: %w", err)
+		}
+		o.KubeProxy = strings.TrimSpace(string(out))
+	}
+	if _, err := os.Stat(o.KubeProxy); err != nil {
+		return nil, fmt.Errorf("kube-proxy binary: %w (run hack/build-apiserver.sh --kube-proxy)", err)
+	}
+	r := &runner{o: o, log: log}
+	bin, err := r.buildShardproxy()
+	if err != nil {
+		return nil, err
+	}
+	r.binary = bin
+	rep := &Report{Started: time.Now(), Endpoints: o.Endpoints, Samples: o.Samples,
+		MinSyncPeriod: o.MinSyncPeriod.String(), Machine: bench.DescribeMachine()}
+	for _, n := range o.Scales {
+		res, err := r.scale(ctx, n)
+		if res != nil {
+			rep.Scales = append(rep.Scales, *res)
+		}
+		if err != nil {
+			return rep, fmt.Errorf("%d Services: %w", n, err)
+		}
+	}
+	return rep, nil
+}
+
+type runner struct {
+	o      Options
+	log    io.Writer
+	binary string
+}
+
+func (r *runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.log, "%s bench-compare: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+func (r *runner) buildShardproxy() (string, error) {
+	dir, err := os.MkdirTemp("", "shardproxy-compare-bin-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "shardproxy")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/shardproxy")
+	cmd.Dir = r.o.RepoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building shardproxy: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// nodePortRange is wide enough for every generated NodePort and health-check port at
+// 30,000 Services (the default 2,768 ports is not).
+const nodePortRange = "30000-64999"
+
+// shardproxyInstances is the one instance shardproxy runs: the default one, local
+// detection over the generated pod range, as kube-proxy's --cluster-cidr.
+func shardproxyInstances(minSync time.Duration) string {
+	return fmt.Sprintf(`
+- name: default
+  default: true
+  slot: 0
+  minSyncPeriod: %s
+  detectLocal: {mode: ClusterCIDR, clusterCIDRs: [%s]}
+`, minSync, gen.PodCIDR)
+}
+
+func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
+	work, err := os.MkdirTemp("", fmt.Sprintf("shardproxy-compare-%d-", n))
+	if err != nil {
+		return nil, err
+	}
+	if r.o.Keep {
+		r.logf("work directory (kept): %s", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
+	r.logf("%d Services × %d endpoints: starting the control plane and the node", n, r.o.Endpoints)
+	e, err := env.Start(ctx, env.Options{
+		RepoRoot: r.o.RepoRoot, Binary: r.binary, WorkDir: work, NoSupervisor: true,
+		Instances:          shardproxyInstances(r.o.MinSyncPeriod),
+		ExtraAPIServerArgs: []string{"--service-node-port-range=" + nodePortRange},
+		Logf:               r.logf,
+	})
+	if e != nil {
+		defer e.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	client, err := fastClient(e)
+	if err != nil {
+		return nil, err
+	}
+	res := &ScaleResult{Services: n, Endpoints: n * r.o.Endpoints}
+	c := gen.Generate(n, r.o.Endpoints)
+	start := time.Now()
+	if err := load(ctx, client, c); err != nil {
+		return res, err
+	}
+	res.CreateSeconds = time.Since(start).Seconds()
+	r.logf("created %d Services and EndpointSlices in %.1fs", n, res.CreateSeconds)
+
+	kp := e.NewKubeProxy(r.o.KubeProxy, "kube-proxy", kubeProxyArgs(e, r.o.MinSyncPeriod)...)
+	upstream := &daemon{
+		name: "kube-proxy", series: Series{Label: "ip_family", Value: "IPv4"},
+		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.KubeProxyMetricsPort),
+		start:      kp.Start, pid: kp.Pid, stop: func() error { return kp.Stop(syscall.SIGTERM) },
+		logTail: func() string { return kp.LogTail(30) },
+	}
+	m := &measurer{r: r, e: e, client: client, cluster: c}
+	res.Upstream, err = m.measure(ctx, upstream)
+	if err != nil {
+		return res, err
+	}
+	// kube-proxy leaves its tables behind on SIGTERM; delete them so shardproxy starts on
+	// a clean node.
+	for _, fam := range []string{"ip", "ip6"} {
+		if out, err := e.TP.Exec(e.TP.Node, "nft", "delete", "table", fam, "kube-proxy"); err != nil {
+			r.logf("deleting kube-proxy's %s table: %v: %s", fam, err, out)
+		}
+	}
+	ours := &daemon{
+		name: "shardproxy", series: Series{Label: "instance", Value: "default"},
+		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
+		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
+		logTail: func() string { return tail(e.SupervisorLog(), 30) },
+	}
+	res.Shardproxy, err = m.measure(ctx, ours)
+	if err != nil {
+		return res, err
+	}
+	res.fillRatios()
+	return res, nil
+}
+
+// kubeProxyArgs run upstream kube-proxy in nftables mode on node-1 with the admin
+// kubeconfig, local detection over the generated pod range, and NodePorts on the node's
+// primary IP (as a shardproxy instance's default).
+func kubeProxyArgs(e *env.Env, minSync time.Duration) []string {
+	return []string{
+		"--proxy-mode=nftables",
+		"--kubeconfig=" + e.CP.Kubeconfig,
+		"--hostname-override=" + env.NodeName,
+		"--cluster-cidr=" + gen.PodCIDR.String(),
+		fmt.Sprintf("--healthz-bind-address=0.0.0.0:%d", env.KubeProxyHealthzPort),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", env.KubeProxyMetricsPort),
+		"--nodeport-addresses=primary",
+		// The node namespace shares the host's conntrack table size, which a namespace
+		// may not set.
+		"--conntrack-max-per-core=0",
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--iptables-min-sync-period=" + minSync.String(), // kube-proxy's min sync period in every mode but IPVS
+		"--v=1",
+	}
+}
+
+// fastClient is an admin client without client-side throttling, for creating tens of
+// thousands of objects.
+func fastClient(e *env.Env) (kubernetes.Interface, error) {
+	cfg := e.CP.RESTConfig()
+	cfg.QPS, cfg.Burst = 5000, 10000
+	return kubernetes.NewForConfig(cfg)
+}
+
+// load creates the generated Services (with their load-balancer status) and
+// EndpointSlices, with NodePorts left to the apiserver, and endpoints of the
+// generator's own node on node-1.
+func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gen.Namespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return parallel(ctx, len(c.Services), 16, func(i int) error {
+		svc := c.Services[i].DeepCopy()
+		svc.ResourceVersion = ""
+		status := svc.Status
+		svc.Status = corev1.ServiceStatus{}
+		svc.Spec.HealthCheckNodePort = 0
+		for k := range svc.Spec.Ports {
+			svc.Spec.Ports[k].NodePort = 0
+		}
+		created, err := client.CoreV1().Services(gen.Namespace).Create(ctx, svc, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("creating Service %s: %w", svc.Name, err)
+		}
+		if len(status.LoadBalancer.Ingress) > 0 {
+			created.Status = status
+			if _, err := client.CoreV1().Services(gen.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("setting Service %s's load-balancer status: %w", svc.Name, err)
+			}
+		}
+		slice := c.Slices[i].DeepCopy()
+		slice.ResourceVersion = ""
+		onThisNode(slice.Endpoints)
+		if _, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
+		}
+		return nil
+	})
+}
+
+// onThisNode moves the generator's local endpoints (gen.NodeName) to the node the
+// proxies run as.
+func onThisNode(eps []discoveryv1.Endpoint) {
+	for k := range eps {
+		if eps[k].NodeName != nil && *eps[k].NodeName == gen.NodeName {
+			name := env.NodeName
+			eps[k].NodeName = &name
+		}
+	}
+}
+
+// parallel runs do(0..n-1) on workers goroutines and returns the first error.
+func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan int)
+	done := make(chan struct{})
+	for range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range next {
+				if err := do(i); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}()
+	}
+feed:
+	for i := range n {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	for range workers {
+		<-done
+	}
+	return context.Cause(ctx)
+}
+
+// median returns the median of v (0 when empty).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,106 @@
+package compare
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// A scrape with both proxies' labelling: kube-proxy by ip_family, shardproxy by instance.
+const sampleScrape = `# TYPE kubeproxy_sync_partial_proxy_rules_duration_seconds histogram
+kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 3
+kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 1.5
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 3
+kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 1
+kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.01
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
+kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{instance="default",le="+Inf"} 4
+kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{instance="default"} 0.08
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{instance="default"} 4
+# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7e9
+`
+
+func TestScrapeSelectsTheProxysSeries(t *testing.T) {
+	sc, err := ParseScrape(sampleScrape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		series Series
+		want   Histogram
+	}{
+		{"kube-proxy's IPv4 proxier", Series{"ip_family", "IPv4"}, Histogram{Count: 3, Sum: 1.5}},
+		{"a shardproxy instance", Series{"instance", "default"}, Histogram{Count: 4, Sum: 0.08}},
+		{"a series not observed yet is zero", Series{"instance", "team-a"}, Histogram{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sc.Histogram(metricPartialSync, tc.series); got != tc.want {
+				t.Errorf("Histogram = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	if v, ok := sc.Gauge(metricLastSync, Series{"ip_family", "IPv4"}); !ok || v != 1.7e9 {
+		t.Errorf("Gauge = %v, %v; want 1.7e9, true", v, ok)
+	}
+	if _, ok := sc.Gauge(metricLastSync, Series{"instance", "default"}); ok {
+		t.Error("Gauge of a missing series reported present")
+	}
+	if _, err := ParseScrape("not a metric line {"); err == nil {
+		t.Error("a malformed scrape parsed without error")
+	}
+}
+
+func TestHistogramDelta(t *testing.T) {
+	d := Histogram{Count: 5, Sum: 2.5}.Sub(Histogram{Count: 3, Sum: 1.5})
+	if d != (Histogram{Count: 2, Sum: 1}) || d.Mean() != 0.5 {
+		t.Errorf("delta = %+v mean %v, want 2 observations of 0.5", d, d.Mean())
+	}
+	if (Histogram{}).Mean() != 0 {
+		t.Error("the mean of nothing is not 0")
+	}
+}
+
+func TestMedianAndRatios(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	s := ScaleResult{
+		Upstream:   ProxyResult{FirstFullSyncSeconds: 30, PartialSyncMedianSeconds: 5, ProgrammingMedianSeconds: 8, PeakRSSMB: 480, StartToSyncedSeconds: 40},
+		Shardproxy: ProxyResult{FirstFullSyncSeconds: 3, PartialSyncMedianSeconds: 0.01, ProgrammingMedianSeconds: 0.04, PeakRSSMB: 120, StartToSyncedSeconds: 8},
+	}
+	s.fillRatios()
+	want := Ratios{FirstFullSync: 0.1, StartToSynced: 0.2, PartialSync: 0.002, Programming: 0.005, PeakRSS: 0.25}
+	for name, pair := range map[string][2]float64{
+		"first full sync": {s.Ratios.FirstFullSync, want.FirstFullSync}, "start to synced": {s.Ratios.StartToSynced, want.StartToSynced},
+		"partial": {s.Ratios.PartialSync, want.PartialSync}, "programming": {s.Ratios.Programming, want.Programming}, "rss": {s.Ratios.PeakRSS, want.PeakRSS},
+	} {
+		if math.Abs(pair[0]-pair[1]) > 1e-9 {
+			t.Errorf("%s ratio = %v, want %v", name, pair[0], pair[1])
+		}
+	}
+	var b strings.Builder
+	PrintTable(&b, &Report{Endpoints: 10, Scales: []ScaleResult{s}})
+	if !strings.Contains(b.String(), "0.100") || !strings.Contains(b.String(), "30000.0") {
+		t.Errorf("table lacks the first-sync figures and ratio:\n%s", b.String())
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	o, err := parseOptions([]string{"-scales", "100, 2000", "-samples", "3"})
+	if err != nil || len(o.Scales) != 2 || o.Scales[1] != 2000 || o.Samples != 3 {
+		t.Errorf("parseOptions = %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}} {
+		if _, err := parseOptions(bad); err == nil {
+			t.Errorf("parseOptions(%v) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package compare
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/e2e/env"
+)
+
+// daemon is one proxy process under measurement.
+type daemon struct {
+	name       string
+	series     Series
+	metricsURL string
+	start      func() error
+	stop       func() error
+	pid        func() int
+	logTail    func() string
+}
+
+// measurer runs the same measurements against each proxy of one environment.
+type measurer struct {
+	r       *runner
+	e       *env.Env
+	client  kubernetes.Interface
+	cluster *gen.Cluster
+	// changes counts the endpoint changes made so far, so each proxy's samples change
+	// different Services.
+	changes int
+}
+
+// measure starts d, waits for its first full sync, then changes one endpoint of one
+// Service at a time, each after the proxy has been idle for longer than the minimum
+// sync period (so each change is synced at once, on its own), and reads each sample's
+// partial sync time and network programming latency from the difference of two
+// scrapes. It stops d at the end.
+func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) {
+	res := ProxyResult{Proxy: d.name}
+	m.r.logf("%s: starting", d.name)
+	started := time.Now()
+	if err := d.start(); err != nil {
+		return res, err
+	}
+	defer func() {
+		if err := d.stop(); err != nil {
+			m.r.logf("%s: stopping: %v", d.name, err)
+		}
+	}()
+	fail := func(err error) (ProxyResult, error) {
+		return res, fmt.Errorf("%s: %w; log:\n%s", d.name, err, d.logTail())
+	}
+
+	sc, err := m.waitFor(ctx, d, "the first full sync", func(sc Scrape) bool {
+		_, synced := sc.Gauge(metricLastSync, d.series)
+		return synced && sc.Histogram(metricFullSync, d.series).Count >= 1
+	})
+	if err != nil {
+		return fail(err)
+	}
+	full := sc.Histogram(metricFullSync, d.series)
+	res.FirstFullSyncSeconds = full.Sum / float64(full.Count)
+	last, _ := sc.Gauge(metricLastSync, d.series)
+	res.StartToSyncedSeconds = last - float64(started.UnixNano())/1e9
+	m.r.logf("%s: first full sync %.3fs (%.1fs after start)", d.name, res.FirstFullSyncSeconds, res.StartToSyncedSeconds)
+
+	for i := range m.r.o.Samples {
+		// Idle for longer than the minimum sync period: the change syncs at once.
+		time.Sleep(m.r.o.MinSyncPeriod + 200*time.Millisecond)
+		before, err := m.scrape(ctx, d)
+		if err != nil {
+			return fail(err)
+		}
+		svc := m.nextService()
+		if err := m.changeEndpoint(ctx, svc); err != nil {
+			return fail(err)
+		}
+		after, err := m.waitFor(ctx, d, fmt.Sprintf("the change of %s", gen.ServiceName(svc)), func(sc Scrape) bool {
+			return sc.Histogram(metricProgramming, d.series).Count > before.Histogram(metricProgramming, d.series).Count
+		})
+		if err != nil {
+			return fail(err)
+		}
+		partial := after.Histogram(metricPartialSync, d.series).Sub(before.Histogram(metricPartialSync, d.series))
+		prog := after.Histogram(metricProgramming, d.series).Sub(before.Histogram(metricProgramming, d.series))
+		if partial.Count == 0 {
+			// A periodic full sync took the change; it is not a partial sync sample.
+			m.r.logf("%s: sample %d was programmed by a full sync; not counted as a partial sync", d.name, i)
+		} else {
+			res.PartialSyncSeconds = append(res.PartialSyncSeconds, partial.Mean())
+		}
+		res.ProgrammingSeconds = append(res.ProgrammingSeconds, prog.Mean())
+		m.r.logf("%s: sample %d: partial sync %.1fms, network programming %.1fms", d.name, i, partial.Mean()*1e3, prog.Mean()*1e3)
+	}
+	res.PartialSyncMedianSeconds = median(res.PartialSyncSeconds)
+	res.ProgrammingMedianSeconds = median(res.ProgrammingSeconds)
+	res.PeakRSSMB, err = peakRSSMB(d.pid())
+	if err != nil {
+		return fail(err)
+	}
+	return res, nil
+}
+
+// nextService picks the Service of the next change, spread over the whole cluster.
+func (m *measurer) nextService() int {
+	m.changes++
+	return (m.changes * 7919) % len(m.cluster.Services)
+}
+
+// changeEndpoint replaces one endpoint of Service i's slice with a new pod, stamped with
+// the trigger time the endpointslice controller would set.
+func (m *measurer) changeEndpoint(ctx context.Context, i int) error {
+	fresh := m.cluster.ReplaceEndpoint(i, m.changes)
+	slices := m.client.DiscoveryV1().EndpointSlices(gen.Namespace)
+	cur, err := slices.Get(ctx, fresh.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading EndpointSlice %s: %w", fresh.Name, err)
+	}
+	cur.Endpoints = fresh.Endpoints
+	onThisNode(cur.Endpoints)
+	if cur.Annotations == nil {
+		cur.Annotations = map[string]string{}
+	}
+	cur.Annotations[corev1.EndpointsLastChangeTriggerTime] = time.Now().Format(time.RFC3339Nano)
+	if _, err := slices.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating EndpointSlice %s: %w", fresh.Name, err)
+	}
+	return nil
+}
+
+func (m *measurer) scrape(ctx context.Context, d *daemon) (Scrape, error) {
+	code, body, err := m.e.HTTPGet(ctx, d.metricsURL)
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %d", d.metricsURL, code)
+	}
+	return ParseScrape(body)
+}
+
+// waitFor scrapes d every 50ms until cond holds, within the sync timeout.
+func (m *measurer) waitFor(ctx context.Context, d *daemon, what string, cond func(Scrape) bool) (Scrape, error) {
+	deadline := time.Now().Add(m.r.o.SyncTimeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		if d.pid() == 0 {
+			return nil, fmt.Errorf("exited while waiting for %s", what)
+		}
+		sc, err := m.scrape(ctx, d)
+		if err == nil && cond(sc) {
+			return sc, nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("no %s within %s (last scrape error: %v)", what, m.r.o.SyncTimeout, lastErr)
+}
+
+// peakRSSMB reads a process's peak resident set size (VmHWM) in MB.
+func peakRSSMB(pid int) (float64, error) {
+	if pid == 0 {
+		return 0, fmt.Errorf("process not running")
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", rest, err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}

@@ -1,0 +1,101 @@
+package compare
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/shardproxy/shardproxy/test/bench"
+)
+
+// Report is a whole run.
+type Report struct {
+	Started       time.Time     `json:"started"`
+	Machine       bench.Machine `json:"machine"`
+	Endpoints     int           `json:"endpointsPerService"`
+	Samples       int           `json:"samples"`
+	MinSyncPeriod string        `json:"minSyncPeriod"`
+	Scales        []ScaleResult `json:"scales"`
+}
+
+// ScaleResult is one number of Services, served by each proxy in turn.
+type ScaleResult struct {
+	Services  int `json:"services"`
+	Endpoints int `json:"endpoints"`
+	// CreateSeconds is how long creating the objects in the apiserver took.
+	CreateSeconds float64     `json:"createSeconds"`
+	Upstream      ProxyResult `json:"upstream"`
+	Shardproxy    ProxyResult `json:"shardproxy"`
+	// Ratios are shardproxy's figures over upstream's (below 1: shardproxy is better).
+	Ratios Ratios `json:"ratios"`
+}
+
+// ProxyResult is what one proxy measured.
+type ProxyResult struct {
+	Proxy string `json:"proxy"`
+	// FirstFullSyncSeconds is the duration of the first full sync (kube-proxy: its IPv4
+	// proxier, which holds every generated Service).
+	FirstFullSyncSeconds float64 `json:"firstFullSyncSeconds"`
+	// StartToSyncedSeconds is from starting the process until that sync finished
+	// (includes listing the API).
+	StartToSyncedSeconds float64 `json:"startToSyncedSeconds"`
+	// PartialSyncSeconds is, per one-endpoint change, the partial sync that programmed it.
+	PartialSyncSeconds       []float64 `json:"partialSyncSeconds"`
+	PartialSyncMedianSeconds float64   `json:"partialSyncMedianSeconds"`
+	// ProgrammingSeconds is, per change, the network programming latency.
+	ProgrammingSeconds       []float64 `json:"networkProgrammingSeconds"`
+	ProgrammingMedianSeconds float64   `json:"networkProgrammingMedianSeconds"`
+	PeakRSSMB                float64   `json:"peakRSSMB"`
+}
+
+// Ratios are shardproxy / upstream.
+type Ratios struct {
+	FirstFullSync float64 `json:"firstFullSync"`
+	StartToSynced float64 `json:"startToSynced"`
+	PartialSync   float64 `json:"partialSync"`
+	Programming   float64 `json:"networkProgramming"`
+	PeakRSS       float64 `json:"peakRSS"`
+}
+
+func ratio(ours, theirs float64) float64 {
+	if theirs == 0 {
+		return 0
+	}
+	return ours / theirs
+}
+
+func (s *ScaleResult) fillRatios() {
+	u, o := s.Upstream, s.Shardproxy
+	s.Ratios = Ratios{
+		FirstFullSync: ratio(o.FirstFullSyncSeconds, u.FirstFullSyncSeconds),
+		StartToSynced: ratio(o.StartToSyncedSeconds, u.StartToSyncedSeconds),
+		PartialSync:   ratio(o.PartialSyncMedianSeconds, u.PartialSyncMedianSeconds),
+		Programming:   ratio(o.ProgrammingMedianSeconds, u.ProgrammingMedianSeconds),
+		PeakRSS:       ratio(o.PeakRSSMB, u.PeakRSSMB),
+	}
+}
+
+// WriteJSON writes the report to path.
+func (r *Report) WriteJSON(path string) error { return bench.WriteJSON(path, r) }
+
+// PrintTable prints one block per scale: each figure for both proxies and the ratio.
+func PrintTable(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "bench-compare: %d cores, kernel %s, %s; %d endpoints per Service, one EndpointSlice each; min sync period %s; %d one-endpoint changes per proxy\n",
+		r.Machine.Cores, r.Machine.Kernel, r.Machine.NFT, r.Endpoints, r.MinSyncPeriod, r.Samples)
+	for _, s := range r.Scales {
+		fmt.Fprintf(w, "\n%d Services × %d endpoints (objects created in %.1fs)\n", s.Services, s.Endpoints/max(s.Services, 1), s.CreateSeconds)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "\tkube-proxy (nftables)\tshardproxy\tshardproxy / upstream\t")
+		row := func(name, unit string, scale, u, o, r float64) {
+			fmt.Fprintf(tw, "%s (%s)\t%.1f\t%.1f\t%.3f\t\n", name, unit, u*scale, o*scale, r)
+		}
+		u, o := s.Upstream, s.Shardproxy
+		row("first full sync", "ms", 1e3, u.FirstFullSyncSeconds, o.FirstFullSyncSeconds, s.Ratios.FirstFullSync)
+		row("start to synced", "ms", 1e3, u.StartToSyncedSeconds, o.StartToSyncedSeconds, s.Ratios.StartToSynced)
+		row("partial sync, median", "ms", 1e3, u.PartialSyncMedianSeconds, o.PartialSyncMedianSeconds, s.Ratios.PartialSync)
+		row("network programming, median", "ms", 1e3, u.ProgrammingMedianSeconds, o.ProgrammingMedianSeconds, s.Ratios.Programming)
+		row("peak RSS", "MB", 1, u.PeakRSSMB, o.PeakRSSMB, s.Ratios.PeakRSS)
+		tw.Flush()
+	}
+}
