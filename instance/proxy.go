@@ -252,37 +252,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 			}
 		}
 
-		// Wait for the next reason to sync.
-		periodic := time.NewTimer(p.opts.SyncPeriod)
-		wait := backoff
-	waitLoop:
-		for {
-			var retry <-chan time.Time
-			if wait > 0 {
-				retry = time.After(wait)
-			}
-			select {
-			case <-ctx.Done():
-				periodic.Stop()
-				return nil
-			case <-retry:
-				break waitLoop
-			case <-periodic.C:
-				break waitLoop
-			case <-check.C:
-				if p.tablesMissing(ctx) {
-					p.logger.Info("Table deleted from outside; rebuilding")
-					forceFull = true
-					break waitLoop
-				}
-			case <-p.trigger:
-				if wait > 0 {
-					continue // still backing off
-				}
-				break waitLoop
-			}
+		tableGone, ok := p.waitForSync(ctx, check.C, backoff)
+		if !ok {
+			return nil
 		}
-		periodic.Stop()
+		forceFull = tableGone
 		// Bound the frequency: changes within MinSyncPeriod are batched.
 		if d := p.opts.MinSyncPeriod - p.opts.Clock.Now().Sub(last); d > 0 {
 			select {
@@ -290,6 +264,43 @@ func (p *Proxy) Run(ctx context.Context) error {
 				return nil
 			case <-time.After(d):
 			}
+		}
+	}
+}
+
+// waitForSync waits for the next reason to sync; tableGone says a table was deleted
+// from outside (the next sync must be full), ok is false once ctx is done. While
+// backoff is set, changes wait for it to run out (or for SyncPeriod). Both timers are
+// made once per wait: the table check comes round every TableCheckPeriod and changes
+// may come at any rate, and neither may restart them, or a backoff as long as the check
+// period would never run out.
+func (p *Proxy) waitForSync(ctx context.Context, check <-chan time.Time, backoff time.Duration) (tableGone, ok bool) {
+	periodic := time.NewTimer(p.opts.SyncPeriod)
+	defer periodic.Stop()
+	var retry <-chan time.Time
+	if backoff > 0 {
+		t := time.NewTimer(backoff)
+		defer t.Stop()
+		retry = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false, false
+		case <-retry:
+			return false, true
+		case <-periodic.C:
+			return false, true
+		case <-check:
+			if p.tablesMissing(ctx) {
+				p.logger.Info("Table deleted from outside; rebuilding")
+				return true, true
+			}
+		case <-p.trigger:
+			if retry == nil {
+				return false, true
+			}
+			// Still backing off: the retry picks the change up.
 		}
 	}
 }

@@ -50,6 +50,12 @@ func (o *recordingObserver) SyncFailed(string, error) {
 	o.fails++
 }
 
+func (o *recordingObserver) failures() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.fails
+}
+
 func newTestProxy(t *testing.T, obs Observer) (*Proxy, *flakyNFT) {
 	t.Helper()
 	nft := &flakyNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
@@ -260,5 +266,51 @@ func TestSyncReportsProgrammingLatency(t *testing.T) {
 	}
 	if res, err := p.Sync(ctx, false); err != nil || len(res.ProgrammingLatencies) != 0 {
 		t.Errorf("a sync with nothing new: %v, latencies %v; want none", err, res.ProgrammingLatencies)
+	}
+}
+
+// TestRunRetriesAfterBackoff checks a failed sync is retried once its backoff runs out
+// although the table check (and changes) keep waking the loop more often than that.
+func TestRunRetriesAfterBackoff(t *testing.T) {
+	obs := &recordingObserver{}
+	p, nft := newTestProxy(t, obs) // table check every 20ms, SyncPeriod 1h
+	nft.fail.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	programmed := p.UpdateService(service())
+	deadline := time.Now().Add(5 * time.Second)
+	for obs.failures() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first sync never failed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	failed := time.Now()
+	nft.fail.Store(false)
+	// Changes during the backoff must not push the retry back either.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1."+strconv.Itoa(i%200+1), thisNodeName)))
+			}
+		}
+	}()
+	// The first backoff is 1s; allow for a slow machine, not for SyncPeriod.
+	select {
+	case <-programmed:
+		t.Logf("retried %v after the failure", time.Since(failed))
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no retry within 5s of a failure with a 1s backoff (failures %d)", obs.failures())
+	}
+	if !strings.Contains(nft.dump(), clusterIP4) {
+		t.Errorf("the retry did not program the Service:\n%s", nft.dump())
 	}
 }
