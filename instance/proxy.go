@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -326,34 +327,44 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	start := p.opts.Clock.Now()
-	p.mu.Lock()
-	dirty := p.tracker.TakeDirty()
-	p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
-	models := make(map[types.NamespacedName]*ServiceModel, len(dirty))
-	for _, n := range dirty {
-		models[n] = p.tracker.Model(n)
-	}
-	full := forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
-	for _, s := range p.syncers {
-		full = full || s.NeedsFull()
-	}
-	var all map[types.NamespacedName]*ServiceModel
-	if full {
-		all = map[types.NamespacedName]*ServiceModel{}
-		for _, n := range p.tracker.Services() {
-			m, built := models[n]
-			if !built {
-				m = p.tracker.Model(n)
-			}
-			if m != nil {
-				all[n] = m
+	// Take the changes and build the models under p.mu, released by a defer: were it
+	// left locked by a panic (the supervisor restarts a panicking instance), the restarted
+	// Sync and the next event handler would block for good, and the handler is shared by
+	// every instance on the node.
+	var (
+		models, all map[types.NamespacedName]*ServiceModel
+		full        bool
+		waiting     map[types.NamespacedName][]chan struct{}
+	)
+	func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		dirty := p.tracker.TakeDirty()
+		p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
+		models = make(map[types.NamespacedName]*ServiceModel, len(dirty))
+		for _, n := range dirty {
+			models[n] = p.model(n)
+		}
+		full = forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
+		for _, s := range p.syncers {
+			full = full || s.NeedsFull()
+		}
+		if full {
+			all = map[types.NamespacedName]*ServiceModel{}
+			for _, n := range p.tracker.Services() {
+				m, built := models[n]
+				if !built {
+					m = p.model(n)
+				}
+				if m != nil {
+					all[n] = m
+				}
 			}
 		}
-	}
-	// Channels to close after this sync: only those registered before it started.
-	waiting := p.waiting
-	p.waiting = map[types.NamespacedName][]chan struct{}{}
-	p.mu.Unlock()
+		// Channels to close after this sync: only those registered before it started.
+		waiting = p.waiting
+		p.waiting = map[types.NamespacedName][]chan struct{}{}
+	}()
 
 	res := &SyncResult{Instance: p.opts.Name, Full: full, Stats: map[tables.Family]tables.Stats{}}
 	var errs []error
@@ -435,6 +446,25 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	p.logger.V(2).Info("Synced", "full", full, "changed", len(res.Changed), "services", res.Services,
 		"endpoints", res.Endpoints, "elapsed", res.Elapsed)
 	return res, nil
+}
+
+// model builds the current model of Service n; p.mu must be held. A panic while building
+// it (a bug some input reaches) costs only that Service: it is logged with its stack and
+// the Service gets a model with no ports and the panic as its Problem, so the sync goes on
+// with every other Service and the Service's old rules are removed like those of any
+// Service that cannot be programmed.
+func (p *Proxy) model(n types.NamespacedName) (m *ServiceModel) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.logger.Error(fmt.Errorf("panic: %v", r), "Building a Service's model panicked; Service skipped",
+				"service", n, "stack", string(debug.Stack()))
+			m = &ServiceModel{
+				Name:     n,
+				Problems: []string{fmt.Sprintf("internal error while building the rules (%v); Service skipped", r)},
+			}
+		}
+	}()
+	return p.tracker.Model(n)
 }
 
 // Applied returns the models last programmed (for status and tests).

@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables"
@@ -312,5 +316,134 @@ func TestRunRetriesAfterBackoff(t *testing.T) {
 	}
 	if !strings.Contains(nft.dump(), clusterIP4) {
 		t.Errorf("the retry did not program the Service:\n%s", nft.dump())
+	}
+}
+
+// TestSyncSurvivesPanickingModel checks a Service whose model building panics is skipped
+// with the panic as its Problem, while every other Service is programmed and the proxy
+// keeps taking events (its lock is not left held).
+func TestSyncSurvivesPanickingModel(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	badName := types.NamespacedName{Namespace: "ns", Name: "bad"}
+	p.tracker.build = func(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeInfo) *ServiceModel {
+		if svc.Name == badName.Name {
+			panic("malformed Service")
+		}
+		return Build(svc, slices, node)
+	}
+	bad := service(func(s *corev1.Service) {
+		s.Name = badName.Name
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "172.30.0.99", []string{"172.30.0.99"}
+	})
+	ctx := context.Background()
+
+	// sync runs one sync, turning a panic into a test failure instead of a crash.
+	sync := func(name string) *SyncResult {
+		t.Helper()
+		var res *SyncResult
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%s: Sync panicked: %v", name, r)
+				}
+			}()
+			res, err = p.Sync(ctx, false)
+		}()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return res
+	}
+	// update calls fn, failing the test if it blocks (p.mu left locked).
+	update := func(name string, fn func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { defer close(done); fn() }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s blocked: the proxy no longer takes events", name)
+		}
+	}
+
+	for _, tc := range []struct {
+		name string
+		full bool
+	}{
+		{name: "full sync", full: true},
+		{name: "partial sync"},
+	} {
+		if !tc.full {
+			update("UpdateEndpointSlice", func() { p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.5", thisNodeName))) })
+		}
+		var programmed <-chan struct{}
+		update("UpdateService", func() {
+			p.UpdateService(bad)
+			programmed = p.UpdateService(service())
+		})
+		res := sync(tc.name)
+		if res.Full != tc.full {
+			t.Errorf("%s: full = %v", tc.name, res.Full)
+		}
+		select {
+		case <-programmed:
+		default:
+			t.Errorf("%s: ns/web was not reported programmed", tc.name)
+		}
+		applied := p.Applied()
+		if m := applied[webName]; m == nil || len(m.Ports[tables.IPv4]) != 1 {
+			t.Errorf("%s: ns/web not applied: %+v", tc.name, m)
+		}
+		m := applied[badName]
+		if m == nil || len(m.Ports) != 0 {
+			t.Fatalf("%s: ns/bad applied as %+v, want a model with no ports", tc.name, m)
+		}
+		checkProblems(t, m.Problems, []string{"malformed Service"})
+		dump := nft.dump()
+		if !strings.Contains(dump, clusterIP4) || strings.Contains(dump, "172.30.0.99") {
+			t.Errorf("%s: want ns/web programmed and ns/bad not:\n%s", tc.name, dump)
+		}
+	}
+	if !strings.Contains(nft.dump(), "10.244.1.5 . 8080") {
+		t.Errorf("the partial sync did not program ns/web's endpoint:\n%s", nft.dump())
+	}
+}
+
+// TestSyncReleasesLockOnPanic checks a panic that does escape Sync's locked section (here
+// from the logger reporting a model's panic) leaves the proxy taking events, so the
+// supervisor's restart of the instance finds it working.
+func TestSyncReleasesLockOnPanic(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	p.tracker.build = func(*corev1.Service, []*discoveryv1.EndpointSlice, NodeInfo) *ServiceModel {
+		panic("malformed Service")
+	}
+	p.logger = funcr.New(func(string, string) { panic("logger failed") }, funcr.Options{})
+	p.UpdateService(service())
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("want the logger's panic out of Sync")
+			}
+		}()
+		_, _ = p.Sync(context.Background(), false)
+	}()
+
+	p.tracker.build = Build
+	p.logger = klog.Background()
+	var programmed <-chan struct{}
+	done := make(chan struct{})
+	go func() { defer close(done); programmed = p.UpdateService(service()) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("UpdateService blocked after a panic in Sync: p.mu was left locked")
+	}
+	if _, err := p.Sync(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	<-programmed
+	if !strings.Contains(nft.dump(), clusterIP4) {
+		t.Errorf("Service not programmed after the panic:\n%s", nft.dump())
 	}
 }

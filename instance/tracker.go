@@ -34,6 +34,9 @@ type Tracker struct {
 	now      func() time.Time
 	since    map[types.NamespacedName]time.Time
 	triggers []time.Time
+
+	// build is Build; tests replace it to make model building fail.
+	build func(*corev1.Service, []*discoveryv1.EndpointSlice, NodeInfo) *ServiceModel
 }
 
 // NewTracker returns an empty Tracker for the given node.
@@ -45,6 +48,7 @@ func NewTracker(node NodeInfo) *Tracker {
 		dirty:      map[types.NamespacedName]struct{}{},
 		now:        time.Now,
 		since:      map[types.NamespacedName]time.Time{},
+		build:      Build,
 	}
 	t.node = cloneNode(node)
 	return t
@@ -196,7 +200,7 @@ func (t *Tracker) Model(name types.NamespacedName) *ServiceModel {
 		return nil
 	}
 	// Build orders slices by name itself; the map order does not leak.
-	return Build(svc, slices.Collect(maps.Values(t.slices[name])), t.node)
+	return t.build(svc, slices.Collect(maps.Values(t.slices[name])), t.node)
 }
 
 // Services lists every tracked Service name, sorted.
