@@ -343,7 +343,13 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 		p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
 		models = make(map[types.NamespacedName]*ServiceModel, len(dirty))
 		for _, n := range dirty {
-			models[n] = p.model(n)
+			m := p.model(n)
+			models[n] = m
+			// Logged as soon as a changed model is built: the sync may fail, and its
+			// full retry rebuilds the model without it counting as changed.
+			if m != nil && len(m.Problems) > 0 {
+				p.logger.Info("Skipped parts of a Service", "service", n, "problems", m.Problems)
+			}
 		}
 		full = forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
 		for _, s := range p.syncers {
@@ -438,11 +444,6 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 		res.ProgrammingLatencies = append(res.ProgrammingLatencies, end.Sub(t))
 	}
 	p.triggers = nil
-	for _, m := range models {
-		if m != nil && len(m.Problems) > 0 {
-			p.logger.Info("Skipped parts of a Service", "service", m.Name, "problems", m.Problems)
-		}
-	}
 	p.logger.V(2).Info("Synced", "full", full, "changed", len(res.Changed), "services", res.Services,
 		"endpoints", res.Endpoints, "elapsed", res.Elapsed)
 	return res, nil

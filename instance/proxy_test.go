@@ -447,3 +447,53 @@ func TestSyncReleasesLockOnPanic(t *testing.T) {
 		t.Errorf("Service not programmed after the panic:\n%s", nft.dump())
 	}
 }
+
+// TestSyncLogsProblemsWhenBuilt checks a changed model's Problems are logged by the sync
+// that builds it, even when that sync fails (its retry does not see the model as changed).
+func TestSyncLogsProblemsWhenBuilt(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	var mu sync.Mutex
+	var logged []string
+	p.logger = funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{})
+	problemLogs := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, l := range logged {
+			if strings.Contains(l, "Skipped parts of a Service") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	ctx := context.Background()
+	p.UpdateService(service())
+	if _, err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := problemLogs(); len(got) != 0 {
+		t.Fatalf("a valid Service logged problems: %q", got)
+	}
+
+	nft.fail.Store(true)
+	p.UpdateService(service(func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"not-an-ip", "192.0.2.99"} }))
+	if _, err := p.Sync(ctx, false); err == nil {
+		t.Fatal("want a failure")
+	}
+	got := problemLogs()
+	if len(got) != 1 || !strings.Contains(got[0], `spec.externalIPs[0]: \"not-an-ip\" is not an IP address`) ||
+		!strings.Contains(got[0], `"service"`) {
+		t.Fatalf("after the failed sync that built the model, problem logs = %q; want one naming the problem", got)
+	}
+	nft.fail.Store(false)
+	if res, err := p.Sync(ctx, false); err != nil || !res.Full {
+		t.Fatalf("retry: %v (want a full sync)", err)
+	}
+	if got := problemLogs(); len(got) != 1 {
+		t.Errorf("problem logs after the retry = %q; want still the one", got)
+	}
+}
