@@ -167,7 +167,6 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 		b.model.HealthCheckNodePort = b.healthCheckNodePort()
 	}
 	ports := b.servicePorts(hasNodePorts)
-	useTopology := topologyRequested(b.svc)
 
 	b.model.Ports = map[tables.Family][]*tables.ServicePort{}
 	// A fixed family order keeps Problems in a stable order.
@@ -196,7 +195,7 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 			sp.SourceRanges = slices.Clone(sourceRanges[f])
 
 			eps := byPort[portKey{name: p.name, protocol: p.protocol}]
-			sp.ClusterEndpoints, sp.LocalEndpoints, sp.HasEndpoints = categorize(eps, useTopology, b.node)
+			sp.ClusterEndpoints, sp.LocalEndpoints, sp.HasEndpoints = categorize(eps, b.node)
 			for _, ep := range eps {
 				if ep.ready && ep.local {
 					localIPs[ep.IP] = true
@@ -532,20 +531,6 @@ func (b *builder) backends(field string, f tables.Family, slice *discoveryv1.End
 	return out
 }
 
-// topologyRequested reports whether the Service asks for topology aware routing, through
-// .spec.trafficDistribution or the topology annotations. As upstream, the deprecated
-// annotation wins when both are set, and any value but empty or "disabled" turns it on.
-func topologyRequested(svc *corev1.Service) bool {
-	if td := svc.Spec.TrafficDistribution; td != nil && *td != "" {
-		return true
-	}
-	v, ok := svc.Annotations[corev1.DeprecatedAnnotationTopologyAwareHints]
-	if !ok {
-		v = svc.Annotations[corev1.AnnotationTopologyMode]
-	}
-	return v != "" && v != "disabled" && v != "Disabled"
-}
-
 // topologyMode says how cluster endpoints are narrowed by hints.
 type topologyMode int
 
@@ -558,10 +543,14 @@ const (
 	topologySameZone
 )
 
-// modeFromHints picks the topology mode the hints allow. Hints are only trusted when
-// every ready endpoint carries them (otherwise the controller is mid-update or the hints
-// are hand-made) and at least one ready endpoint is meant for us, so filtering can never
-// leave this node without an endpoint. Node hints win over zone hints.
+// modeFromHints picks the topology mode the hints allow. As upstream (pkg/proxy's
+// topologyModeFromHints since PreferSameTrafficDistribution went GA), the Service's
+// trafficDistribution and topology annotations are not read here: the EndpointSlice
+// controller only writes hints for Services that ask for them, so hints are honoured
+// wherever they are. They are only trusted when every ready endpoint carries them
+// (otherwise the controller is mid-update or the hints are hand-made) and at least one
+// ready endpoint is meant for us, so filtering can never leave this node without an
+// endpoint. Node hints win over zone hints.
 func modeFromHints(eps []*endpoint, nodeName, zone string) topologyMode {
 	anyReady := false
 	allNode, forNode := true, false
@@ -573,12 +562,12 @@ func modeFromHints(eps []*endpoint, nodeName, zone string) topologyMode {
 		anyReady = true
 		if len(e.nodeHints) == 0 {
 			allNode = false
-		} else if nodeName != "" && slices.Contains(e.nodeHints, nodeName) {
+		} else if slices.Contains(e.nodeHints, nodeName) {
 			forNode = true
 		}
 		if len(e.zoneHints) == 0 {
 			allZone = false
-		} else if zone != "" && slices.Contains(e.zoneHints, zone) {
+		} else if slices.Contains(e.zoneHints, zone) {
 			forZone = true
 		}
 	}
@@ -605,12 +594,9 @@ func (e *endpoint) availableFor(mode topologyMode, nodeName, zone string) bool {
 }
 
 // categorize splits one port's endpoints into the cluster and local sets.
-func categorize(eps []*endpoint, useTopology bool, node NodeInfo) (cluster, local []tables.Endpoint, has bool) {
+func categorize(eps []*endpoint, node NodeInfo) (cluster, local []tables.Endpoint, has bool) {
 	zone := node.zone()
-	mode := topologyNone
-	if useTopology {
-		mode = modeFromHints(eps, node.Name, zone)
-	}
+	mode := modeFromHints(eps, node.Name, zone)
 	for _, e := range eps {
 		if e.ready && e.availableFor(mode, node.Name, zone) {
 			cluster = append(cluster, e.Endpoint)

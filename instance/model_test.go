@@ -890,39 +890,41 @@ func TestBuildTopology(t *testing.T) {
 			wantLocal: 1,
 		},
 		{
-			name:      "topology-mode Auto annotation enables zone hints",
+			name:      "zone hints filter cluster endpoints with the topology-mode Auto annotation",
 			svc:       service(annotate(corev1.AnnotationTopologyMode, "Auto")),
 			slices:    zoned,
 			want:      sameZone,
 			wantLocal: 1,
 		},
 		{
-			name:      "deprecated topology-aware-hints annotation enables zone hints",
+			name:      "zone hints filter cluster endpoints with the deprecated topology-aware-hints annotation",
 			svc:       service(annotate(corev1.DeprecatedAnnotationTopologyAwareHints, "auto")),
 			slices:    zoned,
 			want:      sameZone,
 			wantLocal: 1,
 		},
 		{
-			name: "deprecated annotation disabled wins over topology-mode",
+			// As upstream, the proxy leaves it to the EndpointSlice controller to read the
+			// Service's wishes: hints it finds are honoured, whatever the Service says.
+			name: "hints honoured when the deprecated annotation says disabled",
 			svc: service(annotate(corev1.DeprecatedAnnotationTopologyAwareHints, "disabled"),
 				annotate(corev1.AnnotationTopologyMode, "Auto")),
 			slices:    zoned,
-			want:      everywhere,
+			want:      sameZone,
 			wantLocal: 1,
 		},
 		{
-			name:      "hints ignored when the service does not ask for topology",
+			name:      "hints honoured when the service does not ask for topology",
 			svc:       service(),
 			slices:    zoned,
-			want:      everywhere,
+			want:      sameZone,
 			wantLocal: 1,
 		},
 		{
-			name:      "topology-mode Disabled ignores hints",
+			name:      "hints honoured when topology-mode says Disabled",
 			svc:       service(annotate(corev1.AnnotationTopologyMode, "Disabled")),
 			slices:    zoned,
-			want:      everywhere,
+			want:      sameZone,
 			wantLocal: 1,
 		},
 		{
@@ -977,6 +979,20 @@ func TestBuildTopology(t *testing.T) {
 				ep("10.244.1.2", thisNodeName, forZones(thisZone), forNodes(thisNodeName)),
 				ep("10.244.2.2", "node-b", forZones(thisZone), forNodes("node-b")),
 				ep("10.244.3.2", "node-c", forZones("zone-b"), forNodes("node-c")),
+			)},
+			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4, func(sp *tables.ServicePort) {
+				sp.ClusterEndpoints = eps("10.244.1.2:8080")
+				sp.LocalEndpoints = eps("10.244.1.2:8080")
+				sp.HasEndpoints = true
+			})}},
+			wantLocal: 1,
+		},
+		{
+			name: "node hints honoured when the service does not ask for topology",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{v4Slice("web-1",
+				ep("10.244.1.2", thisNodeName, forNodes(thisNodeName)),
+				ep("10.244.2.2", "node-b", forNodes("node-b")),
 			)},
 			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4, func(sp *tables.ServicePort) {
 				sp.ClusterEndpoints = eps("10.244.1.2:8080")
