@@ -42,7 +42,11 @@ func (RealClock) Now() time.Time { return time.Now() }
 // ProxyHealth tracks the sync health of every proxy instance on the node and serves it over
 // HTTP. Following upstream, an instance is healthy unless an update was queued and has not
 // been applied within its health timeout, and, beyond upstream, unless the supervisor has
-// marked it down. It is safe for concurrent use.
+// marked it down; /healthz fails on any unhealthy instance and while the Node is being
+// deleted. /livez, which the kubelet restarts the pod on, fails only on a stale queued
+// update of an instance that is up: the supervisor restarts a down instance itself (with
+// a backoff of up to a minute), and killing the pod for it would stop every other
+// instance too. It is safe for concurrent use.
 type ProxyHealth struct {
 	clock   Clock
 	timeout func(instance string) time.Duration
@@ -66,6 +70,10 @@ type instanceState struct {
 	endpoints    int
 	up           bool
 	downReason   string
+	// upSince is when the instance last came back up; zero if it never went down. An
+	// update queued before then does not count against /livez for the time the instance
+	// was down.
+	upSince time.Time
 }
 
 // NewProxyHealth returns a ProxyHealth with no instances. healthTimeout gives each
@@ -146,12 +154,17 @@ func (h *ProxyHealth) SetInstanceCounts(instance string, services, endpoints int
 	})
 }
 
-// SetInstanceUp records whether the instance is running; a down instance (crashed,
-// restarting) is unhealthy whatever its sync state, and reason says why it is down.
+// SetInstanceUp records whether the instance is running, and reason why it is down. A
+// down instance (crashed, restarting) fails /healthz whatever its sync state, but not
+// /livez: the supervisor restarts it, and once it is back up its pending update has a
+// whole timeout again before /livez counts it as stale.
 func (h *ProxyHealth) SetInstanceUp(instance string, up bool, reason string) {
 	h.update(instance, func(st *instanceState) {
 		if st.up != up {
 			h.logger.V(2).Info("Instance health changed", "instance", instance, "up", up, "reason", reason)
+			if up {
+				st.upSince = h.clock.Now()
+			}
 		}
 		st.up = up
 		st.downReason = ""
@@ -185,6 +198,19 @@ func (h *ProxyHealth) Healthy(instance string) bool {
 	return h.healthyLocked(instance, st, h.clock.Now())
 }
 
+// Live reports whether the instance passes /livez: it is down (the supervisor's to
+// restart) or has no update that went stale while it was up. An instance that is not
+// tracked is not live.
+func (h *ProxyHealth) Live(instance string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	st, ok := h.instances[instance]
+	if !ok {
+		return false
+	}
+	return h.liveLocked(instance, st, h.clock.Now())
+}
+
 // update applies fn to a tracked instance's state. Calls for an instance that is not
 // tracked are dropped: they come from an instance being removed, and must not bring it back.
 func (h *ProxyHealth) update(instance string, fn func(*instanceState)) {
@@ -207,6 +233,19 @@ func (h *ProxyHealth) healthyLocked(instance string, st *instanceState, now time
 	return st.oldestQueued.IsZero() || now.Sub(st.oldestQueued) < h.timeout(instance)
 }
 
+// liveLocked is the /livez verdict; h.mu must be held. Only a stale queued update counts,
+// and only the time the instance has been up since the update was queued.
+func (h *ProxyHealth) liveLocked(instance string, st *instanceState, now time.Time) bool {
+	if !st.up || st.oldestQueued.IsZero() {
+		return true
+	}
+	since := st.oldestQueued
+	if st.upSince.After(since) {
+		since = st.upSince
+	}
+	return now.Sub(since) < h.timeout(instance)
+}
+
 // HealthResponse is the body of /healthz and /livez: upstream's fields plus the state of
 // each instance.
 type HealthResponse struct {
@@ -223,7 +262,9 @@ type HealthResponse struct {
 
 // InstanceHealth is the health of one instance as /healthz, /livez and /status report it.
 type InstanceHealth struct {
-	// Healthy is the instance's verdict; any unhealthy instance fails the node.
+	// Healthy is the instance's verdict; any unhealthy instance fails the node. /livez
+	// gives its own verdict, which ignores whether the instance is up; /healthz and
+	// /status give the full one.
 	Healthy bool `json:"healthy"`
 	// LastUpdated is when the last successful sync finished; absent before the first.
 	LastUpdated time.Time `json:"lastUpdated,omitzero"`
@@ -262,6 +303,8 @@ type snapshot struct {
 	now          time.Time
 	nodeDeleting bool
 	instances    map[string]InstanceStatus
+	// live is each instance's /livez verdict.
+	live map[string]bool
 }
 
 func (h *ProxyHealth) snapshot() snapshot {
@@ -271,8 +314,10 @@ func (h *ProxyHealth) snapshot() snapshot {
 		now:          h.clock.Now(),
 		nodeDeleting: h.nodeDeleting,
 		instances:    make(map[string]InstanceStatus, len(h.instances)),
+		live:         make(map[string]bool, len(h.instances)),
 	}
 	for name, st := range h.instances {
+		s.live[name] = h.liveLocked(name, st, s.now)
 		s.instances[name] = InstanceStatus{
 			InstanceHealth: InstanceHealth{
 				Healthy:     h.healthyLocked(name, st, s.now),
@@ -289,7 +334,8 @@ func (h *ProxyHealth) snapshot() snapshot {
 	return s
 }
 
-// healthResponse builds the /healthz (withNode) or /livez body and its verdict.
+// healthResponse builds the /healthz body and verdict (withNode), or the /livez ones,
+// where each instance's verdict is its live one.
 func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	resp := HealthResponse{
 		CurrentTime: s.now,
@@ -297,8 +343,12 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	}
 	instancesHealthy := true
 	var stalest, newest time.Time
-	for name, st := range s.instances {
-		resp.Instances[name] = st.InstanceHealth
+	for name, status := range s.instances {
+		st := status.InstanceHealth
+		if !withNode {
+			st.Healthy = s.live[name]
+		}
+		resp.Instances[name] = st
 		if st.LastUpdated.After(newest) {
 			newest = st.LastUpdated
 		}

@@ -103,8 +103,10 @@ func TestProxyHealth(t *testing.T) {
 		// wantHealthz and wantLivez are the expected status codes.
 		wantHealthz int
 		wantLivez   int
-		// wantInstances is each instance's expected healthy verdict in the bodies.
+		// wantInstances is each instance's expected healthy verdict in the /healthz body,
+		// and in the /livez body unless wantLive is set.
 		wantInstances map[string]bool
+		wantLive      map[string]bool
 		wantEligible  bool
 	}{
 		{
@@ -228,15 +230,62 @@ func TestProxyHealth(t *testing.T) {
 			wantEligible:  true,
 		},
 		{
-			name: "down instance is unhealthy",
+			// The supervisor restarts a down instance; a pod restart would stop the others.
+			name: "down instance fails healthz but not livez",
 			setup: func(h *ProxyHealth, clock *fakeClock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
 				h.SetInstanceUp("team-b", false, "crashed: exit status 2")
 			},
 			wantHealthz:   http.StatusServiceUnavailable,
-			wantLivez:     http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{"team-a": true, "team-b": false},
+			wantLive:      map[string]bool{"team-a": true, "team-b": true},
+			wantEligible:  true,
+		},
+		{
+			name: "down instance's stale queued update does not fail livez",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				h.SetInstanceUp("team-a", false, "backing off")
+				clock.Step(2 * timeout)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": false},
+			wantLive:      map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "instance back up has a full timeout for livez",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				h.SetInstanceUp("team-a", false, "backing off")
+				clock.Step(2 * timeout)
+				h.SetInstanceUp("team-a", true, "")
+				clock.Step(timeout - time.Second)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": false},
+			wantLive:      map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "instance back up fails livez once its queued update is stale again",
+			setup: func(h *ProxyHealth, clock *fakeClock) {
+				h.AddInstance("team-a")
+				h.QueuedUpdate("team-a")
+				h.SetInstanceUp("team-a", false, "backing off")
+				clock.Step(2 * timeout)
+				h.SetInstanceUp("team-a", true, "")
+				clock.Step(timeout)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": false},
 			wantEligible:  true,
 		},
 		{
@@ -305,9 +354,12 @@ func TestProxyHealth(t *testing.T) {
 			url := serveProxyHealth(t, h)
 
 			for _, path := range []string{"/healthz", "/livez"} {
-				want := tc.wantHealthz
+				want, wantInstances, verdict := tc.wantHealthz, tc.wantInstances, h.Healthy
 				if path == "/livez" {
-					want = tc.wantLivez
+					want, verdict = tc.wantLivez, h.Live
+					if tc.wantLive != nil {
+						wantInstances = tc.wantLive
+					}
 				}
 				r := get(t, url+path)
 				if r.code != want {
@@ -321,12 +373,12 @@ func TestProxyHealth(t *testing.T) {
 				gotInstances := map[string]bool{}
 				for name, inst := range got.Instances {
 					gotInstances[name] = inst.Healthy
-					if h.Healthy(name) != inst.Healthy {
-						t.Errorf("Healthy(%q) = %v, body says %v", name, h.Healthy(name), inst.Healthy)
+					if verdict(name) != inst.Healthy {
+						t.Errorf("GET %s: the verdict on %q is %v, body says %v", path, name, verdict(name), inst.Healthy)
 					}
 				}
-				if !reflect.DeepEqual(gotInstances, tc.wantInstances) {
-					t.Errorf("GET %s: instances healthy %v, want %v; body %s", path, gotInstances, tc.wantInstances, r.body)
+				if !reflect.DeepEqual(gotInstances, wantInstances) {
+					t.Errorf("GET %s: instances healthy %v, want %v; body %s", path, gotInstances, wantInstances, r.body)
 				}
 				switch {
 				case path == "/livez" && got.NodeEligible != nil:
@@ -463,6 +515,9 @@ func TestProxyHealthHealthyUnknownInstance(t *testing.T) {
 	if h.Healthy("nobody") {
 		t.Errorf("Healthy of an untracked instance is true, want false")
 	}
+	if h.Live("nobody") {
+		t.Errorf("Live of an untracked instance is true, want false")
+	}
 }
 
 func TestProxyHealthServe(t *testing.T) {
@@ -493,4 +548,35 @@ func TestProxyHealthServe(t *testing.T) {
 			t.Fatalf("Serve did not return after the context ended")
 		}
 	})
+}
+
+// TestProxyHealthDownInstanceBodies checks both bodies still show a down instance as down,
+// with its reason and pending update, although /livez passes.
+func TestProxyHealthDownInstanceBodies(t *testing.T) {
+	clock := newFakeClock()
+	h := NewProxyHealth(clock, nil)
+	h.AddInstance("team-a")
+	h.QueuedUpdate("team-a")
+	queued := clock.Now()
+	h.SetInstanceUp("team-a", false, "panic: boom")
+	clock.Step(2 * DefaultHealthTimeout)
+	url := serveProxyHealth(t, h)
+
+	for _, tc := range []struct {
+		path     string
+		wantCode int
+		healthy  bool
+	}{
+		{path: "/healthz", wantCode: http.StatusServiceUnavailable},
+		{path: "/livez", wantCode: http.StatusOK, healthy: true},
+	} {
+		r := get(t, url+tc.path)
+		if r.code != tc.wantCode {
+			t.Errorf("GET %s: status %d, want %d; body %s", tc.path, r.code, tc.wantCode, r.body)
+		}
+		want := InstanceHealth{Healthy: tc.healthy, LastQueued: queued, DownReason: "panic: boom"}
+		if got := decodeHealth(t, r).Instances["team-a"]; !reflect.DeepEqual(got, want) {
+			t.Errorf("GET %s: team-a\n got %+v\nwant %+v", tc.path, got, want)
+		}
+	}
 }
