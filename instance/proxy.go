@@ -373,27 +373,38 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	}()
 
 	res := &SyncResult{Instance: p.opts.Name, Full: full, Stats: map[tables.Family]tables.Stats{}}
-	var errs []error
+	// The families' tables are independent: sync them side by side, as upstream's
+	// per-family proxiers do, so a sync costs the slower family, not the sum.
+	var (
+		wg    sync.WaitGroup
+		resMu sync.Mutex
+		errs  []error
+	)
 	for fam, s := range p.syncers {
-		var st tables.Stats
-		var err error
-		if full {
-			st, err = s.Full(ctx, portsOf(all, fam))
-		} else if len(models) > 0 {
-			changes := map[tables.ServiceName][]*tables.ServicePort{}
-			for n, m := range models {
-				changes[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = portsOfModel(m, fam)
+		wg.Go(func() {
+			var st tables.Stats
+			var err error
+			if full {
+				st, err = s.Full(ctx, portsOf(all, fam))
+			} else if len(models) > 0 {
+				changes := map[tables.ServiceName][]*tables.ServicePort{}
+				for n, m := range models {
+					changes[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = portsOfModel(m, fam)
+				}
+				st, err = s.Partial(ctx, changes)
 			}
-			st, err = s.Partial(ctx, changes)
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-		res.Stats[fam] = st
-		for _, c := range st.Conflicts {
-			p.logger.Info("Address conflict; the first Service keeps it", "conflict", c)
-		}
+			for _, c := range st.Conflicts {
+				p.logger.Info("Address conflict; the first Service keeps it", "conflict", c)
+			}
+			resMu.Lock()
+			defer resMu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			}
+			res.Stats[fam] = st
+		})
 	}
+	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		// Put the waiters back: they are answered by the next successful sync.
 		p.mu.Lock()
