@@ -458,8 +458,10 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 	}
 	key := c.entryKey()
 
-	rule(chainFirewallPrerouting, key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
-	rule(chainFirewallOutput, key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
+	// Only new connections are checked, as upstream does: narrowing the source ranges
+	// must not cut connections already made, and established packets skip the lookup.
+	rule(chainFirewallPrerouting, "ct state new", key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
+	rule(chainFirewallOutput, "ct state new", key, "@"+setFirewallIPs, "jump", chainFirewallCheck)
 	rule(chainFirewallCheck, key, ".", ip, "saddr", "@"+setFirewallAllow, "return")
 	rule(chainFirewallCheck, "fib saddr type local", key, "@"+setFirewallLocal, "return")
 	rule(chainFirewallCheck, "drop")
@@ -485,9 +487,11 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 	for _, ch := range []string{chainFilterInput, chainFilterForward, chainFilterOutput} {
 		rule(ch, "ct state new", key, "vmap", "@"+mapNoEndpoints)
 	}
-	// Anything still addressed to a cluster IP after DNAT is on an undefined port.
-	rule(chainFilterForward, ip, "daddr", "@"+setClusterIPs, "reject")
-	rule(chainFilterOutput, ip, "daddr", "@"+setClusterIPs, "reject")
+	// A new connection still addressed to a cluster IP after DNAT is to an undefined
+	// port. Later packets of a connection were judged by its first one (upstream guards
+	// the check the same way), and skip the lookup.
+	rule(chainFilterForward, "ct state new", ip, "daddr", "@"+setClusterIPs, "reject")
+	rule(chainFilterOutput, "ct state new", ip, "daddr", "@"+setClusterIPs, "reject")
 	rule(chainReject, "reject")
 
 	m := c.masqMark()

@@ -11,10 +11,27 @@ import (
 	"sigs.k8s.io/knftables"
 )
 
-// contentDump renders what Services put into the table: every element, and the rules
-// of every chain outside the fixed skeleton. Lines are sorted, so order never matters.
+// contentDump renders what Services put into the table: every element, every set, map
+// and chain outside the fixed skeleton (so an empty one left behind shows), and the
+// rules of those chains. Lines are sorted, so order never matters.
 func contentDump(fake *knftables.Fake) string {
 	var lines []string
+	fixed := skeletonNames()
+	for name := range fake.Table.Sets {
+		if !fixed["set "+name] {
+			lines = append(lines, "set "+name)
+		}
+	}
+	for name := range fake.Table.Maps {
+		if !fixed["map "+name] {
+			lines = append(lines, "map "+name)
+		}
+	}
+	for name := range fake.Table.Chains {
+		if !fixed["chain "+name] {
+			lines = append(lines, "chain "+name)
+		}
+	}
 	for name, st := range fake.Table.Sets {
 		for _, e := range st.Elements {
 			lines = append(lines, "set "+name+" "+strings.Join(e.Key, " . "))
@@ -26,7 +43,7 @@ func contentDump(fake *knftables.Fake) string {
 		}
 	}
 	for name, ch := range fake.Table.Chains {
-		if !isDynamicChain(name) {
+		if fixed["chain "+name] {
 			continue
 		}
 		for _, r := range ch.Rules {
@@ -35,6 +52,23 @@ func contentDump(fake *knftables.Fake) string {
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// skeletonNames are the sets, maps and chains of every table ("set NAME", ...).
+func skeletonNames() map[string]bool {
+	cfg := testConfig(IPv4)
+	sets, maps, chains, _ := newCompiler(&cfg).skeleton(Priorities{})
+	out := map[string]bool{}
+	for _, st := range sets {
+		out["set "+st.Name] = true
+	}
+	for _, m := range maps {
+		out["map "+m.Name] = true
+	}
+	for _, ch := range chains {
+		out["chain "+ch.Name] = true
+	}
+	return out
 }
 
 func golden(lines string) string {
@@ -66,6 +100,7 @@ func TestGoldenServices(t *testing.T) {
 				map service-ips 172.30.0.10 . tcp . 80 : goto pick-2
 				map endpoints-tcp 172.30.0.10 . 80 . 0 : 10.244.1.2 . 8080
 				map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080
+				chain pick-2
 				chain pick-2 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 2 map @endpoints-tcp
 				chain pick-2 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 2 map @endpoints-udp
 				chain pick-2 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 2 map @endpoints-sctp`,
@@ -104,9 +139,11 @@ func TestGoldenServices(t *testing.T) {
 				map short-circuit-ips 192.168.201.1 . tcp . 443 : goto pick-cluster-1
 				map cluster-endpoints-tcp 192.168.201.1 . 443 . 0 : 10.244.2.2 . 8080
 				map no-endpoint-services 192.168.201.1 . tcp . 443 : drop
+				chain pick-1
 				chain pick-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 map @endpoints-tcp
 				chain pick-1 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 map @endpoints-udp
 				chain pick-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 map @endpoints-sctp
+				chain pick-cluster-1
 				chain pick-cluster-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 map @cluster-endpoints-tcp
 				chain pick-cluster-1 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 map @cluster-endpoints-udp
 				chain pick-cluster-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 map @cluster-endpoints-sctp`,
@@ -137,6 +174,9 @@ func TestGoldenAffinity(t *testing.T) {
 		set cluster-ips 172.30.0.10
 		set hairpin 10.244.1.2 . 10.244.1.2
 		map service-ips 172.30.0.10 . tcp . 80 : goto aff-ID-int
+		set aff-ID-EP
+		chain aff-ID-int
+		chain aff-ID-ep-EP
 		chain aff-ID-int ip saddr @aff-ID-EP goto aff-ID-ep-EP
 		chain aff-ID-int numgen random mod 1 vmap { 0 : goto aff-ID-ep-EP }
 		chain aff-ID-ep-EP update @aff-ID-EP { ip saddr }
@@ -190,15 +230,15 @@ add map ip shardproxy-test no-endpoint-services { type ipv4_addr . inet_proto . 
 add map ip shardproxy-test service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "entry -> pick chain" ; }
 add map ip shardproxy-test short-circuit-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "Local-policy entry, from pods and node -> pick chain" ; }
 add rule ip shardproxy-test filter-forward ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
-add rule ip shardproxy-test filter-forward ip daddr @cluster-ips reject
+add rule ip shardproxy-test filter-forward ct state new ip daddr @cluster-ips reject
 add rule ip shardproxy-test filter-input ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
 add rule ip shardproxy-test filter-output ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services
-add rule ip shardproxy-test filter-output ip daddr @cluster-ips reject
+add rule ip shardproxy-test filter-output ct state new ip daddr @cluster-ips reject
 add rule ip shardproxy-test firewall-check ip daddr . meta l4proto . th dport . ip saddr @firewall-allow return
 add rule ip shardproxy-test firewall-check fib saddr type local ip daddr . meta l4proto . th dport @firewall-allow-local return
 add rule ip shardproxy-test firewall-check drop
-add rule ip shardproxy-test firewall-output ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
-add rule ip shardproxy-test firewall-prerouting ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
+add rule ip shardproxy-test firewall-output ct state new ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
+add rule ip shardproxy-test firewall-prerouting ct state new ip daddr . meta l4proto . th dport @firewall-ips jump firewall-check
 add rule ip shardproxy-test nat-output jump services
 add rule ip shardproxy-test nat-postrouting meta mark & 0x00004000 != 0 meta mark set meta mark xor 0x00004000 masquerade fully-random
 add rule ip shardproxy-test nat-postrouting ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random

@@ -26,6 +26,10 @@ var (
 	podCIDR4  = netip.MustParsePrefix("10.244.0.0/16")
 	podCIDR6  = netip.MustParsePrefix("fd00:10:244::/48")
 	clusterIP = netip.MustParseAddr("172.30.0.10")
+	// node2IP4 and node2IP6 are further addresses of the test node, outside every source
+	// range the tests use and not in Config.NodeIPs (the tracer knows them as local).
+	node2IP4 = netip.MustParseAddr("192.168.99.1")
+	node2IP6 = netip.MustParseAddr("fd00:99::1")
 )
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -71,7 +75,12 @@ func fullSync(t *testing.T, s *Syncer, services map[ServiceName][]*ServicePort) 
 
 func newTracer(t *testing.T, fakes ...*knftables.Fake) *tracer.Tracer {
 	t.Helper()
-	tr, err := tracer.New(tracer.Env{LocalIPs: []netip.Addr{nodeIP4, nodeIP6}}, fakes...)
+	return newTracerEnv(t, tracer.Env{LocalIPs: []netip.Addr{nodeIP4, nodeIP6, node2IP4, node2IP6}}, fakes...)
+}
+
+func newTracerEnv(t *testing.T, env tracer.Env, fakes ...*knftables.Fake) *tracer.Tracer {
+	t.Helper()
+	tr, err := tracer.New(env, fakes...)
 	if err != nil {
 		t.Fatalf("tracer: %v", err)
 	}

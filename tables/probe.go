@@ -17,41 +17,65 @@ import (
 func Probe(ctx context.Context, newNFT func(fam Family, table string) (knftables.Interface, error)) error {
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
-		cfg := probeConfig(fam)
-		nft, err := newNFT(fam, cfg.TableName())
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: nft is missing or unusable: %w", fam, err))
-			continue
-		}
-		s, err := NewSyncer(cfg, nft)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := s.Check(ctx, probeServices(fam)); err != nil {
-			errs = append(errs, fmt.Errorf("%s: the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, fib and nat; Linux 5.6 or later): %w", fam, err))
+		for _, pc := range probeConfigs(fam) {
+			cfg := pc.cfg
+			nft, err := newNFT(fam, cfg.TableName())
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: nft is missing or unusable: %w", fam, err))
+				break
+			}
+			s, err := NewSyncer(cfg, nft)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := s.Check(ctx, probeServices(fam)); err != nil {
+				errs = append(errs, fmt.Errorf("%s (%s): the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, fib, ct and nat; Linux 5.6 or later): %w", fam, pc.name, err))
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// RealNFT is the newNFT of Probe for the real host.
-func RealNFT(fam Family, table string) (knftables.Interface, error) {
-	return knftables.New(KnftFamily(fam), table)
+// probeConfig is one configuration the probe checks, named for error messages.
+type probeConfig struct {
+	name string
+	cfg  Config
 }
 
-func probeConfig(fam Family) Config {
+// probeConfigs are configurations that, together, emit every rule shape the compiler
+// has: each detect-local match (CIDR set, interface name, interface name prefix, each
+// plain and negated), masqueradeAll, and masquerade marks at both ends of the range.
+func probeConfigs(fam Family) []probeConfig {
 	node := netip.MustParseAddr("192.0.2.1")
 	cidr := netip.MustParsePrefix("198.18.0.0/15")
 	if fam == IPv6 {
 		node = netip.MustParseAddr("2001:db8::1")
 		cidr = netip.MustParsePrefix("2001:db8:1::/64")
 	}
-	return Config{
+	base := Config{
 		Family: fam, TablePrefix: "shardproxy", Instance: "probe", MasqueradeBit: 14,
 		Local:       LocalTraffic{Mode: LocalClusterCIDR, CIDRs: []netip.Prefix{cidr}},
 		NodePortIPs: []netip.Addr{node}, NodeIPs: []netip.Addr{node},
 	}
+	bridge, prefix, all := base, base, base
+	bridge.Local = LocalTraffic{Mode: LocalBridgeInterface, Interface: "cbr0"}
+	bridge.MasqueradeBit = 0
+	prefix.Local = LocalTraffic{Mode: LocalInterfaceNamePrefix, Interface: "veth"}
+	prefix.MasqueradeBit = 31
+	all.MasqueradeAll = true
+	all.Local = LocalTraffic{}
+	return []probeConfig{
+		{"ClusterCIDR", base},
+		{"BridgeInterface", bridge},
+		{"InterfaceNamePrefix", prefix},
+		{"masqueradeAll", all},
+	}
+}
+
+// RealNFT is the newNFT of Probe for the real host.
+func RealNFT(fam Family, table string) (knftables.Interface, error) {
+	return knftables.New(KnftFamily(fam), table)
 }
 
 // probeServices uses every feature once: both pick chain kinds, affinity, firewall,

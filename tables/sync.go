@@ -60,6 +60,17 @@ type Syncer struct {
 	elems    map[string]element         // element id -> element, while refs > 0
 	owner    map[string]ServicePortName // entry -> the port that serves it
 	chainRef map[string]int             // dynamic chain -> number of owners
+	// losers maps a contested entry to the Services that wanted it but found it taken;
+	// lost holds what those Services were given, so that a partial sync freeing the
+	// entry hands it to one of them at once instead of at the next full sync.
+	losers map[string]map[ServiceName]bool
+	lost   map[ServiceName]lostEntries
+}
+
+// lostEntries is what a Service that lost entries to others asked for.
+type lostEntries struct {
+	entries []string
+	ports   []*ServicePort
 }
 
 // NewSyncer returns a Syncer for cfg, writing through nft (bound to cfg's family and table).
@@ -89,6 +100,8 @@ func (s *Syncer) reset() {
 	s.elems = map[string]element{}
 	s.owner = map[string]ServicePortName{}
 	s.chainRef = map[string]int{}
+	s.losers = map[string]map[ServiceName]bool{}
+	s.lost = map[ServiceName]lostEntries{}
 }
 
 // portState is what one Service port put into the table.
@@ -102,7 +115,9 @@ type batch struct {
 	before      map[string]int // element id -> refs before the batch, for touched ids
 	chainBefore map[string]int
 	gone        map[string]element // elements whose last owner left during the batch
-	conflicts   []string
+	// freed are entries whose owner let go of them during the batch.
+	freed     map[string]bool
+	conflicts []string
 	// oldOwn and newOwn are the per-port chains and sets of the Services in the batch,
 	// before and after.
 	oldOwn, newOwn owned
@@ -127,7 +142,7 @@ func (o owned) addFrom(comp *compiled, timeout time.Duration) {
 
 func (s *Syncer) newBatch() *batch {
 	return &batch{before: map[string]int{}, chainBefore: map[string]int{}, gone: map[string]element{},
-		oldOwn: newOwned(), newOwn: newOwned()}
+		freed: map[string]bool{}, oldOwn: newOwned(), newOwn: newOwned()}
 }
 
 func (s *Syncer) touch(b *batch, id string) {
@@ -149,6 +164,7 @@ func (s *Syncer) release(b *batch, svc ServiceName) {
 		for en, elems := range comp.entries {
 			if s.owner[en] == spn {
 				delete(s.owner, en)
+				b.freed[en] = true
 			}
 			for _, e := range elems {
 				s.unref(b, e)
@@ -166,6 +182,13 @@ func (s *Syncer) release(b *batch, svc ServiceName) {
 		}
 	}
 	delete(s.ports, svc)
+	for _, en := range s.lost[svc].entries {
+		delete(s.losers[en], svc)
+		if len(s.losers[en]) == 0 {
+			delete(s.losers, en)
+		}
+	}
+	delete(s.lost, svc)
 }
 
 func (s *Syncer) unref(b *batch, e element) {
@@ -196,6 +219,7 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 		return strings.Compare(a.Name.String()+string(a.Protocol), b.Name.String()+string(b.Protocol))
 	})
 	byPort := map[ServicePortName]portState{}
+	var lost []string
 	for _, sp := range sorted {
 		spn := sp.Name
 		spn.Protocol = sp.Protocol
@@ -203,6 +227,7 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 			o, taken := s.owner[en]
 			if taken && o != spn {
 				b.conflicts = append(b.conflicts, fmt.Sprintf("%s wants %s, already served by %s", spn, en, o))
+				lost = append(lost, en)
 				return false
 			}
 			return true
@@ -224,6 +249,48 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 		byPort[spn] = portState{compiled: comp, timeout: sp.AffinityTimeout}
 	}
 	s.ports[svc] = byPort
+	if len(lost) > 0 {
+		// Shallow copies: the caller owns its ServicePorts (their slices are only read).
+		kept := make([]*ServicePort, len(ports))
+		for i, sp := range ports {
+			c := *sp
+			kept[i] = &c
+		}
+		s.lost[svc] = lostEntries{entries: lost, ports: kept}
+		for _, en := range lost {
+			if s.losers[en] == nil {
+				s.losers[en] = map[ServiceName]bool{}
+			}
+			s.losers[en][svc] = true
+		}
+	}
+}
+
+// regain hands the entries freed during the batch to the Services that lost them, by
+// acquiring those Services again (their other elements are unchanged, so they cost
+// nothing). Losers go in name order, as in a full sync. done holds the Services already
+// acquired in this batch, which saw every entry freed by a change: a Service is never
+// released twice in one batch.
+func (s *Syncer) regain(b *batch, done map[ServiceName]bool) {
+	for len(b.freed) > 0 {
+		again := map[ServiceName][]*ServicePort{}
+		for en := range b.freed {
+			if _, taken := s.owner[en]; taken {
+				continue
+			}
+			for svc := range s.losers[en] {
+				if !done[svc] {
+					again[svc] = s.lost[svc].ports
+				}
+			}
+		}
+		clear(b.freed)
+		for _, n := range sortedNames(again) {
+			done[n] = true
+			s.release(b, n)
+			s.acquire(b, n, again[n])
+		}
+	}
 }
 
 // Full replaces the whole table with the given Services in one atomic transaction.
@@ -367,9 +434,12 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	for _, n := range names {
 		s.release(b, n)
 	}
+	done := map[ServiceName]bool{}
 	for _, n := range names {
 		s.acquire(b, n, changes[n])
+		done[n] = true
 	}
+	s.regain(b, done)
 	stats.Conflicts = b.conflicts
 
 	var added, deleted []string

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,18 +54,48 @@ func genPort(i, endpoints int) *ServicePort {
 	return p
 }
 
+// countingNFT counts List calls: a partial sync must never list the table.
+type countingNFT struct {
+	*knftables.Fake
+	lists int
+}
+
+func (c *countingNFT) List(ctx context.Context, objectType string) ([]string, error) {
+	c.lists++
+	return c.Fake.List(ctx, objectType)
+}
+
 func TestPartialSyncCostIndependentOfClusterSize(t *testing.T) {
 	ops := map[int]int{}
 	for _, n := range []int{10, 1000} {
-		s, _ := newFake(t, testConfig(IPv4))
+		nft := &countingNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+		s, err := NewSyncer(testConfig(IPv4), nft)
+		if err != nil {
+			t.Fatal(err)
+		}
 		all := generated(n)
 		fullSync(t, s, all)
+		if nft.lists == 0 {
+			t.Fatal("the full sync listed nothing: the List counter is not wired")
+		}
+		nft.lists = 0
 		name := ServiceName{"gen", "svc-4"} // plain ClusterIP, TCP
 		stats, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: {genPort(4, 3)}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ops[n] = stats.Operations
+		// Deleting a Service with affinity chains and sets, and adding it back, must not
+		// list either.
+		aff := ServiceName{"gen", "svc-7"}
+		for _, change := range []map[ServiceName][]*ServicePort{{aff: nil}, {aff: {genPort(7, 2)}}} {
+			if _, err := s.Partial(context.Background(), change); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if nft.lists != 0 {
+			t.Errorf("%d Services: partial syncs listed the table %d times; they must work from memory", n, nft.lists)
+		}
 	}
 	if ops[10] != ops[1000] || ops[10] == 0 {
 		t.Errorf("one changed endpoint costs %d operations among 10 Services and %d among 1000; want equal and non-zero", ops[10], ops[1000])
@@ -145,6 +177,196 @@ func TestConflictingEntriesFirstServiceKeepsThem(t *testing.T) {
 			t.Errorf("missing %q in\n%s", want, dump)
 		}
 	}
+
+	// Once a is gone, b serves the external IP at once, not at the next full sync.
+	stats, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-1"}: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump = contentDump(fake)
+	for _, want := range []string{
+		"map service-ips 192.168.200.1 . udp . 80 : goto pick-1",
+		"map endpoints-udp 192.168.200.1 . 80 . 0 : 10.244.0.2 . 8080",
+	} {
+		if !contains(dump, want) {
+			t.Errorf("after deleting the winner: missing %q in\n%s", want, dump)
+		}
+	}
+	if len(stats.Conflicts) != 0 {
+		t.Errorf("no conflict is left, got %q", stats.Conflicts)
+	}
+	assertEqualsFull(t, fake, services(b))
+}
+
+// assertEqualsFull checks the table holds exactly what a fresh full sync of state writes.
+func assertEqualsFull(t *testing.T, fake *knftables.Fake, state map[ServiceName][]*ServicePort) {
+	t.Helper()
+	ref, refFake := newFake(t, testConfig(IPv4))
+	fullSync(t, ref, state)
+	if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
+		t.Errorf("partial sync diverged from a full sync (-full +partial):\n%s", diff)
+	}
+}
+
+// TestConflictLoserRegainsEntries: when the Service serving a contested entry lets go of
+// it in a partial sync, a Service that lost the entry serves it in the same transaction,
+// and the table is what a full sync would write.
+func TestConflictLoserRegainsEntries(t *testing.T) {
+	shared := addr("192.168.200.1")
+	// port is a TCP Service port with its own cluster IP and one endpoint, on the shared
+	// external IP.
+	port := func(name string, i int, mods ...func(*ServicePort)) *ServicePort {
+		p := &ServicePort{
+			Name:             ServicePortName{Namespace: "ns", Name: name, Port: "http"},
+			Protocol:         TCP,
+			Port:             80,
+			ClusterIP:        netip.AddrFrom4([4]byte{172, 30, 1, byte(i)}),
+			ExternalIPs:      []netip.Addr{shared},
+			ClusterEndpoints: []Endpoint{{IP: netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}), Port: 8080}},
+			HasEndpoints:     true,
+		}
+		for _, m := range mods {
+			m(p)
+		}
+		return p
+	}
+	svc := func(ports ...*ServicePort) []*ServicePort { return ports }
+	name := func(n string) ServiceName { return ServiceName{"ns", n} }
+	noExternal := func(p *ServicePort) { p.ExternalIPs = nil }
+	nodePort := func(p *ServicePort) { p.ExternalIPs, p.NodePort = nil, 30080 }
+	endpoints := func(n int) func(*ServicePort) {
+		return func(p *ServicePort) {
+			p.ClusterEndpoints = nil
+			for e := 0; e < n; e++ {
+				p.ClusterEndpoints = append(p.ClusterEndpoints, Endpoint{IP: netip.AddrFrom4([4]byte{10, 244, 2, byte(e)}), Port: 8080})
+			}
+		}
+	}
+	affinity := func(p *ServicePort) { p.AffinityTimeout = 300e9 }
+	served := func(i int) string {
+		return fmt.Sprintf("map endpoints-tcp 192.168.200.1 . 80 . 0 : 10.244.1.%d . 8080", i)
+	}
+
+	cases := []struct {
+		name    string
+		initial map[ServiceName][]*ServicePort
+		steps   []map[ServiceName][]*ServicePort
+		// want must be in the table at the end, unwanted must not.
+		want, unwanted []string
+	}{
+		{
+			name:    "winner deleted: the loser serves the external IP",
+			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps:   []map[ServiceName][]*ServicePort{{name("a"): nil}},
+			want:    []string{served(2)},
+		},
+		{
+			name:    "winner drops the external IP: the loser serves it",
+			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps:   []map[ServiceName][]*ServicePort{{name("a"): svc(port("a", 1, noExternal))}},
+			want:    []string{served(2), "map service-ips 172.30.1.1 . tcp . 80 : goto pick-1"},
+		},
+		{
+			name: "two losers: the first by name takes it, then the other",
+			initial: map[ServiceName][]*ServicePort{
+				name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2)), name("c"): svc(port("c", 3))},
+			steps:    []map[ServiceName][]*ServicePort{{name("a"): nil}, {name("b"): nil}},
+			want:     []string{served(3)},
+			unwanted: []string{served(2)},
+		},
+		{
+			name:     "loser deleted before the winner: nothing is left",
+			initial:  map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps:    []map[ServiceName][]*ServicePort{{name("b"): nil}, {name("a"): nil}},
+			unwanted: []string{"192.168.200.1"},
+		},
+		{
+			name:    "loser changed while losing: its latest ports are served",
+			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps: []map[ServiceName][]*ServicePort{
+				{name("b"): svc(port("b", 2, endpoints(2)))},
+				{name("a"): nil},
+			},
+			want: []string{"map service-ips 192.168.200.1 . tcp . 80 : goto pick-2",
+				"map endpoints-tcp 192.168.200.1 . 80 . 1 : 10.244.2.1 . 8080"},
+		},
+		{
+			name:    "winner deleted and loser changed in one batch",
+			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps:   []map[ServiceName][]*ServicePort{{name("a"): nil, name("b"): svc(port("b", 2, endpoints(2)))}},
+			want:    []string{"map endpoints-tcp 192.168.200.1 . 80 . 1 : 10.244.2.1 . 8080"},
+		},
+		{
+			name: "shared NodePort",
+			initial: map[ServiceName][]*ServicePort{
+				name("a"): svc(port("a", 1, nodePort)), name("b"): svc(port("b", 2, nodePort))},
+			steps: []map[ServiceName][]*ServicePort{{name("a"): nil}},
+			want:  []string{"map endpoints-tcp 192.168.100.1 . 30080 . 0 : 10.244.1.2 . 8080"},
+		},
+		{
+			name:    "loser with affinity",
+			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2, affinity))},
+			steps:   []map[ServiceName][]*ServicePort{{name("a"): nil}},
+			want:    []string{"map service-ips 192.168.200.1 . tcp . 80 : goto aff-"},
+		},
+		{
+			name: "loser of one port out of two",
+			initial: map[ServiceName][]*ServicePort{
+				name("a"): svc(port("a", 1)),
+				name("b"): svc(port("b", 2), port("b", 2, func(p *ServicePort) {
+					p.Name.Port, p.Port = "https", 443
+				})),
+			},
+			steps: []map[ServiceName][]*ServicePort{{name("a"): nil}},
+			want:  []string{served(2), "map endpoints-tcp 192.168.200.1 . 443 . 0 : 10.244.1.2 . 8080"},
+		},
+		{
+			name:     "loser deleted and back: the current server keeps the entry",
+			initial:  map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
+			steps:    []map[ServiceName][]*ServicePort{{name("b"): nil}, {name("b"): svc(port("b", 2))}},
+			want:     []string{served(1)},
+			unwanted: []string{served(2)},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			nft := &countingNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+			s, err := NewSyncer(testConfig(IPv4), nft)
+			if err != nil {
+				t.Fatal(err)
+			}
+			state := maps.Clone(tc.initial)
+			fullSync(t, s, state)
+			nft.lists = 0
+			for i, step := range tc.steps {
+				if _, err := s.Partial(context.Background(), step); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				for n, ports := range step {
+					if ports == nil {
+						delete(state, n)
+					} else {
+						state[n] = ports
+					}
+				}
+				assertEqualsFull(t, nft.Fake, state)
+			}
+			if nft.lists != 0 {
+				t.Errorf("partial syncs listed the table %d times", nft.lists)
+			}
+			dump := contentDump(nft.Fake)
+			for _, want := range tc.want {
+				if !contains(dump, want) {
+					t.Errorf("missing %q in\n%s", want, dump)
+				}
+			}
+			for _, bad := range tc.unwanted {
+				if contains(dump, bad) {
+					t.Errorf("unexpected %q in\n%s", bad, dump)
+				}
+			}
+		})
+	}
 }
 
 // failingNFT fails every Run after the first n.
@@ -203,3 +425,161 @@ func TestFailedSyncForcesFullSync(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestPartialServesContestedEntriesLikeFull applies random changes to Services that
+// fight over a few external IPs and NodePorts: after every partial sync, exactly the
+// entries a full sync would serve are served (which Service serves a contested entry may
+// differ: a partial sync leaves it with its current server, a full sync gives it to the
+// first Service by name).
+func TestPartialServesContestedEntriesLikeFull(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	shared := []netip.Addr{addr("192.168.200.1"), addr("192.168.200.2"), addr("192.168.200.3")}
+	gen := func(i int) *ServicePort {
+		p := genPort(i, rng.Intn(3))
+		p.Protocol, p.LoadBalancerIPs, p.SourceRanges, p.NodePort = TCP, nil, nil, 0
+		for _, a := range shared {
+			if rng.Intn(2) == 0 {
+				p.ExternalIPs = append(p.ExternalIPs, a)
+			}
+		}
+		if rng.Intn(3) == 0 {
+			p.NodePort = uint16(30080 + rng.Intn(2))
+		}
+		return p
+	}
+	s, fake := newFake(t, testConfig(IPv4))
+	state := map[ServiceName][]*ServicePort{}
+	for i := 0; i < 8; i++ {
+		state[ServiceName{"gen", fmt.Sprintf("svc-%d", i)}] = []*ServicePort{gen(i)}
+	}
+	fullSync(t, s, state)
+	contested := 0
+	for step := 0; step < 300; step++ {
+		changes := map[ServiceName][]*ServicePort{}
+		for k := 0; k < 1+rng.Intn(2); k++ {
+			i := rng.Intn(10)
+			name := ServiceName{"gen", fmt.Sprintf("svc-%d", i)}
+			if rng.Intn(3) == 0 {
+				changes[name] = nil
+				delete(state, name)
+				continue
+			}
+			changes[name] = []*ServicePort{gen(i)}
+			state[name] = changes[name]
+		}
+		stats, err := s.Partial(context.Background(), changes)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		contested += len(stats.Conflicts)
+		ref, refFake := newFake(t, testConfig(IPv4))
+		fullSync(t, ref, state)
+		if diff := cmp.Diff(servedEntries(refFake), servedEntries(fake)); diff != "" {
+			t.Fatalf("step %d: served entries differ from a full sync (-full +partial):\n%s", step, diff)
+		}
+	}
+	if contested < 50 {
+		t.Fatalf("only %d conflicts in 300 steps: the test would prove little", contested)
+	}
+}
+
+// servedEntries lists the entries the dispatch maps hold: each one is served.
+func servedEntries(fake *knftables.Fake) string {
+	var lines []string
+	for _, m := range []string{mapServiceIPs, mapNoEndpoints} {
+		for _, e := range fake.Table.Maps[m].Elements {
+			lines = append(lines, strings.Join(e.Key, " . "))
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// TestRestartOverExistingTable: a new Syncer (a restarted instance) knows nothing of the
+// table it finds; its first full sync deletes the pick and affinity chains and the
+// affinity sets nothing needs any more, keeps the affinity sets still in use with their
+// clients, and leaves exactly what a sync into an empty table writes.
+func TestRestartOverExistingTable(t *testing.T) {
+	fake := knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
+	before, err := NewSyncer(testConfig(IPv4), fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sticky := func(endpoints int) *ServicePort {
+		p := genPort(7, endpoints)
+		p.AffinityTimeout = 600e9
+		return p
+	}
+	gone := genPort(1, 3) // the only Service with 3 endpoints: pick-3
+	goneSticky := genPort(3, 2)
+	goneSticky.AffinityTimeout = 300e9
+	// affPrefix starts the names of a port's affinity chains and sets.
+	affPrefix := func(p *ServicePort) string {
+		spn := p.Name
+		spn.Protocol = p.Protocol
+		return affinityPrefix + portID(spn, p.AffinityTimeout) + "-"
+	}
+	old := map[ServiceName][]*ServicePort{
+		{"gen", "svc-1"}: {gone},
+		{"gen", "svc-2"}: {genPort(2, 4)},
+		{"gen", "svc-3"}: {goneSticky},
+		{"gen", "svc-7"}: {sticky(2)},
+	}
+	fullSync(t, before, old)
+	// The affinity sets of svc-3 must go with it; those of svc-7 stay.
+	var goneSets, keptSets []string
+	for name := range fake.Table.Sets {
+		if !strings.HasPrefix(name, affinityPrefix) {
+			continue
+		}
+		if strings.HasPrefix(name, affPrefix(sticky(2))) {
+			keptSets = append(keptSets, name)
+		} else {
+			goneSets = append(goneSets, name)
+		}
+	}
+	if len(goneSets) == 0 || len(keptSets) == 0 || fake.Table.Chains[pickChain(3)] == nil || fake.Table.Chains[pickChain(4)] == nil {
+		t.Fatalf("setup: want affinity sets of both Services, pick-3 and pick-4, got sets %v %v", goneSets, keptSets)
+	}
+	// A client pinned by the kernel before the restart.
+	pinned := &knftables.Element{Key: []string{"10.244.9.9"}}
+	if err := fake.Run(context.Background(), func() *knftables.Transaction {
+		tx := fake.NewTransaction()
+		tx.Add(&knftables.Element{Set: keptSets[0], Key: pinned.Key})
+		return tx
+	}()); err != nil {
+		t.Fatal(err)
+	}
+
+	after, err := NewSyncer(testConfig(IPv4), fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := map[ServiceName][]*ServicePort{
+		{"gen", "svc-7"}: {sticky(2)},
+		{"gen", "svc-8"}: {genPort(8, 2)},
+	}
+	fullSync(t, after, now)
+	for _, st := range goneSets {
+		if fake.Table.Sets[st] != nil {
+			t.Errorf("affinity set %s of a deleted Service survived the restart", st)
+		}
+	}
+	for name := range fake.Table.Chains {
+		if name == pickChain(3) || name == pickChain(4) || strings.HasPrefix(name, affPrefix(goneSticky)) {
+			t.Errorf("chain %s, which nothing uses, survived the restart", name)
+		}
+	}
+	if set := fake.Table.Sets[keptSets[0]]; set == nil || len(set.Elements) != 1 || set.Elements[0].Key[0] != pinned.Key[0] {
+		t.Errorf("the pinned client of a Service still there was forgotten: %+v", set)
+	}
+	// Apart from the pinned client, the table is what a first sync writes.
+	fake.Table.Sets[keptSets[0]].Elements = nil
+	assertEqualsFull(t, fake, now)
+	// And the restarted Syncer carries on with partial syncs from its own memory.
+	if _, err := after.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-7"}: nil}); err != nil {
+		t.Fatal(err)
+	}
+	delete(now, ServiceName{"gen", "svc-7"})
+	assertEqualsFull(t, fake, now)
+}

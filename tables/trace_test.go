@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+
 	"github.com/shardproxy/shardproxy/tables/tracer"
 )
 
@@ -106,6 +109,22 @@ func TestTraceFeatures(t *testing.T) {
 				return "accept dnat " + ep
 			}
 			loopback := pick("127.0.0.1", "::1")
+			node2 := pick(node2IP4.String(), node2IP6.String())
+			// established turns p into a later packet of a connection that conntrack
+			// translated to ep (none when ep is "") when it was new.
+			established := func(p tracer.Packet, ep string, masq bool) tracer.Packet {
+				p.State = tracer.CtEstablished
+				p.Conn = tracer.Conn{Masquerade: masq}
+				if ep != "" {
+					p.Conn.DNAT = netip.MustParseAddrPort(ep)
+				}
+				return p
+			}
+			fromHostAt := func(src, dst netip.Addr, port uint16) tracer.Packet {
+				p := fromHost(dst, port)
+				p.Src = src
+				return p
+			}
 
 			cases := []struct {
 				name string
@@ -160,13 +179,30 @@ func TestTraceFeatures(t *testing.T) {
 
 				{"source range admits a client inside it", fromOutside(lb("16"), 80),
 					[]string{dnat(epPod1, true), dnat(epRemote, true)}},
-				{"source range holding the node IP admits the node", fromHost(lb("16"), 80),
+				{"source range holding the node IP admits the node from that IP", fromHost(lb("16"), 80),
+					[]string{dnat(epPod1, true), dnat(epRemote, true)}},
+				// node2 is outside the range: only firewall-allow-local admits it (see
+				// TestFirewallAllowLocalNeedsNodeIPs for the same packet without node IPs).
+				{"source range holding a node IP admits the node's other addresses", fromHostAt(node2, lb("16"), 80),
 					[]string{dnat(epPod1, true), dnat(epRemote, true)}},
 				{"source range drops a client outside it", fromOutside(lb("17"), 80), []string{"drop"}},
 				{"source range without the node IP drops the node", fromHost(lb("17"), 80), []string{"drop"}},
 				{"source range drops pods outside it", fromPod(pod2, lb("17"), 80), []string{"drop"}},
 				{"source ranges do not apply to the cluster IP", fromPod(pod2, cip("17"), 80),
 					[]string{dnat(epPod1, false), dnat(epRemote, false)}},
+				{"established connection from a now-disallowed source is not dropped",
+					established(fromOutside(lb("17"), 80), epRemote, true), []string{dnat(epRemote, true)}},
+				{"established connection of the node from a now-disallowed source is not dropped",
+					established(fromHost(lb("17"), 80), epPod1, true), []string{dnat(epPod1, true)}},
+				{"established connection from an allowed source keeps its translation",
+					established(fromOutside(lb("16"), 80), epPod1, true), []string{dnat(epPod1, true)}},
+
+				{"established untranslated flow to an undefined port of a cluster IP is not rejected",
+					established(fromPod(pod2, cip("10"), 81), "", false), []string{"accept"}},
+				{"established untranslated flow to an undefined port of a cluster IP from the host is not rejected",
+					established(fromHost(cip("10"), 81), "", false), []string{"accept"}},
+				{"established connection to a Service that lost its endpoints is not rejected",
+					established(fromPod(pod2, cip("13"), 80), epRemote, false), []string{dnat(epRemote, false)}},
 
 				{"UDP port", tracer.Packet{Origin: tracer.FromPod, Src: pod2, IIF: "vpod2", Proto: "udp", Dst: cip("18"), Port: 80},
 					[]string{dnat(epPod1, false), dnat(epRemote, false)}},
@@ -221,4 +257,232 @@ func TestTraceFeatures(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFirewallAllowLocalNeedsNodeIPs checks what admits the node's own connections to an
+// LB IP whose source ranges hold a node IP: firewall-allow-local (fed by Config.NodeIPs)
+// admits every local source, also one outside the ranges (another node address, or the
+// LB IP itself where it is assigned to the node); without node IPs only a source inside
+// the ranges passes.
+func TestFirewallAllowLocalNeedsNodeIPs(t *testing.T) {
+	lbIP := addr("192.168.201.16")
+	port := sp("fw", 80, withEndpoints([]Endpoint{ep("10.244.1.2", 8080)}, nil), func(p *ServicePort) {
+		p.LoadBalancerIPs = []netip.Addr{lbIP}
+		p.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.100.0/24")}
+	})
+	admitted := []string{"accept dnat 10.244.1.2:8080 masq"}
+	cases := []struct {
+		name    string
+		nodeIPs []netip.Addr
+		src     netip.Addr
+		want    []string
+	}{
+		{"node address outside the range is admitted", []netip.Addr{nodeIP4}, node2IP4, admitted},
+		{"the LB IP as source is admitted", []netip.Addr{nodeIP4}, lbIP, admitted},
+		{"node address inside the range is admitted", []netip.Addr{nodeIP4}, nodeIP4, admitted},
+		{"without node IPs a node address outside the range is dropped", nil, node2IP4, []string{"drop"}},
+		{"without node IPs the LB IP as source is dropped", nil, lbIP, []string{"drop"}},
+		{"without node IPs a node address inside the range is still admitted", nil, nodeIP4, admitted},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(IPv4)
+			cfg.NodeIPs = tc.nodeIPs
+			s, fake := newFake(t, cfg)
+			fullSync(t, s, services(port))
+			tr := newTracerEnv(t, tracer.Env{LocalIPs: []netip.Addr{nodeIP4, node2IP4, lbIP}}, fake)
+			pkt := tracer.Packet{Origin: tracer.FromHost, Src: tc.src, Proto: "tcp", Dst: lbIP, Port: 80}
+			if got := outcomes(t, tr, pkt); !slices.Equal(got, tc.want) {
+				t.Errorf("packet %+v\n got: %q\nwant: %q", pkt, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestTraceLocalDetection runs each detect-local mode, masqueradeAll and a non-default
+// masquerade mark through the tracer: which sources to a cluster IP are masqueraded,
+// which pods are short-circuited to all endpoints of a Local-policy LB IP, and the
+// services and nat-postrouting rules that do it (IPv4).
+func TestTraceLocalDetection(t *testing.T) {
+	const mark14 = "meta mark set meta mark or 0x00004000"
+	dispatch := []string{
+		"ip daddr . meta l4proto . th dport @external-masq " + mark14,
+		"fib saddr type local ip daddr . meta l4proto . th dport @external-local " + mark14,
+	}
+	tail := []string{
+		"fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-ips",
+		"ip daddr . meta l4proto . th dport vmap @service-ips",
+	}
+	// rules builds the expected services chain: the cluster-IP masquerade rule (if any),
+	// the external ones, the detect-local short circuit (if any), then the dispatch.
+	rules := func(clusterMasq, shortCircuit string) []string {
+		var out []string
+		if clusterMasq != "" {
+			out = append(out, clusterMasq)
+		}
+		out = append(out, dispatch...)
+		if shortCircuit != "" {
+			out = append(out, shortCircuit+" ip daddr . meta l4proto . th dport vmap @short-circuit-ips")
+		}
+		return append(out, tail...)
+	}
+	postrouting14 := "meta mark & 0x00004000 != 0 meta mark set meta mark xor 0x00004000 masquerade fully-random"
+
+	// Sources: a local pod on its veth (vpod2) and through a bridge (cbr0), a pod of
+	// another node (10.244.2.5, in the cluster CIDR but not this node's), and a client
+	// outside the cluster.
+	const podVeth, podBridge, remotePod, outside = "pod via veth", "pod via bridge", "pod of another node", "off-cluster client"
+	cases := []struct {
+		name string
+		cfg  func(c *Config, fam Family)
+		// masq says, per source, whether its traffic to a cluster IP is masqueraded.
+		masq map[string]bool
+		// short says, per source, whether it is short-circuited to every endpoint of a
+		// Local-policy LB IP (else it gets the local endpoints only).
+		short map[string]bool
+		// services and postrouting are the chains' rules, IPv4.
+		services    []string
+		postrouting string
+	}{
+		{
+			name:        "ClusterCIDR",
+			cfg:         func(c *Config, fam Family) {},
+			masq:        map[string]bool{podVeth: false, podBridge: false, remotePod: false, outside: true},
+			short:       map[string]bool{podVeth: true, podBridge: true, remotePod: true, outside: false},
+			services:    rules("ip daddr @cluster-ips ip saddr != { 10.244.0.0/16 } "+mark14, "ip saddr { 10.244.0.0/16 }"),
+			postrouting: postrouting14,
+		},
+		{
+			name: "NodeCIDR",
+			cfg: func(c *Config, fam Family) {
+				c.Local = LocalTraffic{Mode: LocalNodeCIDR, CIDRs: []netip.Prefix{
+					netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:10:244:1::/64")}}
+			},
+			masq:        map[string]bool{podVeth: false, podBridge: false, remotePod: true, outside: true},
+			short:       map[string]bool{podVeth: true, podBridge: true, remotePod: false, outside: false},
+			services:    rules("ip daddr @cluster-ips ip saddr != { 10.244.1.0/24 } "+mark14, "ip saddr { 10.244.1.0/24 }"),
+			postrouting: postrouting14,
+		},
+		{
+			name:        "BridgeInterface",
+			cfg:         func(c *Config, fam Family) { c.Local = LocalTraffic{Mode: LocalBridgeInterface, Interface: "cbr0"} },
+			masq:        map[string]bool{podVeth: true, podBridge: false, remotePod: true, outside: true},
+			short:       map[string]bool{podVeth: false, podBridge: true, remotePod: false, outside: false},
+			services:    rules(`ip daddr @cluster-ips iifname != "cbr0" `+mark14, `iifname "cbr0"`),
+			postrouting: postrouting14,
+		},
+		{
+			name:        "InterfaceNamePrefix",
+			cfg:         func(c *Config, fam Family) { c.Local = LocalTraffic{Mode: LocalInterfaceNamePrefix, Interface: "vpod"} },
+			masq:        map[string]bool{podVeth: false, podBridge: true, remotePod: true, outside: true},
+			short:       map[string]bool{podVeth: true, podBridge: false, remotePod: false, outside: false},
+			services:    rules(`ip daddr @cluster-ips iifname != "vpod*" `+mark14, `iifname "vpod*"`),
+			postrouting: postrouting14,
+		},
+		{
+			name:        "no local detection",
+			cfg:         func(c *Config, fam Family) { c.Local = LocalTraffic{} },
+			masq:        map[string]bool{podVeth: false, podBridge: false, remotePod: false, outside: false},
+			short:       map[string]bool{podVeth: false, podBridge: false, remotePod: false, outside: false},
+			services:    rules("", ""),
+			postrouting: postrouting14,
+		},
+		{
+			name:        "masqueradeAll",
+			cfg:         func(c *Config, fam Family) { c.MasqueradeAll = true },
+			masq:        map[string]bool{podVeth: true, podBridge: true, remotePod: true, outside: true},
+			short:       map[string]bool{podVeth: true, podBridge: true, remotePod: true, outside: false},
+			services:    rules("ip daddr @cluster-ips "+mark14, "ip saddr { 10.244.0.0/16 }"),
+			postrouting: postrouting14,
+		},
+		{
+			name:  "masquerade mark bit 5",
+			cfg:   func(c *Config, fam Family) { c.MasqueradeBit = 5 },
+			masq:  map[string]bool{podVeth: false, podBridge: false, remotePod: false, outside: true},
+			short: map[string]bool{podVeth: true, podBridge: true, remotePod: true, outside: false},
+			services: func() []string {
+				r := rules("ip daddr @cluster-ips ip saddr != { 10.244.0.0/16 } "+mark14, "ip saddr { 10.244.0.0/16 }")
+				for i := range r {
+					r[i] = strings.ReplaceAll(r[i], "0x00004000", "0x00000020")
+				}
+				return r
+			}(),
+			postrouting: "meta mark & 0x00000020 != 0 meta mark set meta mark xor 0x00000020 masquerade fully-random",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, fam := range []Family{IPv4, IPv6} {
+				t.Run(fam.String(), func(t *testing.T) {
+					pick := func(a, b string) netip.Addr {
+						if fam == IPv4 {
+							return addr(a)
+						}
+						return addr(b)
+					}
+					cfg := testConfig(fam)
+					tc.cfg(&cfg, fam)
+					pod1 := Endpoint{IP: pick("10.244.1.2", "fd00:10:244:1::2"), Port: 8080}
+					remote := Endpoint{IP: pick("10.244.2.2", "fd00:10:244:2::2"), Port: 8080}
+					cip, lbIP := pick("172.30.0.10", "fd00:30::10"), pick("192.168.201.11", "fd00:201::11")
+					s, fake := newFake(t, cfg)
+					fullSync(t, s, services(
+						sp("cluster", 80, withEndpoints([]Endpoint{pod1, remote}, []Endpoint{pod1}), func(p *ServicePort) { p.ClusterIP = cip }),
+						sp("local", 80, withEndpoints([]Endpoint{pod1, remote}, []Endpoint{pod1}), func(p *ServicePort) {
+							p.ClusterIP = pick("172.30.0.11", "fd00:30::11")
+							p.ExternalLocal = true
+							p.LoadBalancerIPs = []netip.Addr{lbIP}
+						}),
+					))
+					if fam == IPv4 {
+						if diff := cmp.Diff(tc.services, chainRules(fake, chainServices)); diff != "" {
+							t.Errorf("services chain (-want +got):\n%s", diff)
+						}
+						wantPost := []string{tc.postrouting, "ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random"}
+						if diff := cmp.Diff(wantPost, chainRules(fake, chainNATPostrouting)); diff != "" {
+							t.Errorf("nat-postrouting chain (-want +got):\n%s", diff)
+						}
+					}
+					tr := newTracer(t, fake)
+					sources := map[string]tracer.Packet{
+						podVeth:   {Origin: tracer.FromPod, Src: pick("10.244.1.3", "fd00:10:244:1::3"), IIF: "vpod2"},
+						podBridge: {Origin: tracer.FromPod, Src: pick("10.244.1.3", "fd00:10:244:1::3"), IIF: "cbr0"},
+						remotePod: {Origin: tracer.FromOutside, Src: pick("10.244.2.5", "fd00:10:244:2::5"), IIF: "cluster0"},
+						outside:   {Origin: tracer.FromOutside, Src: pick("192.168.100.2", "fd00:100::2"), IIF: "ext0"},
+					}
+					for _, src := range sortedKeys(sources) {
+						p := sources[src]
+						p.Proto, p.Dst, p.Port = "tcp", cip, 80
+						want := []string{"accept dnat " + pod1.String(), "accept dnat " + remote.String()}
+						if tc.masq[src] {
+							want = []string{want[0] + " masq", want[1] + " masq"}
+						}
+						if got := outcomes(t, tr, p); !slices.Equal(got, want) {
+							t.Errorf("%s to the cluster IP: got %q, want %q", src, got, want)
+						}
+						// Local policy keeps the client's IP: no masquerade either way.
+						p.Dst = lbIP
+						want = []string{"accept dnat " + pod1.String()}
+						if tc.short[src] {
+							want = append(want, "accept dnat "+remote.String())
+						}
+						if got := outcomes(t, tr, p); !slices.Equal(got, want) {
+							t.Errorf("%s to the Local-policy LB IP: got %q, want %q", src, got, want)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// chainRules returns the rules of a chain, in order.
+func chainRules(fake *knftables.Fake, name string) []string {
+	var out []string
+	if ch := fake.Table.Chains[name]; ch != nil {
+		for _, r := range ch.Rules {
+			out = append(out, r.Rule)
+		}
+	}
+	return out
 }

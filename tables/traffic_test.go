@@ -108,11 +108,15 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 			denied := mk("denied", "14", TCP, []Endpoint{pod1}, []Endpoint{pod1}, 0)
 			denied.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.14", "fd00:201::14")}
 			denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/64")}
-			for _, p := range []*ServicePort{sticky, local, denied} {
+			// narrowed's source ranges shrink to exclude the client mid-test.
+			narrowed := mk("narrowed", "15", UDP, []Endpoint{pod1}, []Endpoint{pod1}, 0)
+			narrowed.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.15", "fd00:201::15")}
+			narrowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix(netns.ClientCIDRv4), netip.MustParsePrefix(netns.ClientCIDRv6)}
+			for _, p := range []*ServicePort{sticky, local, denied, narrowed} {
 				teamA[ServiceName{Namespace: "ns", Name: p.Name.Name}] = []*ServicePort{p}
 			}
 			teamB := services(mk("other", "20", TCP, []Endpoint{remote}, nil, 30090))
-			n.load(t, "team-a", 0, teamA)
+			syncerA := n.load(t, "team-a", 0, teamA)
 			n.load(t, "team-b", 1, teamB)
 
 			nodeIP := n.a(netns.NodeIPv4, netns.NodeIPv6)
@@ -187,6 +191,24 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 			t.Run("second instance serves its own Service", func(t *testing.T) {
 				reach(t, tp, tp.Pod2, "tcp", cip("20"), 80, map[string]string{"remote": pod2})
 				reach(t, tp, tp.Client, "tcp", nodeIP, 30090, map[string]string{"remote": masqToRemote})
+			})
+			t.Run("narrowing source ranges keeps established connections and drops new ones", func(t *testing.T) {
+				lbIP := narrowed.LoadBalancerIPs[0].String()
+				const srcPort = 40115 // one UDP flow: every request shares its conntrack entry
+				if r, err := tp.DialFrom(tp.Client, "udp", lbIP, 80, srcPort); err != nil || r.Server != "pod1" {
+					t.Fatalf("before narrowing: got %+v, %v; want pod1", r, err)
+				}
+				p := *narrowed
+				p.SourceRanges = []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8::/64")}
+				if _, err := syncerA.Partial(context.Background(), map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "narrowed"}: {&p}}); err != nil {
+					t.Fatal(err)
+				}
+				if r, err := tp.DialFrom(tp.Client, "udp", lbIP, 80, srcPort); err != nil || r.Server != "pod1" {
+					t.Errorf("established flow after narrowing: got %+v, %v; want pod1 still answering", r, err)
+				}
+				if _, err := tp.Dial(tp.Client, "udp", lbIP, 80); !netns.IsTimeout(err) {
+					t.Errorf("new flow after narrowing: want it dropped (timeout), got %v", err)
+				}
 			})
 			t.Run("each instance's table holds only its own Services", func(t *testing.T) {
 				fam := string(familyName(fam))

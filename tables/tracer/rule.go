@@ -17,6 +17,8 @@ type value struct {
 	isNum bool
 	// numRange, when > 0, means "any of 0..numRange-1" (numgen random).
 	numRange uint64
+	// ctState marks the value of "ct state", which compares only with state names.
+	ctState bool
 }
 
 func (v value) String() string {
@@ -111,7 +113,7 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 	case "ct":
 		switch t.next() {
 		case "state":
-			return value{str: "new"}, nil
+			return value{str: string(s.ct), ctState: true}, nil
 		case "status":
 			if s.dnatted {
 				return value{str: "dnat"}, nil
@@ -376,6 +378,8 @@ func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals 
 			return got != want, nil, nil
 		}
 		return got == want, nil, nil
+	case len(vals) == 1 && vals[0].ctState && (w == "vmap" || w == "&" || strings.HasPrefix(w, "@")):
+		return false, nil, fmt.Errorf("ct state compared with %q: only state names are modelled", w)
 	case w == "vmap" && t.peek(1) == "{":
 		// An anonymous verdict map, as in "numgen random mod 2 vmap { 0 : goto a, 1 : goto b }".
 		t.next()
@@ -453,6 +457,9 @@ func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals 
 		lits := literal(t)
 		any := false
 		for _, l := range lits {
+			if vals[0].ctState && !ctStates[l] {
+				return false, nil, fmt.Errorf("unknown conntrack state %q", l)
+			}
 			if componentMatches(l, vals[0]) {
 				any = true
 			}

@@ -27,7 +27,22 @@ const (
 	FromHost Origin = "host"
 )
 
-// Packet is the first packet of a new connection.
+// CtState is the conntrack state of the connection a packet belongs to ("ct state").
+type CtState string
+
+const (
+	// CtNew is the first packet of a connection: the nat chains decide its translation.
+	CtNew CtState = "new"
+	// CtEstablished is a later packet of a connection conntrack already tracks: no nat
+	// chain sees it, and conntrack translates it as its first packet was (Packet.Conn).
+	CtEstablished CtState = "established"
+)
+
+// ctStates are the states "ct state" can be compared with; the tracer models new and
+// established packets, so a rule naming any other state is an error.
+var ctStates = map[string]bool{"new": true, "established": true, "related": true, "invalid": true, "untracked": true}
+
+// Packet is one packet; by default the first packet of a new connection.
 type Packet struct {
 	Origin Origin
 	Src    netip.Addr
@@ -36,6 +51,19 @@ type Packet struct {
 	Proto string // tcp, udp or sctp
 	Dst   netip.Addr
 	Port  uint16
+	// State is the conntrack state of the packet's connection; "" means CtNew.
+	State CtState
+	// Conn is, for a CtEstablished packet, the translation its connection got from the
+	// rules when it was new (possibly rules that have changed since).
+	Conn Conn
+}
+
+// Conn is what conntrack remembers of an established connection's NAT.
+type Conn struct {
+	// DNAT is the endpoint the connection was DNATed to; invalid when it was not.
+	DNAT netip.AddrPort
+	// Masquerade says the connection is masqueraded.
+	Masquerade bool
 }
 
 // Env describes the node the rules run on.
@@ -163,6 +191,8 @@ type state struct {
 	port     uint16
 	iif      string
 	mark     uint32
+	ct       CtState
+	conn     Conn
 
 	origDst  netip.Addr
 	origPort uint16
@@ -187,7 +217,18 @@ func (t *Tracer) isLocal(a netip.Addr) bool {
 
 // Trace follows p and returns every way it can end, without duplicates.
 func (t *Tracer) Trace(p Packet) ([]Outcome, error) {
-	st := &state{src: p.Src, dst: p.Dst, proto: p.Proto, port: p.Port, iif: p.IIF, origDst: p.Dst, origPort: p.Port}
+	st := &state{src: p.Src, dst: p.Dst, proto: p.Proto, port: p.Port, iif: p.IIF, origDst: p.Dst, origPort: p.Port,
+		ct: p.State, conn: p.Conn}
+	switch p.State {
+	case "":
+		st.ct = CtNew
+	case CtNew, CtEstablished:
+	default:
+		return nil, fmt.Errorf("unsupported conntrack state %q", p.State)
+	}
+	if st.ct == CtNew && p.Conn != (Conn{}) {
+		return nil, fmt.Errorf("a new connection has no conntrack translation yet")
+	}
 	var firstHook string
 	switch p.Origin {
 	case FromHost:
@@ -267,22 +308,54 @@ func dedupe(in []Outcome) []Outcome {
 	return out
 }
 
+// natPriority is where the kernel's NAT hook sits on a hook: dstnat on prerouting and
+// output, srcnat on input and postrouting.
+func natPriority(hook string) int {
+	if hook == "prerouting" || hook == "output" {
+		return -100
+	}
+	return 100
+}
+
+// conntrackNAT translates an established packet at the NAT hook as its connection was.
+func conntrackNAT(hook string, s *state) {
+	if s.ct != CtEstablished || s.verdict == "drop" || s.verdict == "reject" {
+		return
+	}
+	switch hook {
+	case "prerouting", "output":
+		if s.conn.DNAT.IsValid() {
+			s.dst, s.port, s.dnatted = s.conn.DNAT.Addr(), s.conn.DNAT.Port(), true
+		}
+	case "postrouting":
+		s.masq = s.masq || s.conn.Masquerade
+	}
+}
+
 // runHook runs every base chain of a hook, in priority order, on each state.
 func (t *Tracer) runHook(hook string, in []*state) ([]*state, error) {
 	cur := in
 	for _, s := range cur {
 		s.natDone = false
 	}
+	natDone := false
 	for _, ref := range t.hooks[hook] {
+		if !natDone && ref.effective() >= natPriority(hook) {
+			natDone = true
+			for _, s := range cur {
+				conntrackNAT(hook, s)
+			}
+		}
 		var next []*state
 		for _, s := range cur {
 			if s.verdict == "drop" || s.verdict == "reject" {
 				next = append(next, s)
 				continue
 			}
-			if ref.typ == "nat" && s.natDone {
+			if ref.typ == "nat" && (s.natDone || s.ct != CtNew) {
 				// Once a nat chain translated the connection, later nat chains on the
-				// hook never see it.
+				// hook never see it; and nat chains only ever see a connection's first
+				// packet.
 				next = append(next, s)
 				continue
 			}
@@ -303,6 +376,11 @@ func (t *Tracer) runHook(hook string, in []*state) ([]*state, error) {
 			}
 		}
 		cur = next
+	}
+	if !natDone {
+		for _, s := range cur {
+			conntrackNAT(hook, s)
+		}
 	}
 	return cur, nil
 }
