@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -44,7 +45,8 @@ type Mover struct {
 	// default 3 × HeartbeatInterval.
 	StaleAfter time.Duration
 	// LegacyGrace is how long a rollback keeps the shadow after handing Services back, so
-	// the legacy proxy (which reports nothing) has programmed them; default 10s.
+	// the legacy proxy (which reports nothing) has programmed them; default 10s. It counts
+	// from the hand-back, which comes only after every node confirmed the shadow.
 	LegacyGrace time.Duration
 	// Poll is how often node statuses are read; default 250ms.
 	Poll time.Duration
@@ -122,7 +124,8 @@ type Report struct {
 
 // Move hands the selected Services to the instances serving proxy name to. Per batch:
 // annotate them for shadow programming; wait until every live node whose supervisor runs
-// an instance serving to reports them all programmed; then, in one patch, set the label
+// an instance serving to reports them all programmed (in a status written after the
+// annotation, when an earlier one already listed them); then, in one patch, set the label
 // and drop the annotation. On a timeout the batch's annotations are removed and the
 // Services stay where they were.
 func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, error) {
@@ -144,12 +147,16 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
 		start := m.Now()
+		before, err := readPublished(ctx, m.Client, m.StatusNamespace)
+		if err != nil {
+			return rep, err
+		}
 		for _, n := range batch {
 			if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: &to}); err != nil {
 				return rep, err
 			}
 		}
-		nodes, err := m.waitProgrammed(ctx, batch, to)
+		nodes, err := m.waitProgrammed(ctx, batch, to, before)
 		if err != nil {
 			for _, n := range batch {
 				_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
@@ -170,9 +177,19 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 }
 
 // Rollback hands the selected Services labeled from back to the unlabeled (legacy)
-// proxy, or to the proxy named by to. Per batch, one patch moves the label and makes the
-// from instance a shadow, so it keeps serving until the legacy proxy has its rules (it
-// runs after them); after LegacyGrace the shadow goes.
+// proxy, or to the proxy named by to. Per batch:
+//
+//  1. The owner steps back: the annotation names from, the proxy the label names, so its
+//     instances keep programming the Services but only as a shadow and give up what an
+//     owner holds, the health-check node ports. Rollback waits until every live node
+//     running an instance for from reports them in shadow: the legacy proxy must find
+//     those ports free, because kube-proxy tries to bind one only when it syncs, and
+//     nothing makes it sync again once it has programmed the Service. If a node does not
+//     confirm within Timeout the rollback goes on regardless (with a warning): handing
+//     back is never less safe than keeping the Services, whose rules stay either way.
+//  2. One patch moves the label (removes it, or sets to); the shadow stays, so the
+//     instance keeps serving while the legacy proxy programs them (its rules run first).
+//  3. After LegacyGrace the shadow goes.
 func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (Report, error) {
 	m.defaults()
 	var rep Report
@@ -192,9 +209,49 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 	if to != "" {
 		label = &to
 	}
+	dest := "the unlabeled proxy"
+	if to != "" {
+		dest = to
+	}
 	for i := 0; i < len(todo); i += m.BatchSize {
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
+		start := m.Now()
+		stepped := ""
+		before, err := readPublished(ctx, m.Client, m.StatusNamespace)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			fmt.Fprintf(m.Out, "batch %d: warning: %v; handing back without confirming %s stepped back\n", rep.Batches, err, from)
+		case len(m.liveNodes(before, from)) == 0:
+			fmt.Fprintf(m.Out, "batch %d: warning: no live node reports an instance serving %q; handing back without confirming it stepped back\n",
+				rep.Batches, from)
+		default:
+			for _, n := range batch {
+				if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: &from}); err != nil {
+					return rep, err
+				}
+			}
+			nodes, err := m.waitProgrammed(ctx, batch, from, before)
+			switch {
+			case err == nil:
+				stepped = fmt.Sprintf("%s stepped back to a shadow on %d node(s) (%s) after %v; ",
+					from, len(nodes), strings.Join(nodes, ", "), m.Now().Sub(start).Round(time.Millisecond))
+			case ctx.Err() != nil:
+				// Interrupted: the Services go back to their owner as they were.
+				for _, n := range batch {
+					_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
+				}
+				return rep, fmt.Errorf("batch %d: %w; its Services stay with %s", rep.Batches, err, from)
+			default:
+				// Not confirmed in time (an old or stuck supervisor), or the statuses
+				// cannot be read: hand back all the same.
+				fmt.Fprintf(m.Out, "batch %d: warning: %v; handing back anyway (a legacy proxy may not bind their health-check node ports before its next sync)\n",
+					rep.Batches, err)
+			}
+		}
 		for _, n := range batch {
 			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label},
 				map[string]*string{selector.AnnotationShadow: &from}); err != nil {
@@ -212,24 +269,48 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 			}
 		}
 		rep.Moved += len(batch)
-		dest := "the unlabeled proxy"
-		if to != "" {
-			dest = to
-		}
-		fmt.Fprintf(m.Out, "batch %d: %d Services handed back to %s; %s kept them in shadow for %v\n",
-			rep.Batches, len(batch), dest, from, m.LegacyGrace)
+		fmt.Fprintf(m.Out, "batch %d: %s%d Services handed back to %s; %s kept them in shadow for %v\n",
+			rep.Batches, stepped, len(batch), dest, from, m.LegacyGrace)
 	}
 	return rep, nil
 }
 
+// errNotConfirmed: the nodes did not confirm a batch (within the Timeout, or none runs
+// an instance for the proxy name).
+var errNotConfirmed = errors.New("not programmed in shadow")
+
+// liveNodes returns the nodes of statuses whose heartbeat is recent and that run an
+// instance serving proxyName.
+func (m *Mover) liveNodes(statuses []publishedStatus, proxyName string) []string {
+	var nodes []string
+	for _, st := range statuses {
+		if m.Now().Sub(st.Heartbeat) > m.StaleAfter {
+			continue
+		}
+		if _, ok := st.ServesProxyName(proxyName); ok {
+			nodes = append(nodes, st.Node)
+		}
+	}
+	sort.Strings(nodes)
+	return nodes
+}
+
 // waitProgrammed waits until every live node running an instance for proxyName reports
-// every Service of the batch in shadow (or, for one already labeled there, owned). It
-// returns the nodes that confirmed.
-func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName, proxyName string) ([]string, error) {
+// every Service of the batch in shadow. It returns the nodes that confirmed.
+//
+// before are the statuses read before the batch was annotated. A node whose status
+// already listed a Service then (a shadow of an earlier migration step the supervisor has
+// not reported gone yet) confirms it only in a status written since: otherwise a stale
+// entry could confirm a Service the instance is about to drop and program again.
+func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName, proxyName string, before []publishedStatus) ([]string, error) {
 	deadline := m.Now().Add(m.Timeout)
+	earlier := map[string]publishedStatus{}
+	for _, st := range before {
+		earlier[st.Node] = st
+	}
 	var missing []string
 	for {
-		statuses, err := ReadStatuses(ctx, m.Client, m.StatusNamespace)
+		statuses, err := readPublished(ctx, m.Client, m.StatusNamespace)
 		if err != nil {
 			return nil, err
 		}
@@ -244,15 +325,18 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 				continue
 			}
 			nodes = append(nodes, st.Node)
+			prev, seen := earlier[st.Node]
 			for _, n := range batch {
-				if !slices.Contains(st.Instances[inst].Shadow, n.String()) {
+				listed := slices.Contains(st.Instances[inst].Shadow, n.String())
+				stale := seen && prev.version == st.version && slices.Contains(prev.Instances[inst].Shadow, n.String())
+				if !listed || stale {
 					missing = append(missing, st.Node+": "+n.String())
 				}
 			}
 		}
 		sort.Strings(nodes)
 		if len(nodes) == 0 {
-			return nil, fmt.Errorf("no live node runs an instance serving proxy name %q (node statuses in %s)", proxyName, m.StatusNamespace)
+			return nil, fmt.Errorf("%w: no live node runs an instance serving proxy name %q (node statuses in %s)", errNotConfirmed, proxyName, m.StatusNamespace)
 		}
 		if len(missing) == 0 {
 			return nodes, nil
@@ -261,7 +345,7 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 			if len(missing) > 10 {
 				missing = append(missing[:10], fmt.Sprintf("and %d more", len(missing)-10))
 			}
-			return nil, fmt.Errorf("not programmed in shadow within %v: %s", m.Timeout, strings.Join(missing, ", "))
+			return nil, fmt.Errorf("%w within %v: %s", errNotConfirmed, m.Timeout, strings.Join(missing, ", "))
 		}
 		select {
 		case <-ctx.Done():

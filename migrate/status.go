@@ -155,18 +155,37 @@ func (p *Publisher) write(ctx context.Context, st NodeStatus) error {
 
 // ReadStatuses lists every node status in namespace.
 func ReadStatuses(ctx context.Context, client kubernetes.Interface, namespace string) ([]NodeStatus, error) {
+	published, err := readPublished(ctx, client, namespace)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]NodeStatus, 0, len(published))
+	for _, p := range published {
+		out = append(out, p.NodeStatus)
+	}
+	return out, nil
+}
+
+// publishedStatus is a node status with the resourceVersion of its ConfigMap, which
+// changes whenever the supervisor writes it.
+type publishedStatus struct {
+	NodeStatus
+	version string
+}
+
+func readPublished(ctx context.Context, client kubernetes.Interface, namespace string) ([]publishedStatus, error) {
 	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: LabelComponent + "=" + ComponentNodeStatus})
 	if err != nil {
 		return nil, fmt.Errorf("listing node statuses in %s: %w", namespace, err)
 	}
-	var out []NodeStatus
+	var out []publishedStatus
 	for _, cm := range list.Items {
 		var st NodeStatus
 		if err := json.Unmarshal([]byte(cm.Data[StatusKey]), &st); err != nil {
 			return nil, fmt.Errorf("node status %s/%s: %w", cm.Namespace, cm.Name, err)
 		}
-		out = append(out, st)
+		out = append(out, publishedStatus{NodeStatus: st, version: cm.ResourceVersion})
 	}
 	return out, nil
 }

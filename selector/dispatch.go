@@ -138,11 +138,19 @@ func (d *Dispatcher) ServiceChanged(svc *corev1.Service) {
 			d.events.Guarded(svc, inst, problems)
 		}
 		sink := d.sinks[inst]
-		programmed := sink.UpdateService(guarded)
-		if !slices.Contains(old.all, inst) {
+		isNew := !slices.Contains(old.all, inst)
+		if isNew {
+			// The EndpointSlices go first: the instance may sync between any two calls,
+			// and the channel UpdateService returns closes at the first sync after it.
+			// Given the Service first, that sync could program it without endpoints
+			// (rejecting its traffic) and still count as "programmed": a migration would
+			// then move the label, or a handover release the old owner, too early.
 			for _, sl := range d.slices(svc.Namespace, svc.Name) {
 				sink.UpdateEndpointSlice(sl)
 			}
+		}
+		programmed := sink.UpdateService(guarded)
+		if isNew {
 			added = append(added, programmed)
 		}
 		if inst == dec.Shadow {

@@ -21,6 +21,12 @@ const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 // target programs Services before the label moves them (and keeps them while a rollback
 // hands them back). An instance's rules run after a legacy kube-proxy's, so a shadow copy
 // serves nothing while the legacy rules exist.
+//
+// When it names the very proxy the label names, the owner steps back to a shadow: its
+// instance keeps programming the Service but no longer owns it, so it gives up what only
+// an owner holds (the health-check node port). A rollback does this first, and hands the
+// Service to the legacy proxy only once every node has confirmed it, so the legacy proxy
+// finds the port free (kube-proxy tries to bind it only when it syncs).
 const AnnotationShadow = "shardproxy.io/shadow"
 
 // Spec says what one instance serves.
@@ -81,7 +87,9 @@ type Decision struct {
 	// Instance is the owning instance, or "" when no local instance serves the Service.
 	Instance string
 	// Shadow is the instance that programs the Service in shadow (AnnotationShadow), or
-	// "" when there is none or it is Instance itself.
+	// "" when there is none or it is Instance itself. When the annotation names the
+	// label's own proxy, the label's instance is the Shadow and Instance is "" (the owner
+	// stepped back).
 	Shadow string
 	// Rejected explains why an instance the label or annotation names refused the
 	// Service (a tenant guard); that instance is then not in the decision.
@@ -115,13 +123,18 @@ func (r *Router) Route(svc *corev1.Service) Decision {
 		}
 		return inst
 	}
-	if name, labeled := svc.Labels[LabelServiceProxyName]; labeled {
-		dec.Instance = admit(r.byProxyName[name])
+	label, labeled := svc.Labels[LabelServiceProxyName]
+	if labeled {
+		dec.Instance = admit(r.byProxyName[label])
 	} else {
 		dec.Instance = admit(r.defaultName)
 	}
 	if shadow, ok := svc.Annotations[AnnotationShadow]; ok {
-		if inst := r.byProxyName[shadow]; inst != dec.Instance {
+		switch inst := r.byProxyName[shadow]; {
+		case labeled && shadow == label:
+			// The owner steps back to a shadow (see AnnotationShadow).
+			dec.Instance, dec.Shadow = "", dec.Instance
+		case inst != dec.Instance:
 			dec.Shadow = admit(inst)
 		}
 	}

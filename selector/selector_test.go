@@ -64,6 +64,34 @@ func TestRoute(t *testing.T) {
 	}
 }
 
+// TestRouteShadow: the annotation adds a shadow beside the label's owner; naming the
+// label's own proxy makes the owner step back to a shadow; naming another proxy name of the
+// owner's instance changes nothing.
+func TestRouteShadow(t *testing.T) {
+	r := testRouter(t)
+	cases := []struct {
+		name                string
+		svc                 *corev1.Service
+		wantOwner, wantShad string
+	}{
+		{"shadow beside a local owner", shadowed(service("a1", "s", "team-b"), "team-a"), "team-b", "team-a"},
+		{"shadow of a Service no local instance owns", shadowed(service("a1", "s", "legacy"), "team-a"), "", "team-a"},
+		{"shadow of an unlabeled Service beside the default instance", shadowed(service("a1", "s", ""), "team-a"), "default", "team-a"},
+		{"the label's own proxy: the owner steps back", shadowed(service("a1", "s", "team-a"), "team-a"), "", "team-a"},
+		{"another proxy name of the owner's instance: no shadow", shadowed(service("a1", "s", "a-legacy"), "team-a"), "team-a", ""},
+		{"an unknown proxy name: no shadow", shadowed(service("a1", "s", "team-a"), "nobody"), "team-a", ""},
+		{"stepping back is refused with the Service", shadowed(service("x", "s", "team-a"), "team-a"), "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := r.Route(tc.svc)
+			if got.Instance != tc.wantOwner || got.Shadow != tc.wantShad {
+				t.Errorf("got owner %q shadow %q, want %q and %q", got.Instance, got.Shadow, tc.wantOwner, tc.wantShad)
+			}
+		})
+	}
+}
+
 func TestNoDefaultInstance(t *testing.T) {
 	r, err := NewRouter([]Spec{{Name: "team-a", ProxyNames: []string{"team-a"}}})
 	if err != nil {
@@ -209,14 +237,15 @@ func TestDispatchHandover(t *testing.T) {
 
 	f.d.ServiceChanged(service("a1", "web", ""))
 	f.d.SliceChanged(slice("a1", "web-1", "web"))
-	if got := f.take(); !slices.Equal(got, []string{"default: service a1/web", "default: slice a1/web-1", "default: slice a1/web-2", "default: slice a1/web-1"}) {
+	if got := f.take(); !slices.Equal(got, []string{"default: slice a1/web-1", "default: slice a1/web-2", "default: service a1/web", "default: slice a1/web-1"}) {
 		t.Fatalf("unlabeled Service: %q", got)
 	}
 
-	// Relabel to team-a: team-a gets the Service and its current slices at once; the
-	// default instance lets go only once team-a has programmed it.
+	// Relabel to team-a: team-a gets the Service and its current slices at once (the
+	// slices first, so the sync that answers for the Service has them); the default
+	// instance lets go only once team-a has programmed it.
 	f.d.ServiceChanged(service("a1", "web", "team-a"))
-	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web", "team-a: slice a1/web-1", "team-a: slice a1/web-2"}) {
+	if got := f.take(); !slices.Equal(got, []string{"team-a: slice a1/web-1", "team-a: slice a1/web-2", "team-a: service a1/web"}) {
 		t.Fatalf("after relabel: %q", got)
 	}
 	if f.d.Owner(name) != "team-a" {
@@ -264,7 +293,7 @@ func TestDispatchIgnoresUnownedObjects(t *testing.T) {
 	// Relabeling such a Service to a local instance picks it up with its slices.
 	f.slices["x/elsewhere"] = []*discoveryv1.EndpointSlice{slice("x", "elsewhere-1", "elsewhere")}
 	f.d.ServiceChanged(service("x", "elsewhere", "team-b"))
-	if got := f.take(); !slices.Equal(got, []string{"team-b: service x/elsewhere", "team-b: slice x/elsewhere-1"}) {
+	if got := f.take(); !slices.Equal(got, []string{"team-b: slice x/elsewhere-1", "team-b: service x/elsewhere"}) {
 		t.Errorf("got %q", got)
 	}
 	// Relabeling it away again removes it from team-b.
@@ -307,7 +336,7 @@ func TestDispatchShadowMigration(t *testing.T) {
 	}
 	// Shadow: team-a programs it while the label still names the legacy proxy.
 	f.d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
-	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web", "team-a: slice a1/web-1"}) {
+	if got := f.take(); !slices.Equal(got, []string{"team-a: slice a1/web-1", "team-a: service a1/web"}) {
 		t.Fatalf("shadow: %q", got)
 	}
 	if f.d.Owner(name) != "" {
@@ -335,11 +364,26 @@ func TestDispatchShadowMigration(t *testing.T) {
 		t.Errorf("still reported as a shadow: %v", f.d.Shadows())
 	}
 
-	// Rollback: team-a becomes the shadow, the label goes back to the legacy proxy; then
-	// the shadow is dropped, and only then does team-a let go.
+	// Rollback: team-a steps back to a shadow while the label still names it (it keeps
+	// the Service, no longer owns it, and the node status says so), the label goes back
+	// to the legacy proxy; then the shadow is dropped, and only then does team-a let go.
+	f.d.ServiceChanged(shadowed(service("a1", "web", "team-a"), "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web"}) {
+		t.Fatalf("stepping back keeps the Service on team-a: %q", got)
+	}
+	if f.d.Owner(name) != "" {
+		t.Errorf("team-a stepped back but still owns the Service")
+	}
+	f.sinks["team-a"].program(name)
+	eventuallyTrue(t, "the stepped-back owner to be reported as a shadow", func() bool {
+		return slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name})
+	})
 	f.d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
 	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web"}) {
 		t.Fatalf("rollback keeps the Service on team-a as a shadow: %q", got)
+	}
+	if !slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name}) {
+		t.Errorf("handing the label back dropped the shadow from the node status: %v", f.d.Shadows())
 	}
 	f.d.ServiceChanged(service("a1", "web", "legacy"))
 	if got := f.take(); !slices.Equal(got, []string{"team-a: delete service a1/web"}) {
@@ -377,4 +421,58 @@ func eventuallyTrue(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// syncingSink is a Sink that "syncs" the moment it is given a Service, as a real instance
+// may between two calls: its programmed channel closes with what it had at that moment.
+type syncingSink struct {
+	recorder
+	slicesOf   map[types.NamespacedName]int
+	atProgram  map[types.NamespacedName]int
+	programsMu sync.Mutex
+}
+
+func (s *syncingSink) UpdateService(svc *corev1.Service) <-chan struct{} {
+	s.programsMu.Lock()
+	defer s.programsMu.Unlock()
+	n := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	s.atProgram[n] = s.slicesOf[n]
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+
+func (s *syncingSink) UpdateEndpointSlice(sl *discoveryv1.EndpointSlice) {
+	s.programsMu.Lock()
+	defer s.programsMu.Unlock()
+	s.slicesOf[types.NamespacedName{Namespace: sl.Namespace, Name: sl.Labels[discoveryv1.LabelServiceName]}]++
+}
+
+// TestDispatchProgrammedIncludesEndpoints: when an instance takes a Service over (a
+// shadow for a migration, a relabel), "programmed" must cover its endpoints: the status
+// that lets a migration move the label, and the release of the old owner, rely on it.
+func TestDispatchProgrammedIncludesEndpoints(t *testing.T) {
+	var log []string
+	var logMu sync.Mutex
+	sinks := map[string]Sink{}
+	syncing := map[string]*syncingSink{}
+	for _, n := range []string{"default", "team-a", "team-b"} {
+		s := &syncingSink{recorder: recorder{name: n, log: &log, logMu: &logMu, programs: map[types.NamespacedName]chan struct{}{}},
+			slicesOf: map[types.NamespacedName]int{}, atProgram: map[types.NamespacedName]int{}}
+		sinks[n], syncing[n] = s, s
+	}
+	web := types.NamespacedName{Namespace: "a1", Name: "web"}
+	d := NewDispatcher(testRouter(t), sinks, func(ns, svc string) []*discoveryv1.EndpointSlice {
+		return []*discoveryv1.EndpointSlice{slice("a1", "web-1", "web"), slice("a1", "web-2", "web")}
+	}, Events{})
+
+	d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
+	if got := syncing["team-a"].atProgram[web]; got != 2 {
+		t.Errorf("the shadow was programmed with %d of its 2 EndpointSlices", got)
+	}
+	eventuallyTrue(t, "the shadow to be reported", func() bool { return len(d.Shadows()["team-a"]) == 1 })
+	d.ServiceChanged(service("a1", "web", "team-b"))
+	if got := syncing["team-b"].atProgram[web]; got != 2 {
+		t.Errorf("the new owner was programmed with %d of its 2 EndpointSlices", got)
+	}
 }

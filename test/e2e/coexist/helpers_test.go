@@ -95,12 +95,16 @@ func startLoad(e *env.Env, name, from, addr string) *load {
 				return
 			default:
 			}
+			began := time.Now()
 			_, err := e.TP.DialWith(from, "tcp", addr, 80, netns.DialOptions{Timeout: time.Second})
 			if err != nil {
 				l.failed.Add(1)
 				l.mu.Lock()
 				if len(l.firstErrors) < 3 {
-					l.firstErrors = append(l.firstErrors, err.Error())
+					// The wall-clock time lines the failure up with the supervisor's and
+					// kube-proxy's logs (klog prints the same clock).
+					l.firstErrors = append(l.firstErrors, fmt.Sprintf("%s (+%v): %v",
+						began.Format("15:04:05.000"), time.Since(began).Round(time.Millisecond), err))
 				}
 				l.mu.Unlock()
 			} else {

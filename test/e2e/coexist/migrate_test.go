@@ -17,10 +17,12 @@ import (
 // TestMigrateMoveAndRollback moves Services from the real kube-proxy to team-a with
 // `shardproxy migrate move` and back with `migrate rollback`, each Service under a client
 // loop, and counts the failed connections (target 0). The move waits for the node status
-// to confirm team-a programmed them in shadow before the label changes; the rollback keeps
-// team-a's copy until kube-proxy has its rules again.
+// to confirm team-a programmed them in shadow before the label changes; the rollback has
+// team-a step back to a shadow first (freeing the health-check node port, which kube-proxy
+// only tries to bind when it syncs), and keeps team-a's copy until kube-proxy has its
+// rules again.
 func TestMigrateMoveAndRollback(t *testing.T) {
-	e, _ := environment(t)
+	e, kp := environment(t)
 	ctx := context.Background()
 	servers(t, e)
 	names := []string{"mig-1", "mig-2", "mig-3"}
@@ -46,11 +48,13 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	kc := e.CP.Kubeconfig
 	migrate := func(sub string, flags ...string) string {
 		t.Helper()
+		began := time.Now()
 		out, err := e.CLI(append(append([]string{"migrate", sub, "--kubeconfig", kc}, flags...), args...)...)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, out)
 		}
-		t.Logf("shardproxy migrate %s:\n%s", sub, out)
+		// Wall-clock times, to line the phases up with the daemons' logs.
+		t.Logf("shardproxy migrate %s (%s to %s):\n%s", sub, began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), out)
 		return out
 	}
 
@@ -65,6 +69,14 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	for _, n := range names {
 		loads = append(loads, startLoad(e, "pod2 -> "+n, e.TP.Pod2, ips[n]))
 	}
+	finished := false
+	t.Cleanup(func() {
+		if !finished { // stopped early (t.Fatal): still stop the loops and report them
+			for _, l := range loads {
+				l.finish(t)
+			}
+		}
+	})
 	time.Sleep(time.Second)
 
 	start := time.Now()
@@ -92,8 +104,11 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	time.Sleep(time.Second)
 
 	start = time.Now()
-	migrate("rollback", "--from", "team-a", "--legacy-grace", "3s")
+	rollback := migrate("rollback", "--from", "team-a", "--legacy-grace", "3s")
 	rolledBack := time.Since(start)
+	if !strings.Contains(rollback, "team-a stepped back to a shadow on 1 node(s) (node-1)") {
+		t.Errorf("the rollback handed the Services back without the node confirming team-a stepped back:\n%s", rollback)
+	}
 	eventually(t, "kube-proxy to serve them again and team-a to let go", func() bool {
 		save := strings.Join(iptablesSave(t, e), "\n")
 		for _, ip := range ips {
@@ -104,8 +119,17 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		return true
 	})
 	eventually(t, "kube-proxy to take the health-check node port back", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
+	// kube-proxy binds a health-check node port only when it syncs: had team-a still held
+	// it, kube-proxy would have failed once and waited for a later sync (up to its 30s
+	// sync period) to try again.
+	for _, line := range strings.Split(kp.Log(), "\n") {
+		if strings.Contains(line, "Failed to start healthcheck") && strings.Contains(line, "coexist/mig-lb") {
+			t.Errorf("kube-proxy found the health-check node port taken: %s", line)
+		}
+	}
 	time.Sleep(time.Second)
 
+	finished = true
 	var total, failed int64
 	for _, l := range loads {
 		ok, f := l.finish(t)

@@ -1,0 +1,294 @@
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/shardproxy/shardproxy/selector"
+)
+
+const statusNS = "shardproxy-system"
+
+// cluster is a fake apiserver whose ConfigMaps get a new resourceVersion on every
+// write, as a real one does, and which records when each Service patch happened.
+type cluster struct {
+	client *fake.Clientset
+
+	mu      sync.Mutex
+	rv      int
+	patches []patchRecord
+}
+
+type patchRecord struct {
+	at   time.Time
+	name string
+	body string
+}
+
+func newCluster(t *testing.T, svcs ...*corev1.Service) *cluster {
+	t.Helper()
+	var objs []runtime.Object
+	for _, s := range svcs {
+		objs = append(objs, s)
+	}
+	c := &cluster{client: fake.NewSimpleClientset(objs...)}
+	bump := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		var obj runtime.Object
+		switch a := action.(type) {
+		case k8stesting.CreateAction:
+			obj = a.GetObject()
+		case k8stesting.UpdateAction:
+			obj = a.GetObject()
+		}
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			c.mu.Lock()
+			c.rv++
+			cm.ResourceVersion = fmt.Sprint(c.rv)
+			c.mu.Unlock()
+		}
+		return false, nil, nil
+	}
+	c.client.PrependReactor("create", "configmaps", bump)
+	c.client.PrependReactor("update", "configmaps", bump)
+	c.client.PrependReactor("patch", "services", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		p := action.(k8stesting.PatchAction)
+		c.mu.Lock()
+		c.patches = append(c.patches, patchRecord{at: time.Now(), name: p.GetNamespace() + "/" + p.GetName(), body: string(p.GetPatch())})
+		c.mu.Unlock()
+		return false, nil, nil
+	})
+	return c
+}
+
+func (c *cluster) patchLog() []patchRecord {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]patchRecord(nil), c.patches...)
+}
+
+// node is one node's supervisor as far as migrate sees it: an instance team-a serving
+// proxy name team-a, programming (at once) every Service the router gives it as a shadow,
+// and a Publisher reporting it. It records when its status first listed each shadow.
+type node struct {
+	name    string
+	mu      sync.Mutex
+	listed  map[string]time.Time
+	confirm func(svc string) bool // nil: confirm every shadow
+}
+
+func startNode(t *testing.T, c *cluster, n *node) {
+	t.Helper()
+	router, err := selector.NewRouter([]selector.Spec{{Name: "team-a", ProxyNames: []string{"team-a"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.listed = map[string]time.Time{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	pub := &Publisher{Client: c.client, Namespace: statusNS, Node: n.name, Interval: 5 * time.Millisecond,
+		Source: func() NodeStatus {
+			is := InstanceStatus{ProxyNames: []string{"team-a"}}
+			list, err := c.client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+			if err == nil {
+				for _, s := range list.Items {
+					name := s.Namespace + "/" + s.Name
+					if router.Route(&s).Shadow == "team-a" && (n.confirm == nil || n.confirm(name)) {
+						is.Shadow = append(is.Shadow, name)
+					}
+				}
+			}
+			n.mu.Lock()
+			for _, s := range is.Shadow {
+				if _, ok := n.listed[s]; !ok {
+					n.listed[s] = time.Now()
+				}
+			}
+			n.mu.Unlock()
+			return NodeStatus{Instances: map[string]InstanceStatus{"team-a": is}}
+		}}
+	go func() { defer close(done); pub.Run(ctx) }()
+}
+
+func (n *node) firstListed(svc string) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	at, ok := n.listed[svc]
+	return at, ok
+}
+
+func svc(ns, name, proxyName string) *corev1.Service {
+	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if proxyName != "" {
+		s.Labels = map[string]string{selector.LabelServiceProxyName: proxyName}
+	}
+	return s
+}
+
+func labelPatch(p patchRecord) bool { return strings.Contains(p.body, `"labels"`) }
+
+func waitStatus(t *testing.T, c *cluster, nodes int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if st, err := ReadStatuses(context.Background(), c.client, statusNS); err == nil && len(st) == nodes {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no status from %d node(s)", nodes)
+}
+
+// TestRollbackStepsBackBeforeHandingBack: the owner becomes a shadow (annotation naming
+// its own proxy) and every node confirms it before the label goes, so a legacy proxy
+// finds the health-check node port free; the shadow stays for the grace, then goes.
+func TestRollbackStepsBackBeforeHandingBack(t *testing.T) {
+	c := newCluster(t, svc("shop", "cart", "team-a"), svc("shop", "web", "team-a"))
+	nodes := []*node{{name: "node-1"}, {name: "node-2"}}
+	for _, n := range nodes {
+		startNode(t, c, n)
+	}
+	waitStatus(t, c, 2)
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
+		Timeout: 5 * time.Second, LegacyGrace: 50 * time.Millisecond}
+	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
+	if err != nil || rep.Moved != 2 || rep.Batches != 1 {
+		t.Fatalf("rollback: %+v %v\n%s", rep, err, out.String())
+	}
+	t.Logf("rollback:\n%s", out.String())
+	if !strings.Contains(out.String(), "team-a stepped back to a shadow on 2 node(s) (node-1, node-2)") {
+		t.Errorf("the output does not report the nodes' confirmation:\n%s", out.String())
+	}
+	for _, name := range []string{"shop/cart", "shop/web"} {
+		var label, last *patchRecord
+		for _, p := range c.patchLog() {
+			if p.name != name {
+				continue
+			}
+			if label == nil && labelPatch(p) {
+				label = &p
+			}
+			last = &p
+		}
+		if label == nil {
+			t.Fatalf("%s: the label was never patched", name)
+		}
+		for _, n := range nodes {
+			at, ok := n.firstListed(name)
+			if !ok || !at.Before(label.at) {
+				t.Errorf("%s: the label moved before %s reported the shadow (listed %v at %v, label at %v)", name, n.name, ok, at, label.at)
+			}
+		}
+		if !strings.Contains(label.body, `"shardproxy.io/shadow":"team-a"`) || !strings.Contains(label.body, `"service.kubernetes.io/service-proxy-name":null`) {
+			t.Errorf("%s: the hand-back patch %s must remove the label and keep the shadow", name, label.body)
+		}
+		if !strings.Contains(last.body, `"shardproxy.io/shadow":null`) || labelPatch(*last) {
+			t.Errorf("%s: the last patch %s must only drop the shadow", name, last.body)
+		}
+		got, err := c.client.CoreV1().Services("shop").Get(context.Background(), strings.TrimPrefix(name, "shop/"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, labeled := got.Labels[selector.LabelServiceProxyName]; labeled || got.Annotations[selector.AnnotationShadow] != "" {
+			t.Errorf("%s after the rollback: labels %v annotations %v", name, got.Labels, got.Annotations)
+		}
+	}
+}
+
+// TestRollbackHandsBackWithoutConfirmation: a node that never reports the shadow (an
+// older supervisor, a stuck one) delays the hand-back by Timeout, never blocks it: a
+// rollback must always be able to give Services back.
+func TestRollbackHandsBackWithoutConfirmation(t *testing.T) {
+	c := newCluster(t, svc("shop", "cart", "team-a"))
+	startNode(t, c, &node{name: "node-1", confirm: func(string) bool { return false }})
+	waitStatus(t, c, 1)
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
+		Timeout: 100 * time.Millisecond, LegacyGrace: 10 * time.Millisecond}
+	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
+	if err != nil || rep.Moved != 1 {
+		t.Fatalf("rollback: %+v %v\n%s", rep, err, out.String())
+	}
+	if !strings.Contains(out.String(), "warning: not programmed in shadow within 100ms: node-1: shop/cart; handing back anyway") {
+		t.Errorf("no warning about the missing confirmation:\n%s", out.String())
+	}
+	got, err := c.client.CoreV1().Services("shop").Get(context.Background(), "cart", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, labeled := got.Labels[selector.LabelServiceProxyName]; labeled || got.Annotations[selector.AnnotationShadow] != "" {
+		t.Errorf("after the rollback: labels %v annotations %v", got.Labels, got.Annotations)
+	}
+}
+
+// TestRollbackWithoutNodeStatuses: with no node status at all (statuses turned off),
+// a rollback hands back at once, as before node statuses existed.
+func TestRollbackWithoutNodeStatuses(t *testing.T) {
+	c := newCluster(t, svc("shop", "cart", "team-a"))
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Timeout: time.Minute, LegacyGrace: 10 * time.Millisecond}
+	start := time.Now()
+	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
+	if err != nil || rep.Moved != 1 {
+		t.Fatalf("rollback: %+v %v\n%s", rep, err, out.String())
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("the rollback waited %v for nodes that do not exist", d)
+	}
+	if !strings.Contains(out.String(), `no live node reports an instance serving "team-a"`) {
+		t.Errorf("no warning:\n%s", out.String())
+	}
+}
+
+// TestMoveIgnoresStaleShadow: a node status still listing a Service as a shadow from an
+// earlier step (here written before the node's supervisor even started) does not confirm
+// a new move; only a status written after the annotation does.
+func TestMoveIgnoresStaleShadow(t *testing.T) {
+	c := newCluster(t, svc("shop", "cart", ""))
+	stale := NodeStatus{Node: "node-1", Heartbeat: time.Now().UTC(),
+		Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}, Shadow: []string{"shop/cart"}}}}
+	pub := &Publisher{Client: c.client, Namespace: statusNS, Node: "node-1"}
+	if err := pub.write(context.Background(), stale); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond, Timeout: 5 * time.Second}
+	type result struct {
+		rep Report
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		rep, err := m.Move(context.Background(), Selection{Namespace: "shop"}, "team-a")
+		res <- result{rep, err}
+	}()
+	// The node's supervisor starts only now: until then the stale status is all there is.
+	time.Sleep(200 * time.Millisecond)
+	n := &node{name: "node-1"}
+	startNode(t, c, n)
+	r := <-res
+	if r.err != nil || r.rep.Moved != 1 {
+		t.Fatalf("move: %+v %v\n%s", r.rep, r.err, out.String())
+	}
+	listed, ok := n.firstListed("shop/cart")
+	if !ok {
+		t.Fatalf("the move finished before the node reported anything:\n%s", out.String())
+	}
+	for _, p := range c.patchLog() {
+		if labelPatch(p) && p.at.Before(listed) {
+			t.Errorf("the label moved at %v on a stale status; the node reported the shadow at %v", p.at, listed)
+		}
+	}
+}
