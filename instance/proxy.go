@@ -191,10 +191,12 @@ func (p *Proxy) UpdateService(svc *corev1.Service) <-chan struct{} {
 	return ch
 }
 
-// DeleteService removes a Service and its EndpointSlices.
+// DeleteService removes a Service and its EndpointSlices (selector.Sink: the slices'
+// later events are not sent to this instance; if the Service comes back, its current
+// slices come with it).
 func (p *Proxy) DeleteService(name types.NamespacedName) {
 	p.mu.Lock()
-	p.tracker.DeleteService(name)
+	p.tracker.ForgetService(name)
 	p.mu.Unlock()
 	p.queue()
 }

@@ -497,3 +497,34 @@ func TestSyncLogsProblemsWhenBuilt(t *testing.T) {
 		t.Errorf("problem logs after the retry = %q; want still the one", got)
 	}
 }
+
+// TestDeleteServiceForgetsItsSlices: a Service handed to another instance (or deleted)
+// takes its EndpointSlices with it, so when it comes back with its current slices, an
+// endpoint removed meanwhile (an event this instance never heard) is not programmed.
+func TestDeleteServiceForgetsItsSlices(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	ctx := context.Background()
+	p.UpdateService(service())
+	p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.5", thisNodeName)))
+	p.UpdateEndpointSlice(v4Slice("web-2", ep("10.244.2.5", "node-b")))
+	if _, err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	p.DeleteService(webName)
+	if _, err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	// Back, with only the slice that still exists.
+	p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.5", thisNodeName)))
+	p.UpdateService(service())
+	if _, err := p.Sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	dump := nft.dump()
+	if !strings.Contains(dump, "10.244.1.5 . 8080") {
+		t.Errorf("the current endpoint is not programmed:\n%s", dump)
+	}
+	if strings.Contains(dump, "10.244.2.5") {
+		t.Errorf("an endpoint of a slice deleted while the Service was away is programmed:\n%s", dump)
+	}
+}

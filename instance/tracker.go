@@ -85,6 +85,18 @@ func (t *Tracker) DeleteService(name types.NamespacedName) {
 	delete(t.since, name)
 }
 
+// ForgetService forgets a Service and every EndpointSlice filed under it: the caller will
+// not hear of those slices again (the Service moved to another instance, or is gone and
+// its slices' events go nowhere), so keeping them would bring back endpoints that no
+// longer exist if the Service returned.
+func (t *Tracker) ForgetService(name types.NamespacedName) {
+	t.DeleteService(name)
+	for slice := range t.slices[name] {
+		delete(t.sliceOwner, types.NamespacedName{Namespace: name.Namespace, Name: slice})
+	}
+	delete(t.slices, name)
+}
+
 // UpdateEndpointSlice adds or updates an EndpointSlice. Slices are grouped by their
 // kubernetes.io/service-name label; a slice without it belongs to no Service.
 func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
