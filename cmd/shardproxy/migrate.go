@@ -47,9 +47,10 @@ shardproxy.io/shadow; an instance's rules run after a legacy kube-proxy's, so th
 rules still win), waits until every node running the target reports them programmed
 (its shardproxy-node-<node> ConfigMap), and only then sets the label
 service.kubernetes.io/service-proxy-name, which makes the legacy proxy let go. A rollback
-moves the label back while the instance keeps the Services in shadow until the legacy
-proxy has had --legacy-grace to program them. Services are chosen by --namespace,
---selector or names (namespace/name) as arguments.`,
+first has the owning instance step back to a shadow (it keeps the rules but gives up the
+health-check node port), waits until every node reports it, then moves the label back;
+the shadow stays until the legacy proxy has had --legacy-grace to program the Services.
+Services are chosen by --namespace, --selector or names (namespace/name) as arguments.`,
 		Subcommands: []*cli.Command{
 			{
 				Name:      "plan",
