@@ -378,7 +378,9 @@ func (m *Metrics) SyncFailed(instance string) {
 }
 
 // CleanupFailed counts a failed removal of instance's stale nftables
-// objects.
+// objects. The supervisor counts there each table of an instance removed
+// from the configuration that it failed to delete, under that instance's
+// name (upstream counts its failed deletions of stale chains).
 func (m *Metrics) CleanupFailed(instance string) {
 	m.cleanupFailures.WithLabelValues(instance).Inc()
 }
@@ -418,8 +420,9 @@ func (m *Metrics) ConntrackDeleted(instance string, family string, n int) {
 	addCount(m.conntrackReconcilerDeleted.WithLabelValues(family), n)
 }
 
-// SetPendingChanges records how many Service and Endpoint changes are
-// waiting for instance's next sync.
+// SetPendingChanges records how many Services have a Service, respectively
+// an Endpoint, change waiting for instance's next sync (upstream counts
+// Services with pending changes too, not events).
 func (m *Metrics) SetPendingChanges(instance string, services, endpoints int) {
 	m.serviceChangesPending.WithLabelValues(instance).Set(float64(services))
 	m.endpointChangesPending.WithLabelValues(instance).Set(float64(endpoints))

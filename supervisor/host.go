@@ -9,9 +9,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/supervisor/config"
 )
 
 var metav1GetOptions = metav1.GetOptions{}
@@ -43,39 +46,118 @@ func writeSysctl(name, value string) error {
 	return nil
 }
 
-// setConntrackSysctls applies the node-wide conntrack settings once, for every instance.
-// Failures are logged: in a network namespace some of them are read-only, and the
-// proxy works without them.
+// conntrackMaxLimit caps nf_conntrack_max computed from maxPerCore, as upstream does, so
+// that many-core machines do not reserve excessive memory.
+const conntrackMaxLimit = 1 << 20
+
+const (
+	// conntrackHashsizePath is nf_conntrack's hash table size (buckets).
+	conntrackHashsizePath = "/sys/module/nf_conntrack/parameters/hashsize"
+	// onlineCPUsPath lists the node's online CPUs ("0-3,6").
+	onlineCPUsPath = "/sys/devices/system/cpu/online"
+)
+
+// conntrackMax is the nf_conntrack_max to set for ct on a node with cpus CPUs, computed
+// as upstream kube-proxy does: maxPerCore × CPUs, capped at conntrackMaxLimit (the cap
+// wins even over min), else at least min. 0 (maxPerCore unset or 0) leaves it alone,
+// whatever min says.
+func conntrackMax(ct config.Conntrack, cpus int) int {
+	if ct.MaxPerCore == nil || *ct.MaxPerCore <= 0 {
+		return 0
+	}
+	floor := 0
+	if ct.Min != nil {
+		floor = int(*ct.Min)
+	}
+	scaled := int(*ct.MaxPerCore) * cpus
+	if scaled > conntrackMaxLimit {
+		return conntrackMaxLimit
+	}
+	return max(scaled, floor)
+}
+
+// setConntrackSysctls applies the node-wide conntrack settings once, for every instance,
+// with upstream kube-proxy's semantics: nf_conntrack_max from maxPerCore and min, and
+// then nf_conntrack's hash table raised to a quarter of it; each timeout in whole seconds
+// when it is positive. Unlike upstream, failures are logged and the rest still applied:
+// in a network namespace some of them are read-only, and the proxy works without them.
 func (s *Supervisor) setConntrackSysctls() {
 	ct := s.cfg.Conntrack
-	set := func(name string, v int64) {
+	set := func(name string, v int64) bool {
 		if v <= 0 {
-			return
+			return false
 		}
 		if err := s.deps.Sysctl(name, strconv.FormatInt(v, 10)); err != nil {
 			s.logger.Info("Could not set conntrack sysctl", "sysctl", name, "err", err)
+			return false
+		}
+		return true
+	}
+	if maxConns := conntrackMax(ct, s.deps.NumCPU()); maxConns > 0 {
+		if set("net.netfilter.nf_conntrack_max", int64(maxConns)) {
+			if err := s.deps.ConntrackHashsize(maxConns / 4); err != nil {
+				s.logger.Info("Could not raise the conntrack hash table size", "hashsize", maxConns/4, "err", err)
+			}
 		}
 	}
-	if ct.MaxPerCore != nil && *ct.MaxPerCore > 0 {
-		maxConns := int64(*ct.MaxPerCore) * int64(runtime.NumCPU())
-		if ct.Min != nil && int64(*ct.Min) > maxConns {
-			maxConns = int64(*ct.Min)
+	secs := func(d *config.Duration) int64 {
+		if d == nil {
+			return 0
 		}
-		set("net.netfilter.nf_conntrack_max", maxConns)
+		return int64(d.Duration / time.Second)
 	}
-	secs := func(d interface{ Seconds() float64 }) int64 { return int64(d.Seconds()) }
-	if ct.TCPEstablishedTimeout != nil {
-		set("net.netfilter.nf_conntrack_tcp_timeout_established", secs(ct.TCPEstablishedTimeout.Duration))
+	set("net.netfilter.nf_conntrack_tcp_timeout_established", secs(ct.TCPEstablishedTimeout))
+	set("net.netfilter.nf_conntrack_tcp_timeout_close_wait", secs(ct.TCPCloseWaitTimeout))
+	set("net.netfilter.nf_conntrack_udp_timeout", secs(ct.UDPTimeout))
+	set("net.netfilter.nf_conntrack_udp_timeout_stream", secs(ct.UDPStreamTimeout))
+}
+
+// raiseHashsize sets the conntrack hash table size in path to buckets if it is smaller;
+// it never shrinks the table.
+func raiseHashsize(path string, buckets int) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading conntrack hashsize: %w", err)
 	}
-	if ct.TCPCloseWaitTimeout != nil {
-		set("net.netfilter.nf_conntrack_tcp_timeout_close_wait", secs(ct.TCPCloseWaitTimeout.Duration))
+	cur, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("reading conntrack hashsize: %w", err)
 	}
-	if ct.UDPTimeout != nil {
-		set("net.netfilter.nf_conntrack_udp_timeout", secs(ct.UDPTimeout.Duration))
+	if cur >= buckets {
+		return nil
 	}
-	if ct.UDPStreamTimeout != nil {
-		set("net.netfilter.nf_conntrack_udp_timeout_stream", secs(ct.UDPStreamTimeout.Duration))
+	if err := os.WriteFile(path, []byte(strconv.Itoa(buckets)), 0o644); err != nil {
+		return fmt.Errorf("setting conntrack hashsize %d: %w", buckets, err)
 	}
+	return nil
+}
+
+// numCPU counts the online CPUs listed in path, the machine's rather than this
+// process's CPU set (upstream counts them from /sys for the same reason), falling back to
+// runtime.NumCPU.
+func numCPU(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(r, "-")
+		first, err1 := strconv.Atoi(lo)
+		last := first
+		var err2 error
+		if isRange {
+			last, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || last < first {
+			return runtime.NumCPU()
+		}
+		n += last - first + 1
+	}
+	if n < 1 {
+		return runtime.NumCPU()
+	}
+	return n
 }
 
 // serviceCIDRAPIAvailable reports whether the apiserver serves networking.k8s.io/v1

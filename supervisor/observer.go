@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"context"
 	"maps"
 	"slices"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/shardproxy/shardproxy/instance"
-	"github.com/shardproxy/shardproxy/tables"
 )
 
 // observer does the node-wide work after each instance sync: health, metrics,
@@ -38,6 +36,7 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	s.health.Updated(inst)
 	s.health.SetInstanceError(inst, nil)
 	s.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
+	s.changes.synced(inst)
 	ops := 0
 	for _, st := range res.Stats {
 		ops += st.Operations
@@ -51,7 +50,10 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	s.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
 	s.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
 	s.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
-	o.cleanConntrack(inst, res.Changed)
+	o.cleanConntrack(inst, res.Changed, res.Full)
+	if res.Full {
+		s.fullSyncs.fullSynced(inst)
+	}
 	for _, c := range res.Changed {
 		if c.After == nil || len(c.After.Problems) == 0 {
 			continue
@@ -85,35 +87,4 @@ func (o *observer) ownedHealthChecks(inst string, ports map[types.NamespacedName
 		return ports
 	}
 	return out
-}
-
-// cleanConntrack removes stale UDP/SCTP flows of the changed Services. Only Services an
-// instance owns ever get here, so flows of foreign Services are never touched.
-func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService) {
-	if o.s.cleaner == nil || len(changed) == 0 {
-		return
-	}
-	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-		var before, after []*tables.ServicePort
-		for _, c := range changed {
-			if c.Before != nil {
-				before = append(before, c.Before.Ports[fam]...)
-			}
-			if c.After != nil {
-				after = append(after, c.After.Ports[fam]...)
-			}
-		}
-		if len(before) == 0 && len(after) == 0 {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		n, err := o.s.cleaner.Cleanup(ctx, before, after)
-		cancel()
-		if err != nil {
-			o.s.logger.Error(err, "Conntrack cleanup failed", "instance", inst, "family", fam)
-		}
-		if n > 0 {
-			o.s.metrics.ConntrackDeleted(inst, fam.String(), n)
-		}
-	}
 }

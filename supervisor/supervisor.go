@@ -48,6 +48,15 @@ type Deps struct {
 	InterfaceAddrs func() ([]netip.Addr, error)
 	// Sysctl writes a sysctl; default: /proc/sys. Errors are logged, never fatal.
 	Sysctl func(name, value string) error
+	// ConntrackHashsize raises nf_conntrack's hash table to at least buckets (never
+	// lowers it); default: /sys/module/nf_conntrack/parameters/hashsize. Errors are logged.
+	ConntrackHashsize func(buckets int) error
+	// NumCPU counts the node's CPUs for conntrack.maxPerCore; default: the online CPUs
+	// of /sys (a container's CPU set may be smaller), else runtime.NumCPU.
+	NumCPU func() int
+	// ListTables lists the names of the host's nftables tables of one family, to find
+	// the tables of instances removed from the configuration; default: nft.
+	ListTables func(ctx context.Context, fam tables.Family) ([]string, error)
 }
 
 // Supervisor runs one node's instances.
@@ -63,9 +72,19 @@ type Supervisor struct {
 	watches *Watches
 	// dispatcher is set in Run before any instance starts.
 	dispatcher *selector.Dispatcher
+	// slicesOf lists a Service's EndpointSlices from the watch; set in Run with watches.
+	slicesOf selector.SliceLister
 
 	instances map[string]*instance.Proxy
 	specs     map[string]config.Instance
+
+	// kept remembers the serving endpoints conntrack cleanup kept outside the rules.
+	kept keptFlows
+	// changes counts the Service and EndpointSlice changes handed to each instance.
+	changes *changeCounter
+	// fullSyncs tracks the instances' first successful full syncs; once every instance
+	// has had one, the tables of instances no longer configured are deleted.
+	fullSyncs firstFullSyncs
 
 	nodeMu sync.Mutex
 	node   *corev1.Node
@@ -87,6 +106,15 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	if deps.Sysctl == nil {
 		deps.Sysctl = writeSysctl
 	}
+	if deps.ConntrackHashsize == nil {
+		deps.ConntrackHashsize = func(buckets int) error { return raiseHashsize(conntrackHashsizePath, buckets) }
+	}
+	if deps.NumCPU == nil {
+		deps.NumCPU = func() int { return numCPU(onlineCPUsPath) }
+	}
+	if deps.ListTables == nil {
+		deps.ListTables = ListTables
+	}
 	if deps.Recorder == nil {
 		deps.Recorder = newEventRecorder(deps.Client, cfg.NodeName)
 	}
@@ -98,6 +126,8 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
 	}
+	s.changes = newChangeCounter(s.metrics)
+	s.fullSyncs.done = make(chan struct{})
 	s.health = healthcheck.NewProxyHealth(nil, func(inst string) time.Duration {
 		// Upstream's health timeout is twice the sync period.
 		if spec, ok := s.specs[inst]; ok && spec.SyncPeriod.Duration > 0 {
@@ -176,6 +206,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	s.watches = w
+	s.slicesOf = w.SlicesOf
 
 	node := s.waitForNode(ctx)
 	for _, spec := range s.cfg.Instances {
@@ -189,8 +220,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	sinks := map[string]selector.Sink{}
 	for n, p := range s.instances {
-		sinks[n] = p
+		sinks[n] = &countingSink{Sink: p, instance: n, counter: s.changes}
 	}
+	s.fullSyncs.pending = len(s.instances)
 	d := selector.NewDispatcher(s.router, sinks, w.SlicesOf, selector.Events{
 		Handover: func(svc types.NamespacedName, from, to string) {
 			if from != "" && to != "" {
@@ -251,6 +283,15 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.superviseInstance(ctx, s.instances[name])
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+		case <-s.fullSyncs.done:
+			s.deleteUnconfiguredTables(ctx)
+		}
+	}()
 	<-ctx.Done()
 	s.svcHC.Close()
 	wg.Wait()

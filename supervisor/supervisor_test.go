@@ -66,12 +66,51 @@ func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := fmt.Sprintf("%s %s", tables.KnftFamily(fam), table)
-	fk := knftables.NewFake(tables.KnftFamily(fam), table)
-	f.fakes[key] = fk
+	fk := f.fakes[key]
+	if fk == nil {
+		fk = knftables.NewFake(tables.KnftFamily(fam), table)
+		f.fakes[key] = fk
+	}
 	if table == f.fail {
 		return failing{fk}, nil
 	}
 	return fk, nil
+}
+
+// seed creates a table ("ip name") holding one chain, as if left by an earlier run.
+func (f *fakeTables) seed(t *testing.T, key string) {
+	t.Helper()
+	fam, name, _ := strings.Cut(key, " ")
+	fk := knftables.NewFake(knftables.Family(fam), name)
+	tx := fk.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Add(&knftables.Chain{Name: "left-over"})
+	if err := fk.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fakes[key] = fk
+}
+
+// list is the ListTables seam: the tables of a family that exist.
+func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for key, fk := range f.fakes {
+		family, name, _ := strings.Cut(key, " ")
+		if family != string(tables.KnftFamily(fam)) {
+			continue
+		}
+		fk.RLock()
+		exists := fk.Table != nil
+		fk.RUnlock()
+		if exists {
+			out = append(out, name)
+		}
+	}
+	return out, nil
 }
 
 // dump returns a table's content, or "" if it does not exist yet.
@@ -82,11 +121,8 @@ func (f *fakeTables) dump(key string) string {
 	if fk == nil {
 		return ""
 	}
-	fk.RLock()
-	defer fk.RUnlock()
-	if fk.Table == nil {
-		return ""
-	}
+	// Dump read-locks the fake itself; locking it here too would deadlock as soon as a
+	// sync's Run waits for the write lock in between.
 	return fk.Dump()
 }
 
@@ -118,6 +154,20 @@ type fixture struct {
 
 func startSupervisor(t *testing.T, failTable string) *fixture {
 	t.Helper()
+	return startSupervisorWith(t, fixtureOptions{failTable: failTable})
+}
+
+// fixtureOptions change what startSupervisorWith starts.
+type fixtureOptions struct {
+	// failTable is a table name whose transactions always fail.
+	failTable string
+	// seed are tables ("ip name") that exist before the supervisor starts.
+	seed []string
+}
+
+func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
+	t.Helper()
+	failTable := opts.failTable
 	cfg, err := config.Decode([]byte(testConfigYAML), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -132,9 +182,14 @@ func startSupervisor(t *testing.T, failTable string) *fixture {
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
 	f := &fixture{t: t, client: fake.NewClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
 		rec: &fakeRecorder{}, ct: conntrack.NewFake()}
+	for _, key := range opts.seed {
+		f.tables.seed(t, key)
+	}
 	f.sup, err = New(cfg, Deps{
 		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
-		Sysctl: func(string, string) error { return nil },
+		Sysctl:            func(string, string) error { return nil },
+		ConntrackHashsize: func(int) error { return nil },
+		ListTables:        f.tables.list,
 	})
 	if err != nil {
 		t.Fatal(err)

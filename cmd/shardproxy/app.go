@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/urfave/cli/v2"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -93,6 +95,9 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 				Name:  "cleanup",
 				Usage: "delete shardproxy's tables (all instances of the configuration, or one), or with --legacy the rules a gone kube-proxy left; never touches other tables",
 				Description: `With --config (and optionally --instance): delete those instances' ip and ip6 tables.
+--instance may name an instance that is no longer in the configuration (or give no
+--config): its tables <prefix>-<instance> are deleted if they exist, the prefix taken from
+--table-prefix, else the configuration, else "shardproxy"; it fails if there is none.
 With --legacy iptables|ipvs instead: remove what an upstream kube-proxy in that mode left
 on this node once it is gone: its KUBE-* iptables chains and the jumps to them (never
 kubelet's or other components' chains, nor any nftables table that is not iptables'), and
@@ -101,7 +106,8 @@ kube-proxy still runs in this network namespace (run it on the host, or with hos
 unless --force. --legacy cannot be combined with --config or --instance: run cleanup twice.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "supervisor configuration file (required unless --legacy)"},
-					&cli.StringFlag{Name: "instance", Usage: "only this instance"},
+					&cli.StringFlag{Name: "instance", Usage: "only this instance (may be one no longer in the configuration)"},
+					&cli.StringFlag{Name: "table-prefix", Usage: "with --instance: the prefix of its tables (default: the configuration's tablePrefix, else " + config.DefaultTablePrefix + ")"},
 					&cli.StringFlag{Name: "legacy", Usage: "iptables or ipvs: clean up after a gone kube-proxy in that mode"},
 					&cli.BoolFlag{Name: "force", Usage: "with --legacy: go on although a kube-proxy is still running"},
 					&cli.BoolFlag{Name: "dry-run", Usage: "with --legacy: only print what would be removed"},
@@ -109,8 +115,8 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 				},
 				Action: func(c *cli.Context) error {
 					if c.IsSet("legacy") {
-						if c.IsSet("config") || c.IsSet("instance") {
-							return errors.New("--legacy cleans up after kube-proxy only: it cannot be combined with --config or --instance (run cleanup twice)")
+						if c.IsSet("config") || c.IsSet("instance") || c.IsSet("table-prefix") {
+							return errors.New("--legacy cleans up after kube-proxy only: it cannot be combined with --config or --instance or --table-prefix (run cleanup twice)")
 						}
 						mode, err := legacy.ParseMode(c.String("legacy"))
 						if err != nil {
@@ -126,10 +132,15 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 							return fmt.Errorf("--%s only applies to --legacy", f)
 						}
 					}
-					if !c.IsSet("config") {
+					if !c.IsSet("config") && !c.IsSet("instance") {
 						return errors.New(`cleanup needs --config (shardproxy's tables) or --legacy iptables|ipvs (a gone kube-proxy's rules)`)
 					}
-					return cleanup(c.Context, c.App.Writer, c.String("config"), c.String("instance"))
+					if c.IsSet("table-prefix") && !c.IsSet("instance") {
+						return errors.New("--table-prefix only applies to --instance")
+					}
+					return cleanup(c.Context, c.App.Writer, cleanupOptions{
+						config: c.String("config"), instance: c.String("instance"), tablePrefix: c.String("table-prefix"),
+					})
 				},
 			},
 			migrateCommand(),
@@ -224,20 +235,39 @@ func check(ctx context.Context, w io.Writer, path string, probe bool) error {
 	return nil
 }
 
-func cleanup(ctx context.Context, w io.Writer, path, only string) error {
-	cfg, err := config.Load(path)
-	if err != nil {
-		return err
+// cleanupOptions say which of shardproxy's tables cleanup deletes.
+type cleanupOptions struct {
+	// config is the configuration file; empty when only instance is given.
+	config string
+	// instance limits the cleanup to one instance, configured or not.
+	instance string
+	// tablePrefix overrides the configuration's (or the default) table prefix.
+	tablePrefix string
+}
+
+func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
+	prefix := config.DefaultTablePrefix
+	var instances []config.Instance
+	if opts.config != "" {
+		cfg, err := config.Load(opts.config)
+		if err != nil {
+			return err
+		}
+		prefix = cfg.TablePrefix
+		instances = cfg.Instances
+	}
+	if opts.tablePrefix != "" {
+		prefix = opts.tablePrefix
 	}
 	found := false
 	var errs []error
-	for _, inst := range cfg.Instances {
-		if only != "" && inst.Name != only {
+	for _, inst := range instances {
+		if opts.instance != "" && inst.Name != opts.instance {
 			continue
 		}
 		found = true
 		for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-			nft, err := tables.NewNFT(fam, cfg.TablePrefix, inst.Name)
+			nft, err := tables.NewNFT(fam, prefix, inst.Name)
 			if err == nil {
 				err = tables.DeleteTable(ctx, nft)
 			}
@@ -245,13 +275,60 @@ func cleanup(ctx context.Context, w io.Writer, path, only string) error {
 				errs = append(errs, fmt.Errorf("instance %s %s: %w", inst.Name, fam, err))
 				continue
 			}
-			fmt.Fprintf(w, "deleted table %s %s (if it existed)\n", tables.KnftFamily(fam), inst.TableName(cfg.TablePrefix))
+			fmt.Fprintf(w, "deleted table %s %s (if it existed)\n", tables.KnftFamily(fam), inst.TableName(prefix))
 		}
 	}
 	if !found {
-		return fmt.Errorf("no instance %q in %s", only, path)
+		return cleanupUnconfigured(ctx, w, opts, prefix)
 	}
 	return errors.Join(errs...)
+}
+
+// cleanupUnconfigured deletes the tables of an instance that is not in the configuration
+// (one removed from it, typically). As the name comes from nowhere but the command line,
+// it must name tables that exist: a typo fails rather than pretending to clean up.
+func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, prefix string) error {
+	name := opts.instance
+	table := prefix + "-" + name
+	what := fmt.Sprintf("instance %q", name)
+	if opts.config != "" {
+		what = fmt.Sprintf("no instance %q in %s", name, opts.config)
+	}
+	if msgs := content.IsDNS1123Label(name); len(msgs) > 0 {
+		return fmt.Errorf("%s: not a valid instance name: %s", what, strings.Join(msgs, "; "))
+	}
+	if len(table) > config.MaxTableNameLength {
+		return fmt.Errorf("%s: its table name %s is longer than %d characters", what, table, config.MaxTableNameLength)
+	}
+	deleted := 0
+	var errs []error
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		names, err := supervisor.ListTables(ctx, fam)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: looking for its tables: %w", what, err))
+			continue
+		}
+		if !slices.Contains(names, table) {
+			continue
+		}
+		nft, err := tables.NewNFT(fam, prefix, name)
+		if err == nil {
+			err = tables.DeleteTable(ctx, nft)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("instance %s %s: %w", name, fam, err))
+			continue
+		}
+		deleted++
+		fmt.Fprintf(w, "deleted table %s %s\n", tables.KnftFamily(fam), table)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if deleted == 0 {
+		return fmt.Errorf("%s: no table ip or ip6 %s on this node, nothing to delete", what, table)
+	}
+	return nil
 }
 
 func status(ctx context.Context, w io.Writer, addr string) error {

@@ -27,6 +27,9 @@ func TestCleanupFlags(t *testing.T) {
 		{"--force without --legacy", []string{"cleanup", "--config", "testdata/config.yaml", "--force"}, "--force only applies to --legacy"},
 		{"--dry-run without --legacy", []string{"cleanup", "--config", "testdata/config.yaml", "--dry-run"}, "--dry-run only applies to --legacy"},
 		{"--instance keeps working: an unknown instance", []string{"cleanup", "--config", "testdata/config.yaml", "--instance", "nope"}, `no instance "nope"`},
+		{"an unknown instance must be a valid instance name", []string{"cleanup", "--instance", "Not_A_Name"}, `instance "Not_A_Name": not a valid instance name`},
+		{"--table-prefix without --instance", []string{"cleanup", "--config", "testdata/config.yaml", "--table-prefix", "sp"}, "--table-prefix only applies to --instance"},
+		{"--legacy with --table-prefix", []string{"cleanup", "--legacy", "iptables", "--table-prefix", "sp"}, "cannot be combined with --config or --instance or --table-prefix"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, errOut, code := runCLI(tc.args...)

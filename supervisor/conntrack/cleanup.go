@@ -54,12 +54,41 @@ func NewCleaner(ct Interface) *Cleaner {
 // memory, and one delete of exactly the flows found stale. Cleanup deletes what it can
 // and returns how many flows it deleted with every error met, joined.
 func (c *Cleaner) Cleanup(ctx context.Context, before, after []*tables.ServicePort) (deleted int, err error) {
+	return c.CleanupChange(ctx, Change{Before: before, After: after})
+}
+
+// Serving holds, per Service port, endpoints that still answer although the port's
+// endpoint lists may leave them out: upstream's serving endpoints, those whose
+// EndpointSlice condition "serving" is true or unset, whatever their readiness,
+// termination, topology hints or the port's traffic policies. Each endpoint counts in
+// the family of its address.
+type Serving map[tables.ServicePortName][]tables.Endpoint
+
+// Change is what one sync changed for Cleaner.CleanupChange.
+type Change struct {
+	// Before and After are the previous and current ports of the Services that changed,
+	// as for Cleanup.
+	Before, After []*tables.ServicePort
+	// WasServing are endpoints that were still serving before the sync besides those
+	// of Before's endpoint lists (what the previous cleanup was given as Serving and
+	// kept): they can go away without leaving Before's lists, and their flows are stale
+	// once they do.
+	WasServing Serving
+	// Serving are the endpoints serving now besides After's endpoint lists. An endpoint
+	// there is never gone: a pod that started to terminate keeps its UDP flows while it
+	// still serves, as upstream does, although no new flow reaches it.
+	Serving Serving
+}
+
+// CleanupChange is Cleanup for a change that also says which endpoints served besides
+// the ports' endpoint lists, before and after the sync.
+func (c *Cleaner) CleanupChange(ctx context.Context, ch Change) (deleted int, err error) {
 	start := time.Now()
 	logger := klog.FromContext(ctx)
 
-	plans := planCleanup(logger, before, after)
+	plans := planCleanup(logger, ch)
 	if len(plans) == 0 {
-		logger.V(4).Info("No conntrack flows can be stale", "before", len(before), "after", len(after))
+		logger.V(4).Info("No conntrack flows can be stale", "before", len(ch.Before), "after", len(ch.After))
 		return 0, nil
 	}
 
@@ -319,15 +348,26 @@ func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
 	return out, true
 }
 
-// indexPorts converts ports and indexes them by key; keys lists the keys in the order
-// the ports came, so logs follow the caller's order.
-func indexPorts(ports []*tables.ServicePort) (byKey map[portKey]*servicePort, keys []portKey) {
+// addServing adds the endpoints of serving that belong to the port, in its family.
+func (p *servicePort) addServing(serving Serving) {
+	for _, ep := range serving[p.key.name] {
+		if addr := ep.IP.Unmap(); p.key.family.Contains(addr) {
+			p.endpoints[netip.AddrPortFrom(addr, ep.Port)] = struct{}{}
+		}
+	}
+}
+
+// indexPorts converts ports, adds the serving endpoints to their endpoints, and indexes
+// them by key; keys lists the keys in the order the ports came, so logs follow the
+// caller's order.
+func indexPorts(ports []*tables.ServicePort, serving Serving) (byKey map[portKey]*servicePort, keys []portKey) {
 	byKey = map[portKey]*servicePort{}
 	for _, sp := range ports {
 		p, ok := newServicePort(sp)
 		if !ok {
 			continue
 		}
+		p.addServing(serving)
 		if _, dup := byKey[p.key]; !dup {
 			keys = append(keys, p.key)
 		}
@@ -336,11 +376,12 @@ func indexPorts(ports []*tables.ServicePort) (byKey map[portKey]*servicePort, ke
 	return byKey, keys
 }
 
-// planCleanup works out, per family, which flows the change from before to after made
-// stale; families with nothing to clean have no plan.
-func planCleanup(logger logr.Logger, before, after []*tables.ServicePort) map[tables.Family]*plan {
-	oldPorts, oldKeys := indexPorts(before)
-	newPorts, newKeys := indexPorts(after)
+// planCleanup works out, per family, which flows the change made stale; families with
+// nothing to clean have no plan. An endpoint is there before (after) the sync when it is
+// in a port's endpoint lists or serving (WasServing, Serving).
+func planCleanup(logger logr.Logger, ch Change) map[tables.Family]*plan {
+	oldPorts, oldKeys := indexPorts(ch.Before, ch.WasServing)
+	newPorts, newKeys := indexPorts(ch.After, ch.Serving)
 
 	plans := map[tables.Family]*plan{}
 	planFor := func(family tables.Family) *plan {

@@ -527,3 +527,135 @@ func TestExactFilterMatchesOnlyItsFlows(t *testing.T) {
 		}
 	}
 }
+
+// dnsName is the name of dnsPort's port.
+var dnsName = tables.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: tables.UDP}
+
+// serving returns a Serving holding eps for dnsPort's port.
+func serving(eps ...string) Serving {
+	out := Serving{}
+	for _, e := range eps {
+		out[dnsName] = append(out[dnsName], ep(e))
+	}
+	return out
+}
+
+// TestCleanupServing: endpoints that still serve (terminating pods) keep their flows
+// although the endpoint lists left them out, and lose them once they stop serving.
+func TestCleanupServing(t *testing.T) {
+	tests := []struct {
+		name      string
+		change    Change
+		flows     map[string]*netlink.ConntrackFlow
+		gone      []string
+		wantCalls []string
+	}{
+		{
+			name: "endpoint that starts terminating keeps its flows while it serves",
+			change: Change{
+				Before:  []*tables.ServicePort{dnsPort()},
+				After:   []*tables.ServicePort{dnsPort(endpoints(epB))},
+				Serving: serving(epA),
+			},
+			flows: map[string]*netlink.ConntrackFlow{
+				"A via cluster IP": udp(hostPort(clusterIP, "53"), epA),
+				"A via NodePort":   udp(hostPort(nodeIP, "30053"), epA),
+				"B via cluster IP": udp(hostPort(clusterIP, "53"), epB),
+			},
+		},
+		{
+			name: "terminating endpoint that stops serving loses its flows",
+			change: Change{
+				Before:     []*tables.ServicePort{dnsPort(endpoints(epB))},
+				After:      []*tables.ServicePort{dnsPort(endpoints(epB))},
+				WasServing: serving(epA),
+			},
+			flows: map[string]*netlink.ConntrackFlow{
+				"A via cluster IP": udp(hostPort(clusterIP, "53"), epA),
+				"A via NodePort":   udp(hostPort(nodeIP, "30053"), epA),
+				"B via cluster IP": udp(hostPort(clusterIP, "53"), epB),
+			},
+			gone:      []string{"A via cluster IP", "A via NodePort"},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			name: "endpoint serving on another port of the Service does not keep this port's flows",
+			change: Change{
+				Before: []*tables.ServicePort{dnsPort()},
+				After:  []*tables.ServicePort{dnsPort(endpoints(epB))},
+				Serving: Serving{
+					{Namespace: "kube-system", Name: "dns", Port: "metrics", Protocol: tables.UDP}: {ep(epA)},
+					{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: tables.TCP}:     {ep(epA)},
+				},
+			},
+			flows: map[string]*netlink.ConntrackFlow{
+				"A via cluster IP": udp(hostPort(clusterIP, "53"), epA),
+			},
+			gone:      []string{"A via cluster IP"},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			name: "endpoint serving in the other family does not keep this family's flows",
+			change: Change{
+				Before:  []*tables.ServicePort{dnsPort(), dnsPort6()},
+				After:   []*tables.ServicePort{dnsPort(endpoints(epB)), dnsPort6(endpoints(epB6))},
+				Serving: serving(epA6),
+			},
+			flows: map[string]*netlink.ConntrackFlow{
+				"A via cluster IP":      udp(hostPort(clusterIP, "53"), epA),
+				"IPv6 A via cluster IP": udp6(hostPort(clusterIP6, "53"), epA6),
+			},
+			gone:      []string{"A via cluster IP"},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			name: "SCTP flows without ports keep the address of a serving endpoint",
+			change: Change{
+				Before: []*tables.ServicePort{dnsPort(protocol(tables.SCTP))},
+				After:  []*tables.ServicePort{dnsPort(protocol(tables.SCTP), endpoints(epB))},
+				Serving: Serving{
+					{Namespace: "kube-system", Name: "dns", Port: "dns", Protocol: tables.SCTP}: {ep(epA)},
+				},
+			},
+			flows: map[string]*netlink.ConntrackFlow{
+				"A via cluster IP": sctpWithoutPorts(hostPort(clusterIP, "53"), epA),
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			names := make(map[*netlink.ConntrackFlow]string, len(tc.flows))
+			var initial []*netlink.ConntrackFlow
+			for _, name := range sortedKeys(tc.flows) {
+				names[tc.flows[name]] = name
+				initial = append(initial, tc.flows[name])
+			}
+			fake := NewFake(initial...)
+			deleted, err := NewCleaner(fake).CleanupChange(context.Background(), tc.change)
+			if err != nil {
+				t.Fatalf("CleanupChange: %v", err)
+			}
+			left := map[*netlink.ConntrackFlow]bool{}
+			for _, f := range fake.Flows() {
+				left[f] = true
+			}
+			var gone []string
+			for _, f := range initial {
+				if !left[f] {
+					gone = append(gone, names[f])
+				}
+			}
+			want := slices.Clone(tc.gone)
+			slices.Sort(want)
+			if diff := cmp.Diff(want, gone); diff != "" {
+				t.Errorf("deleted flows (-want +got):\n%s", diff)
+			}
+			if deleted != len(tc.gone) {
+				t.Errorf("CleanupChange returned %d deleted, want %d", deleted, len(tc.gone))
+			}
+			if diff := cmp.Diff(tc.wantCalls, fake.Calls()); diff != "" {
+				t.Errorf("calls to the table (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

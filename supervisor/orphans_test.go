@@ -1,0 +1,90 @@
+package supervisor
+
+import (
+	"slices"
+	"testing"
+)
+
+// exists reports whether a fake table ("ip name") exists.
+func (f *fakeTables) exists(key string) bool {
+	f.mu.Lock()
+	fk := f.fakes[key]
+	f.mu.Unlock()
+	if fk == nil {
+		return false
+	}
+	fk.RLock()
+	defer fk.RUnlock()
+	return fk.Table != nil
+}
+
+// TestUnconfiguredInstanceTablesAreDeleted: once every instance has synced, the tables of
+// an instance removed from the configuration go; nothing else does.
+func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{seed: []string{
+		"ip shardproxy-team-c", "ip6 shardproxy-team-c", // a removed instance
+		"ip6 shardproxy-old", // another one, left in one family only
+		"ip other-table",     // not ours
+		"ip shardproxyx-a",   // another prefix
+		"ip shardproxy-Not_An_Instance",
+		"ip shardproxy-team-a", // configured: kept and synced
+	}})
+	f.createService("a", "web-a", "team-a", "172.30.0.2")
+	for _, gone := range []string{"ip shardproxy-team-c", "ip6 shardproxy-team-c", "ip6 shardproxy-old"} {
+		eventually(t, gone+" to be deleted", func() bool { return !f.tables.exists(gone) })
+	}
+	for _, kept := range []string{"ip other-table", "ip shardproxyx-a", "ip shardproxy-Not_An_Instance",
+		"ip shardproxy-default", "ip6 shardproxy-default", "ip shardproxy-team-b", "ip6 shardproxy-team-b"} {
+		if !f.tables.exists(kept) {
+			t.Errorf("%s was deleted", kept)
+		}
+	}
+	eventually(t, "team-a to serve its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="team-c"}`); got != "" {
+		t.Errorf("cleanup failure counted for team-c: %q", got)
+	}
+}
+
+// TestUnconfiguredTablesWaitForEveryInstance: while an instance has not completed a full
+// sync, a removed instance's tables stay: they may still serve the Services it is to
+// take over.
+func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-team-b", seed: []string{"ip shardproxy-team-c"}})
+	f.createService("x", "plain", "", "172.30.0.1")
+	eventually(t, "default serves its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
+	eventually(t, "team-b fails twice", func() bool {
+		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b"}`)
+		return v != "" && v != "0" && v != "1"
+	})
+	if !f.tables.exists("ip shardproxy-team-c") {
+		t.Error("team-c's table was deleted before team-b ever synced")
+	}
+}
+
+// TestUnconfiguredTableDeleteFailureIsCounted: a table that cannot be deleted counts in
+// kube-proxy's nftables cleanup failures, labelled with the removed instance.
+func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-stuck", seed: []string{"ip shardproxy-stuck", "ip6 shardproxy-stuck"}})
+	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="stuck"}`
+	eventually(t, "both failures counted", func() bool { return metricValue(t, f.sup, series) == "2" })
+	if !f.tables.exists("ip shardproxy-stuck") {
+		t.Error("the table that failed to delete is gone")
+	}
+}
+
+func TestParseTables(t *testing.T) {
+	out := `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+	 {"table": {"family": "ip", "name": "shardproxy-a", "handle": 1}},
+	 {"table": {"family": "ip6", "name": "shardproxy-a", "handle": 2}},
+	 {"table": {"family": "ip", "name": "filter", "handle": 3}}]}`
+	got, err := parseTables([]byte(out), "ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"shardproxy-a", "filter"}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if _, err := parseTables([]byte("not json"), "ip"); err == nil {
+		t.Error("garbage parsed")
+	}
+}
