@@ -24,6 +24,20 @@ func (e element) id() string {
 	return e.set + "|" + strings.Join(e.key, " . ") + "|" + strings.Join(e.value, " . ")
 }
 
+// elementFromID is the element whose id is id: the id holds the set, the key and the
+// value (present exactly for map elements), and no key or value part contains "|" or
+// " . " (addresses, protocols, numbers, verdicts).
+func elementFromID(id string) element {
+	set, rest, _ := strings.Cut(id, "|")
+	key, value, _ := strings.Cut(rest, "|")
+	e := element{set: set, key: strings.Split(key, " . ")}
+	if value != "" {
+		e.isMap = true
+		e.value = strings.Split(value, " . ")
+	}
+	return e
+}
+
 func (e element) object() *knftables.Element {
 	el := &knftables.Element{Key: e.key, Value: e.value}
 	if e.isMap {

@@ -55,9 +55,10 @@ type Syncer struct {
 	// batch writes many elements per command; see writeElements.
 	batch bool
 
-	ports    map[ServiceName]map[ServicePortName]portState
-	refs     map[string]int             // element id -> number of owners
-	elems    map[string]element         // element id -> element, while refs > 0
+	ports map[ServiceName]map[ServicePortName]portState
+	// refs counts the owners of each element, by id; the id is all there is to an
+	// element (elementFromID), so the Syncer keeps no other copy of 100,000s of them.
+	refs     map[string]int
 	owner    map[string]ServicePortName // entry -> the port that serves it
 	chainRef map[string]int             // dynamic chain -> number of owners
 	// losers maps a contested entry to the Services that wanted it but found it taken;
@@ -97,7 +98,6 @@ func (s *Syncer) NeedsFull() bool { return !s.synced }
 func (s *Syncer) reset() {
 	s.ports = map[ServiceName]map[ServicePortName]portState{}
 	s.refs = map[string]int{}
-	s.elems = map[string]element{}
 	s.owner = map[string]ServicePortName{}
 	s.chainRef = map[string]int{}
 	s.losers = map[string]map[ServiceName]bool{}
@@ -106,15 +106,18 @@ func (s *Syncer) reset() {
 
 // portState is what one Service port put into the table.
 type portState struct {
+	// compiled keeps the port's chains and owned objects; its elements are dropped, as
+	// ids below stand for them.
 	*compiled
-	timeout time.Duration
+	entryIDs  map[string][]string // entry -> ids of the elements it brought
+	sharedIDs []string
+	timeout   time.Duration
 }
 
 // batch accumulates the element and chain changes of one sync.
 type batch struct {
 	before      map[string]int // element id -> refs before the batch, for touched ids
 	chainBefore map[string]int
-	gone        map[string]element // elements whose last owner left during the batch
 	// freed are entries whose owner let go of them during the batch.
 	freed     map[string]bool
 	conflicts []string
@@ -141,7 +144,7 @@ func (o owned) addFrom(comp *compiled, timeout time.Duration) {
 }
 
 func (s *Syncer) newBatch() *batch {
-	return &batch{before: map[string]int{}, chainBefore: map[string]int{}, gone: map[string]element{},
+	return &batch{before: map[string]int{}, chainBefore: map[string]int{},
 		freed: map[string]bool{}, oldOwn: newOwned(), newOwn: newOwned()}
 }
 
@@ -161,17 +164,17 @@ func (s *Syncer) touchChain(b *batch, name string) {
 func (s *Syncer) release(b *batch, svc ServiceName) {
 	for spn, comp := range s.ports[svc] {
 		b.oldOwn.addFrom(comp.compiled, comp.timeout)
-		for en, elems := range comp.entries {
+		for en, ids := range comp.entryIDs {
 			if s.owner[en] == spn {
 				delete(s.owner, en)
 				b.freed[en] = true
 			}
-			for _, e := range elems {
-				s.unref(b, e)
+			for _, id := range ids {
+				s.unref(b, id)
 			}
 		}
-		for _, e := range comp.shared {
-			s.unref(b, e)
+		for _, id := range comp.sharedIDs {
+			s.unref(b, id)
 		}
 		for _, ch := range comp.chains {
 			s.touchChain(b, ch)
@@ -191,22 +194,20 @@ func (s *Syncer) release(b *batch, svc ServiceName) {
 	delete(s.lost, svc)
 }
 
-func (s *Syncer) unref(b *batch, e element) {
-	id := e.id()
+func (s *Syncer) unref(b *batch, id string) {
 	s.touch(b, id)
 	s.refs[id]--
 	if s.refs[id] <= 0 {
-		b.gone[id] = e
 		delete(s.refs, id)
-		delete(s.elems, id)
 	}
 }
 
-func (s *Syncer) ref(b *batch, e element) {
+// ref takes a reference on element e and returns its id.
+func (s *Syncer) ref(b *batch, e element) string {
 	id := e.id()
 	s.touch(b, id)
 	s.refs[id]++
-	s.elems[id] = e
+	return id
 }
 
 // acquire compiles a Service's ports and takes what they need.
@@ -232,21 +233,26 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 			}
 			return true
 		})
+		st := portState{entryIDs: make(map[string][]string, len(comp.entries)), timeout: sp.AffinityTimeout}
 		for en, elems := range comp.entries {
 			s.owner[en] = spn
-			for _, e := range elems {
-				s.ref(b, e)
+			ids := make([]string, len(elems))
+			for i, e := range elems {
+				ids[i] = s.ref(b, e)
 			}
+			st.entryIDs[en] = ids
 		}
 		for _, e := range comp.shared {
-			s.ref(b, e)
+			st.sharedIDs = append(st.sharedIDs, s.ref(b, e))
 		}
 		for _, ch := range comp.chains {
 			s.touchChain(b, ch)
 			s.chainRef[ch]++
 		}
 		b.newOwn.addFrom(comp, sp.AffinityTimeout)
-		byPort[spn] = portState{compiled: comp, timeout: sp.AffinityTimeout}
+		comp.entries, comp.shared = nil, nil
+		st.compiled = comp
+		byPort[spn] = st
 	}
 	s.ports[svc] = byPort
 	if len(lost) > 0 {
@@ -407,7 +413,7 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 		return nil, stats, err
 	}
 	ids := sortedKeys(s.refs)
-	saved := s.writeElements(tx, false, lookup(ids, s.elems))
+	saved := s.writeElements(tx, false, elementsOf(ids))
 	stats.Added = len(ids)
 	for _, ch := range staleChains {
 		tx.Delete(&knftables.Chain{Name: ch})
@@ -480,7 +486,7 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	slices.Sort(goneSets)
 
 	tx := s.nft.NewTransaction()
-	saved := s.writeElements(tx, true, lookup(deleted, b.gone))
+	saved := s.writeElements(tx, true, elementsOf(deleted))
 	for _, ch := range goneChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
@@ -493,7 +499,7 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 		s.synced = false
 		return stats, err
 	}
-	saved += s.writeElements(tx, false, lookup(added, s.elems))
+	saved += s.writeElements(tx, false, elementsOf(added))
 	for _, ch := range goneChains {
 		tx.Delete(&knftables.Chain{Name: ch})
 	}
@@ -609,10 +615,11 @@ func inMemory(nft knftables.Interface) bool {
 	return ok
 }
 
-func lookup(ids []string, m map[string]element) []element {
+// elementsOf turns element ids back into elements, for writing.
+func elementsOf(ids []string) []element {
 	out := make([]element, len(ids))
 	for i, id := range ids {
-		out[i] = m[id]
+		out[i] = elementFromID(id)
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -582,4 +583,33 @@ func TestRestartOverExistingTable(t *testing.T) {
 	}
 	delete(now, ServiceName{"gen", "svc-7"})
 	assertEqualsFull(t, fake, now)
+}
+
+// TestElementIDsRoundTrip: the Syncer keeps only element ids and rebuilds elements from
+// them when it writes; every element the features compile to (maps with verdicts and
+// concatenations, sets, affinity) must come back exactly.
+func TestElementIDsRoundTrip(t *testing.T) {
+	for _, fam := range []Family{IPv4, IPv6} {
+		cfg := testConfig(fam)
+		c := newCompiler(&cfg)
+		n := 0
+		for _, ports := range featureServices(fam) {
+			for _, sp := range ports {
+				comp := c.compile(sp, func(string) bool { return true })
+				all := slices.Clone(comp.shared)
+				for _, elems := range comp.entries {
+					all = append(all, elems...)
+				}
+				for _, e := range all {
+					n++
+					if got := elementFromID(e.id()); !reflect.DeepEqual(got, e) {
+						t.Errorf("%s: element %+v came back as %+v", fam, e, got)
+					}
+				}
+			}
+		}
+		if n < 50 {
+			t.Errorf("%s: only %d elements checked", fam, n)
+		}
+	}
 }
