@@ -51,6 +51,7 @@ type ServiceHealth struct {
 
 // hcService is one Service's health check.
 type hcService struct {
+	// instance owns the health check; it changes when another instance adopts it.
 	instance string
 	name     types.NamespacedName
 	port     int32
@@ -115,6 +116,9 @@ func (s *ServiceHealth) SyncServices(instance string, ports map[types.Namespaced
 	for _, name := range sortedNames(ports) {
 		svc := old[name]
 		if svc == nil {
+			svc = s.adoptLocked(logger, instance, name, ports[name])
+		}
+		if svc == nil {
 			svc = &hcService{instance: instance, name: name, port: ports[name]}
 		}
 		wanted[name] = svc
@@ -130,6 +134,25 @@ func (s *ServiceHealth) SyncServices(instance string, ports map[types.Namespaced
 
 	s.openWaitingLocked(freed)
 	logger.V(2).Info("Synced service health checks", "services", len(wanted), "freedPorts", len(freed))
+}
+
+// adoptLocked hands instance the running health check of Service name on port when
+// another instance serves it there: the Service moved between instances (a relabel, or
+// the end of a migration), and the load balancer must keep finding the port open, not
+// see it closed and reopened. The new owner's endpoint count replaces the old one's in
+// the same observer pass (SyncEndpoints). It returns nil when there is nothing to adopt.
+func (s *ServiceHealth) adoptLocked(logger klog.Logger, instance string, name types.NamespacedName, port int32) *hcService {
+	holder := s.ports[port]
+	if holder == nil || holder.name != name || holder.instance == instance {
+		return nil
+	}
+	delete(s.services[holder.instance], name)
+	if len(s.services[holder.instance]) == 0 {
+		delete(s.services, holder.instance)
+	}
+	logger.V(2).Info("Took over a service health check from another instance", "service", name, "port", port, "from", holder.instance)
+	holder.instance = instance
+	return holder
 }
 
 // SyncEndpoints sets the number of local ready endpoints of the instance's Services; a
@@ -294,9 +317,9 @@ type serviceRef struct {
 
 func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	h.s.mu.RLock()
-	count := h.svc.endpoints
+	count, instance := h.svc.endpoints, h.svc.instance
 	h.s.mu.RUnlock()
-	proxyHealthy := h.s.healthy(h.svc.instance)
+	proxyHealthy := h.s.healthy(instance)
 
 	// Load balancers that support weights (upstream added this header for them) spread
 	// traffic by the number of local endpoints.

@@ -360,25 +360,60 @@ func TestServiceHealthPortConflict(t *testing.T) {
 	}
 }
 
-func TestServiceHealthFreedPortGoesToWaitingService(t *testing.T) {
+// TestServiceHealthMovedServiceKeepsItsServer: a Service moving between instances
+// (whichever syncs first) keeps its running server: the port never closes, no Warning
+// event, and answers follow the new owner's endpoints and health.
+func TestServiceHealthMovedServiceKeepsItsServer(t *testing.T) {
 	f := newFixture(t)
 	svc := nsn("shop", "frontend")
-	// The Service moves from team-a to team-b, and team-b syncs first.
 	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
 	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 1})
+	addr := f.listener.addr(t, 30001)
+
+	// The Service moves to team-b, and team-b syncs first.
 	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{svc: 30001})
 	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{svc: 5})
-	if events := f.recorder.take(); len(events) != 1 {
-		t.Errorf("events %+v, want one for team-b's conflict", events)
+	if events := f.recorder.take(); len(events) != 0 {
+		t.Errorf("events %+v, want none: the Service only changed instance", events)
+	}
+	f.health.set("team-a", false)
+	r := get(t, "http://"+addr)
+	if r.code != http.StatusOK || !strings.Contains(string(r.body), `"localEndpoints":5`) {
+		t.Errorf("after the move: status %d body %s, want team-b's 200 with 5 endpoints", r.code, r.body)
+	}
+	// team-a's own sync no longer has it, and must not close what team-b now owns.
+	f.sh.SyncServices("team-a", nil)
+	f.sh.SyncEndpoints("team-a", nil)
+	if r := get(t, "http://"+addr); r.code != http.StatusOK {
+		t.Errorf("after team-a's sync: status %d body %s, want team-b's 200 on the same socket", r.code, r.body)
+	}
+	if got := f.listener.listenCalls(30001); got != 1 {
+		t.Errorf("port opened %d times, want 1 (one socket from start to end)", got)
+	}
+	f.health.set("team-b", false)
+	if r := get(t, "http://"+addr); r.code != http.StatusServiceUnavailable {
+		t.Errorf("with team-b unhealthy: status %d, want 503 (health follows the owner)", r.code)
+	}
+}
+
+// TestServiceHealthFreedPortGoesToWaitingService: a port one Service gives up goes at once
+// to another Service (of any instance) that was waiting for it.
+func TestServiceHealthFreedPortGoesToWaitingService(t *testing.T) {
+	f := newFixture(t)
+	old, waiting := nsn("shop", "old"), nsn("shop", "new")
+	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{old: 30001})
+	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{waiting: 30001})
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{waiting: 5})
+	if events := f.recorder.take(); len(events) != 1 || events[0].service != waiting {
+		t.Errorf("events %+v, want one for %s's conflict", events, waiting)
 	}
 	oldAddr := f.listener.addr(t, 30001)
 
 	f.sh.SyncServices("team-a", nil)
 	checkRefused(t, oldAddr)
-	f.health.set("team-a", false)
 	r := get(t, "http://"+f.listener.addr(t, 30001))
-	if r.code != http.StatusOK || !strings.Contains(string(r.body), `"localEndpoints":5`) {
-		t.Errorf("after team-a let go: status %d body %s, want team-b's 200 with 5 endpoints", r.code, r.body)
+	if r.code != http.StatusOK || !strings.Contains(string(r.body), `"name":"new"`) {
+		t.Errorf("after team-a let go: status %d body %s, want %s's 200", r.code, r.body, waiting)
 	}
 }
 
