@@ -57,6 +57,10 @@ type ServiceModel struct {
 	// Problems lists each item that was skipped (bad IP, unknown port name, out-of-range
 	// value...), one human-readable line each.
 	Problems []string
+	// Unmatched lists the EndpointSlice ports (name/protocol) that match no port of the
+	// Service, skipped. They are logged but not reported as problems (events): they are
+	// normal for the moment between a Service's ports changing and its slices following.
+	Unmatched []string
 }
 
 // Build turns one Service and its EndpointSlices into a ServiceModel. It returns nil for
@@ -91,6 +95,18 @@ type builder struct {
 	svc   *corev1.Service
 	node  NodeInfo
 	model *ServiceModel
+}
+
+// unmatched records the slice ports of family f that no Service port takes.
+func (b *builder) unmatched(f tables.Family, byPort map[portKey][]*endpoint, ports []servicePort) {
+	var out []string
+	for key := range byPort {
+		if !slices.ContainsFunc(ports, func(p servicePort) bool { return p.name == key.name && p.protocol == key.protocol }) {
+			out = append(out, fmt.Sprintf("%s EndpointSlice port %q/%s", f, key.name, key.protocol))
+		}
+	}
+	slices.Sort(out)
+	b.model.Unmatched = append(b.model.Unmatched, out...)
 }
 
 // problem records one skipped item.
@@ -176,6 +192,7 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 			continue
 		}
 		byPort := b.endpoints(f, epSlices)
+		b.unmatched(f, byPort, ports)
 		list := []*tables.ServicePort{}
 		localIPs := map[netip.Addr]bool{}
 		for _, p := range ports {

@@ -26,6 +26,8 @@ type buildCase struct {
 	wantLocal       int
 	// wantProblems are substrings of the expected Problems, in order.
 	wantProblems []string
+	// wantUnmatched are the expected Unmatched slice ports, exactly.
+	wantUnmatched []string
 }
 
 func runBuildCases(t *testing.T, cases []buildCase) {
@@ -46,6 +48,7 @@ func runBuildCases(t *testing.T, cases []buildCase) {
 				HealthCheckNodePort: tc.wantHealthCheck,
 				LocalEndpoints:      tc.wantLocal,
 				Problems:            got.Problems,
+				Unmatched:           tc.wantUnmatched,
 			}
 			if diff := cmp.Diff(want, got, modelOptions()); diff != "" {
 				t.Errorf("model mismatch (-want +got):\n%s", diff)
@@ -465,7 +468,20 @@ func TestBuildEndpointPorts(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{
 				{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolUDP)},
 			}, ep("10.244.2.2", "node-b"))},
-			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4)}},
+			want:          map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4)}},
+			wantUnmatched: []string{`IPv4 EndpointSlice port "http"/udp`},
+		},
+		{
+			name: "slice port matching no service port is skipped and noted",
+			svc:  service(),
+			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{
+				slicePort("http", 8080), slicePort("old-admin", 9000),
+			}, ep("10.244.2.2", "node-b"))},
+			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4, func(sp *tables.ServicePort) {
+				sp.ClusterEndpoints = eps("10.244.2.2:8080")
+				sp.HasEndpoints = true
+			})}},
+			wantUnmatched: []string{`IPv4 EndpointSlice port "old-admin"/tcp`},
 		},
 		{
 			name:   "service port without matching slice port has no endpoints",

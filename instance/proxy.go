@@ -352,6 +352,9 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 			if m != nil && len(m.Problems) > 0 {
 				p.logger.Info("Skipped parts of a Service", "service", n, "problems", m.Problems)
 			}
+			if m != nil && len(m.Unmatched) > 0 {
+				p.logger.Info("Skipped EndpointSlice ports that match no port of the Service", "service", n, "ports", m.Unmatched)
+			}
 		}
 		full = forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
 		for _, s := range p.syncers {
