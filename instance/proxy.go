@@ -389,6 +389,15 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 		wg.Go(func() {
 			var st tables.Stats
 			var err error
+			// A panic here would not reach the supervisor's recover (another goroutine)
+			// and would take every instance down: make it this sync's failure.
+			defer func() {
+				if r := recover(); r != nil {
+					resMu.Lock()
+					defer resMu.Unlock()
+					errs = append(errs, fmt.Errorf("%s sync panicked: %v\n%s", fam, r, debug.Stack()))
+				}
+			}()
 			if full {
 				st, err = s.Full(ctx, portsOf(all, fam))
 			} else if len(models) > 0 {

@@ -528,3 +528,30 @@ func TestDeleteServiceForgetsItsSlices(t *testing.T) {
 		t.Errorf("an endpoint of a slice deleted while the Service was away is programmed:\n%s", dump)
 	}
 }
+
+// panickingNFT panics in Run.
+type panickingNFT struct{ *knftables.Fake }
+
+func (panickingNFT) Run(context.Context, *knftables.Transaction) error { panic("nft exploded") }
+
+// TestSyncContainsPanicInFamilySync: the families sync on goroutines of their own, where a
+// panic would escape the supervisor's recover and end the process; it must come back as
+// the sync's error instead.
+func TestSyncContainsPanicInFamilySync(t *testing.T) {
+	p, err := New(Options{
+		Name: "test", Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
+		Families: []tables.Family{tables.IPv4, tables.IPv6},
+		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
+			return panickingNFT{knftables.NewFake(tables.KnftFamily(fam), table)}, nil
+		},
+		Node: thisNode(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.UpdateService(service())
+	_, err = p.Sync(context.Background(), false)
+	if err == nil || !strings.Contains(err.Error(), "nft exploded") {
+		t.Fatalf("Sync error = %v, want the panic as an error", err)
+	}
+}

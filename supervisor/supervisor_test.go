@@ -129,11 +129,18 @@ func (f *fakeTables) dump(key string) string {
 type fakeRecorder struct {
 	mu     sync.Mutex
 	events []string
+	// panicOnce names a Service whose first event panics (a bug in node-wide code, run
+	// on the reporting instance's goroutine).
+	panicOnce string
 }
 
 func (r *fakeRecorder) Eventf(svc types.NamespacedName, eventType, reason, format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.panicOnce != "" && svc.String() == r.panicOnce {
+		r.panicOnce = ""
+		panic("recorder exploded")
+	}
 	r.events = append(r.events, fmt.Sprintf("%s %s %s: %s", svc, eventType, reason, fmt.Sprintf(format, args...)))
 }
 
@@ -163,6 +170,8 @@ type fixtureOptions struct {
 	failTable string
 	// seed are tables ("ip name") that exist before the supervisor starts.
 	seed []string
+	// panicOnEvent is a Service (namespace/name) whose first event panics.
+	panicOnEvent string
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -181,7 +190,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
 	f := &fixture{t: t, client: fake.NewClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
-		rec: &fakeRecorder{}, ct: conntrack.NewFake()}
+		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	for _, key := range opts.seed {
 		f.tables.seed(t, key)
 	}
@@ -428,5 +437,40 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 	}
 	if c, _ := histogram("default"); c != 0 {
 		t.Errorf("the default instance observed %d latencies for a Service it does not own", c)
+	}
+}
+
+// TestPanickingInstanceRestarts: a panic on one instance's loop restarts that instance
+// (counted, named by /status while it is down) and nothing else; the others keep their
+// rules and keep syncing.
+func TestPanickingInstanceRestarts(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{panicOnEvent: "b/bad"})
+	f.createService("x", "plain", "", "172.30.0.1")
+	eventually(t, "default programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
+	// A Service with a malformed part makes team-b report an event, which panics.
+	f.createService("b", "bad", "team-b", "172.30.0.3")
+	svc, err := f.client.CoreV1().Services("b").Get(context.Background(), "bad", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalIPs = []string{"not-an-ip"}
+	if _, err := f.client.CoreV1().Services("b").Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "team-b restarted once", func() bool {
+		return metricValue(t, f.sup, `shardproxy_instance_restarts_total{instance="team-b"}`) == "1"
+	})
+	f.createService("a", "web-a", "team-a", "172.30.0.2")
+	eventually(t, "team-a keeps syncing", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	eventually(t, "team-b is back with its Service", func() bool {
+		return f.sup.Health().Healthy("team-b") && has(f.tables.dump("ip shardproxy-team-b"), "172.30.0.3")
+	})
+	for _, inst := range []string{"default", "team-a"} {
+		if got := metricValue(t, f.sup, `shardproxy_instance_restarts_total{instance="`+inst+`"}`); got != "0" {
+			t.Errorf("%s restarted %s times, want 0", inst, got)
+		}
+	}
+	if !has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") {
+		t.Error("default's rules changed while team-b restarted")
 	}
 }
