@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -266,7 +267,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.retryHealthChecks(ctx, healthCheckRetryInterval)
 	}()
 	serve("healthz", func() error { return serveHTTP(ctx, s.cfg.HealthzBindAddress, s.countedHealth()) })
-	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metrics.Handler()) })
+	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metricsHandler()) })
 
 	if err := w.Start(ctx, 2*time.Minute); err != nil {
 		if ctx.Err() != nil {
@@ -536,6 +537,21 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// metricsHandler serves /metrics and, with enableProfiling, Go's pprof handlers.
+func (s *Supervisor) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.metrics.Handler())
+	if !s.cfg.EnableProfiling {
+		return mux
+	}
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // nodeStatus is what this node reports for `shardproxy migrate`: its instances and the

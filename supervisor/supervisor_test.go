@@ -474,3 +474,27 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 		t.Error("default's rules changed while team-b restarted")
 	}
 }
+
+// TestProfilingOnMetricsServer: enableProfiling adds pprof beside /metrics; without it
+// there is none.
+func TestProfilingOnMetricsServer(t *testing.T) {
+	for _, enabled := range []bool{false, true} {
+		f := startSupervisor(t, "")
+		f.sup.cfg.EnableProfiling = enabled
+		srv := httptest.NewServer(f.sup.metricsHandler())
+		for path, want := range map[string]bool{"/metrics": true, "/debug/pprof/goroutine?debug=1": enabled} {
+			resp, err := http.Get(srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			ok := resp.StatusCode == http.StatusOK && (path != "/metrics" || strings.Contains(string(body), "kubeproxy_")) &&
+				(path == "/metrics" || strings.Contains(string(body), "goroutine profile: total"))
+			if ok != want {
+				t.Errorf("enableProfiling=%v: GET %s: %d, served=%v, want %v", enabled, path, resp.StatusCode, ok, want)
+			}
+		}
+		srv.Close()
+	}
+}

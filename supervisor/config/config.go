@@ -62,6 +62,9 @@ type Config struct {
 	HealthzBindAddress string `yaml:"healthzBindAddress"`
 	// MetricsBindAddress is the ip:port of the metrics server. Default 127.0.0.1:10249.
 	MetricsBindAddress string `yaml:"metricsBindAddress"`
+	// EnableProfiling serves Go's pprof handlers under /debug/pprof/ on the metrics
+	// server, as kube-proxy's enableProfiling. Default false.
+	EnableProfiling bool `yaml:"enableProfiling"`
 	// MasqueradeBit is the packet mark bit (0..31) that asks for masquerading; shared by
 	// every instance. A pointer so that an explicit 0 survives Default. Default 14.
 	MasqueradeBit *int `yaml:"masqueradeBit"`

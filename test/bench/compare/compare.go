@@ -60,6 +60,8 @@ type Options struct {
 	Out string
 	// Keep keeps each scale's work directory (logs) instead of deleting it.
 	Keep bool
+	// Only measures one proxy ("kube-proxy" or "shardproxy"); empty measures both.
+	Only string
 }
 
 // Main runs bench-compare and returns the exit code.
@@ -99,6 +101,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.StringVar(&o.KubeProxy, "kube-proxy", "", "upstream kube-proxy binary (default: hack/build-apiserver.sh --print-path kube-proxy)")
 	fs.StringVar(&o.Out, "out", "_output/bench/compare.json", "JSON report path")
 	fs.BoolVar(&o.Keep, "keep", false, "keep each scale's work directory (logs)")
+	fs.StringVar(&o.Only, "only", "", `measure only "kube-proxy" or "shardproxy" (no ratios)`)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -108,6 +111,9 @@ func parseOptions(args []string) (Options, error) {
 			return o, fmt.Errorf("-scales %q: %q is not a positive number", *scales, f)
 		}
 		o.Scales = append(o.Scales, n)
+	}
+	if o.Only != "" && o.Only != "kube-proxy" && o.Only != "shardproxy" {
+		return o, fmt.Errorf("-only %q: want kube-proxy or shardproxy", o.Only)
 	}
 	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 {
 		return o, errors.New("-endpoints, -samples and -min-sync-period must be positive")
@@ -209,6 +215,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	e, err := env.Start(ctx, env.Options{
 		RepoRoot: r.o.RepoRoot, Binary: r.binary, WorkDir: work, NoSupervisor: true,
 		Instances:          shardproxyInstances(r.o.MinSyncPeriod),
+		ExtraConfig:        "enableProfiling: true",
 		ExtraAPIServerArgs: []string{"--service-node-port-range=" + nodePortRange},
 		Logf:               r.logf,
 	})
@@ -239,9 +246,11 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		logTail: func() string { return kp.LogTail(30) },
 	}
 	m := &measurer{r: r, e: e, client: client, cluster: c}
-	res.Upstream, err = m.measure(ctx, upstream)
-	if err != nil {
-		return res, err
+	if r.o.Only != "shardproxy" {
+		res.Upstream, err = m.measure(ctx, upstream)
+		if err != nil {
+			return res, err
+		}
 	}
 	// kube-proxy leaves its tables behind on SIGTERM; delete them so shardproxy starts on
 	// a clean node.
@@ -256,9 +265,11 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
 		logTail: func() string { return tail(e.SupervisorLog(), 30) },
 	}
-	res.Shardproxy, err = m.measure(ctx, ours)
-	if err != nil {
-		return res, err
+	if r.o.Only != "kube-proxy" {
+		res.Shardproxy, err = m.measure(ctx, ours)
+		if err != nil {
+			return res, err
+		}
 	}
 	res.fillRatios()
 	return res, nil

@@ -67,6 +67,8 @@ type Options struct {
 	NoSupervisor bool
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// ExtraConfig are node-wide fields (YAML lines) added to the supervisor's config.
+	ExtraConfig string
 }
 
 // DefaultInstances are three instances: the default one and two teams.
@@ -165,7 +167,8 @@ nodeName: %s
 kubeconfig: %s
 healthzBindAddress: 0.0.0.0:%d
 metricsBindAddress: 0.0.0.0:%d
-instances:%s`, NodeName, kubeconfig, HealthzPort, MetricsPort, indent(opts.Instances))
+%s
+instances:%s`, NodeName, kubeconfig, HealthzPort, MetricsPort, opts.ExtraConfig, indent(opts.Instances))
 	if err := os.WriteFile(e.ConfigPath, []byte(cfg), 0o644); err != nil {
 		return e, err
 	}
