@@ -98,7 +98,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	if deps.NFT == nil {
 		deps.NFT = func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.New(tables.KnftFamily(fam), table)
+			return knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
 		}
 	}
 	if deps.InterfaceAddrs == nil {

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	vnetns "github.com/vishvananda/netns"
 	"sigs.k8s.io/knftables"
 )
 
@@ -281,4 +283,70 @@ func kernelElementCounts(t *testing.T, ns string, fam Family, table string) map[
 		}
 	}
 	return counts
+}
+
+// inNetns runs fn on an OS thread switched into namespace ns (sockets it opens and
+// processes it starts belong there); the thread is discarded afterwards.
+func inNetns(t *testing.T, ns string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		h, err := vnetns.GetFromName(ns)
+		if err != nil {
+			t.Errorf("opening namespace %s: %v", ns, err)
+			return
+		}
+		defer h.Close()
+		if err := vnetns.Set(h); err != nil {
+			t.Errorf("entering namespace %s: %v", ns, err)
+			return
+		}
+		fn()
+	}()
+	<-done
+}
+
+// TestTableExistsOverNetlink: with knftables.UseNetlink (as the supervisor opens its
+// tables) listing goes over netlink, which answers a missing table with an empty list
+// or ENOENT rather than nft's "not found"; a first full sync into a fresh namespace, a
+// table deleted from outside and the sync that rebuilds it must all still be seen.
+func TestTableExistsOverNetlink(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	inNetns(t, ns, func() {
+		ctx := context.Background()
+		for _, fam := range []Family{IPv4, IPv6} {
+			cfg := testConfig(fam)
+			nft, err := knftables.New(KnftFamily(fam), cfg.TableName(), knftables.UseNetlink)
+			if err != nil {
+				t.Fatalf("knftables.New: %v", err)
+			}
+			s, err := NewSyncer(cfg, nft)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check := func(when string, want bool) {
+				t.Helper()
+				got, err := s.TableExists(ctx)
+				if err != nil || got != want {
+					t.Errorf("%s %s: TableExists = %v, %v; want %v", fam, when, got, err, want)
+				}
+			}
+			check("before any sync", false)
+			if _, err := s.Full(ctx, featureServices(fam)); err != nil {
+				t.Fatalf("%s first full sync into a fresh namespace: %v", fam, err)
+			}
+			check("after the full sync", true)
+			if out, err := exec.Command("nft", "delete", "table", string(KnftFamily(fam)), cfg.TableName()).CombinedOutput(); err != nil {
+				t.Fatalf("deleting the table from outside: %v: %s", err, out)
+			}
+			check("after the table was deleted from outside", false)
+			if _, err := s.Full(ctx, featureServices(fam)); err != nil {
+				t.Fatalf("%s rebuilding full sync: %v", fam, err)
+			}
+			check("after the rebuild", true)
+		}
+	})
 }

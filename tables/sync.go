@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -354,7 +355,7 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	}
 	if listStale && !s.recreate {
 		chains, err := s.nft.List(ctx, "chains")
-		if err != nil && !knftables.IsNotFound(err) {
+		if err != nil && !notFound(err) {
 			return nil, stats, fmt.Errorf("listing chains of %s: %w", s.cfg.TableName(), err)
 		}
 		exists = make(map[string]bool, len(chains))
@@ -367,9 +368,14 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 				staleChains = append(staleChains, ch)
 			}
 		}
-		sets, err := s.nft.List(ctx, "sets")
-		if err != nil && !knftables.IsNotFound(err) {
-			return nil, stats, fmt.Errorf("listing sets of %s: %w", s.cfg.TableName(), err)
+		// A table without chains is missing (or empty): nothing of ours to find. Listing
+		// its sets over netlink would fail with an error that does not say "not found".
+		var sets []string
+		if len(chains) > 0 {
+			sets, err = s.nft.List(ctx, "sets")
+			if err != nil && !notFound(err) {
+				return nil, stats, fmt.Errorf("listing sets of %s: %w", s.cfg.TableName(), err)
+			}
 		}
 		for _, st := range sets {
 			if _, own := b.newOwn.sets[st]; strings.HasPrefix(st, affinityPrefix) && !own {
@@ -661,14 +667,28 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// TableExists reports whether the table is still in the kernel; it only lists chain
-// names, so it is cheap enough to call every few seconds.
+// TableExists reports whether the table is still in the kernel. Over netlink
+// (knftables.UseNetlink, as the supervisor opens its tables) it reads chain names only,
+// cheap enough to call every few seconds at any size; through the nft binary it lists
+// the whole table (seconds at 10,000 Services).
 func (s *Syncer) TableExists(ctx context.Context) (bool, error) {
-	_, err := s.nft.List(ctx, "chains")
-	if knftables.IsNotFound(err) {
+	chains, err := s.nft.List(ctx, "chains")
+	if notFound(err) {
 		return false, nil
 	}
-	return err == nil, err
+	if err != nil {
+		return false, err
+	}
+	// Listing over netlink answers an empty list, not "not found", for a missing table;
+	// a table without our base chain is not ours to trust either.
+	return slices.Contains(chains, chainNATPrerouting), nil
+}
+
+// notFound reports whether err says the table (or object) does not exist: nft's own
+// error, or ENOENT where netlink keeps it (google/nftables flattens some of its errors to
+// text, so callers over netlink must not rely on this alone).
+func notFound(err error) bool {
+	return knftables.IsNotFound(err) || errors.Is(err, syscall.ENOENT)
 }
 
 // Reconfigure replaces the node-dependent settings (addresses, pod CIDRs); the next
