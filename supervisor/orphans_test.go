@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"slices"
 	"testing"
 )
 
@@ -72,19 +71,3 @@ func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
 	}
 }
 
-func TestParseTables(t *testing.T) {
-	out := `{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
-	 {"table": {"family": "ip", "name": "shardproxy-a", "handle": 1}},
-	 {"table": {"family": "ip6", "name": "shardproxy-a", "handle": 2}},
-	 {"table": {"family": "ip", "name": "filter", "handle": 3}}]}`
-	got, err := parseTables([]byte(out), "ip")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := []string{"shardproxy-a", "filter"}; !slices.Equal(got, want) {
-		t.Errorf("got %v, want %v", got, want)
-	}
-	if _, err := parseTables([]byte("not json"), "ip"); err == nil {
-		t.Error("garbage parsed")
-	}
-}

@@ -168,6 +168,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
 	rep := &Report{Machine: DescribeMachine(), Endpoints: o.Endpoints}
 	r := &runner{exe: exe, work: work, log: log}
+	defer r.deleteNamespaces()
 	for _, n := range o.Scales {
 		sr, err := r.scale(ctx, o, n)
 		if err != nil {
@@ -188,6 +189,19 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 type runner struct {
 	exe, work string
 	log       io.Writer
+	// spent are namespaces measured in, deleted only when the run ends: the kernel tears a
+	// deleted namespace down in the background, and tearing down 100,000s of elements
+	// while the next measurement runs would slow it by up to several times.
+	spent []string
+}
+
+// retire marks a namespace for deletion at the end of the run.
+func (r *runner) retire(ns string) { r.spent = append(r.spent, ns) }
+
+func (r *runner) deleteNamespaces() {
+	for _, ns := range r.spent {
+		deleteNamespace(ns)
+	}
 }
 
 func (r *runner) finish(rep *Report, start time.Time) *Report {
@@ -241,7 +255,7 @@ func (r *runner) child(ctx context.Context, co *childOptions, out any) error {
 	if err != nil {
 		return err
 	}
-	defer deleteNamespace(ns)
+	defer r.retire(ns)
 	return r.childIn(ctx, ns, co, out)
 }
 
@@ -270,7 +284,7 @@ func (r *runner) floor(ctx context.Context, dump string, runs int) (FloorResult,
 		start := time.Now()
 		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "nft", "-f", dump).CombinedOutput()
 		d := time.Since(start)
-		deleteNamespace(ns)
+		r.retire(ns)
 		if err != nil {
 			return FloorResult{}, fmt.Errorf("nft -f %s: %w: %s", dump, err, out)
 		}
