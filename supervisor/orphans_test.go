@@ -70,4 +70,3 @@ func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
 		t.Error("the table that failed to delete is gone")
 	}
 }
-
