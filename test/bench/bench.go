@@ -168,7 +168,6 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
 	rep := &Report{Machine: DescribeMachine(), Endpoints: o.Endpoints}
 	r := &runner{exe: exe, work: work, log: log}
-	defer r.deleteNamespaces()
 	for _, n := range o.Scales {
 		sr, err := r.scale(ctx, o, n)
 		if err != nil {
@@ -189,18 +188,16 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 type runner struct {
 	exe, work string
 	log       io.Writer
-	// spent are namespaces measured in, deleted only when the run ends: the kernel tears a
-	// deleted namespace down in the background, and tearing down 100,000s of elements
-	// while the next measurement runs would slow it by up to several times.
-	spent []string
 }
 
-// retire marks a namespace for deletion at the end of the run.
-func (r *runner) retire(ns string) { r.spent = append(r.spent, ns) }
-
-func (r *runner) deleteNamespaces() {
-	for _, ns := range r.spent {
-		deleteNamespace(ns)
+// retire deletes a namespace measured in and waits, at most two minutes, for the kernel
+// to tear it down in the background (WaitQuiet), so the next measurement does not run
+// beside it. (Keeping them all until the end instead runs a 2-core, 24 GB machine out of
+// memory at 30,000 Services: the kernel's tables take gigabytes.)
+func (r *runner) retire(ns string) {
+	deleteNamespace(ns)
+	if waited, quiet := WaitQuiet(context.Background(), 2*time.Minute); waited > 5*time.Second || !quiet {
+		r.logf("the kernel took %.0fs to tear down namespace %s (quiet: %v)", waited.Seconds(), ns, quiet)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/shardproxy/shardproxy/test/bench"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 )
@@ -48,7 +49,7 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	res := ProxyResult{Proxy: d.name}
 	// The apiserver settles after the objects are created, and the kernel tears down the
 	// previous proxy's tables in the background: neither should land on this proxy.
-	waited, quiet := waitQuiet(ctx, 2*time.Minute)
+	waited, quiet := bench.WaitQuiet(ctx, 2*time.Minute)
 	m.r.logf("%s: starting (machine quiet after %.1fs: %v)", d.name, waited.Seconds(), quiet)
 	started := time.Now()
 	if err := d.start(); err != nil {
@@ -192,51 +193,4 @@ func peakRSSMB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
-}
-
-// waitQuiet waits, at most max, until the CPUs were at least 85% idle over one second,
-// and says how long it waited and whether they were.
-func waitQuiet(ctx context.Context, max time.Duration) (time.Duration, bool) {
-	start := time.Now()
-	prevIdle, prevTotal, err := cpuTimes()
-	for err == nil && time.Since(start) < max {
-		select {
-		case <-ctx.Done():
-			return time.Since(start), false
-		case <-time.After(time.Second):
-		}
-		idle, total, e := cpuTimes()
-		if e != nil {
-			break
-		}
-		if total > prevTotal && float64(idle-prevIdle)/float64(total-prevTotal) >= 0.85 {
-			return time.Since(start), true
-		}
-		prevIdle, prevTotal = idle, total
-	}
-	return time.Since(start), false
-}
-
-// cpuTimes returns the idle (idle + iowait) and total jiffies of all CPUs (/proc/stat).
-func cpuTimes() (idle, total uint64, err error) {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0, err
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	fields := strings.Fields(line)
-	if len(fields) < 6 || fields[0] != "cpu" {
-		return 0, 0, fmt.Errorf("unexpected /proc/stat line %q", line)
-	}
-	for i, f := range fields[1:] {
-		v, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/stat: %w", err)
-		}
-		total += v
-		if i == 3 || i == 4 { // idle, iowait
-			idle += v
-		}
-	}
-	return idle, total, nil
 }
