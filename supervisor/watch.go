@@ -45,11 +45,11 @@ func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool)
 	w.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = "!" + labelHeadless
-		}))
+		}), informers.WithTransform(trimForCache))
 	w.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}))
+		}), informers.WithTransform(trimForCache))
 	w.services = w.factory.Core().V1().Services().Informer()
 	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
 	if err := w.slices.AddIndexers(cache.Indexers{byServiceIndex: func(obj any) ([]string, error) {
@@ -70,6 +70,28 @@ func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool)
 		w.serviceCIDR = w.factory.Networking().V1().ServiceCIDRs().Informer()
 	}
 	return w, nil
+}
+
+// lastApplied is the annotation `kubectl apply` keeps a whole copy of the object in.
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+// trimForCache drops what no instance reads from the objects the informers keep:
+// managedFields and kubectl's last-applied copy, often most of a small object's size
+// (at 10,000 Services and their slices, tens of MB of the supervisor's memory).
+func trimForCache(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		if ann := m.GetAnnotations(); ann[lastApplied] != "" {
+			trimmed := make(map[string]string, len(ann)-1)
+			for k, v := range ann {
+				if k != lastApplied {
+					trimmed[k] = v
+				}
+			}
+			m.SetAnnotations(trimmed)
+		}
+	}
+	return obj, nil
 }
 
 // SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister).
