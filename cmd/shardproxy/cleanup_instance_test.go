@@ -27,17 +27,7 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 	}, "\n")+"\n"); err != nil {
 		t.Fatal(err)
 	}
-	cli := func(args ...string) (string, string, int) {
-		var out, errOut string
-		var code int
-		if err := tp.Do(tp.Node, func() error {
-			out, errOut, code = runCLI(args...)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return out, errOut, code
-	}
+	cli := func(args ...string) (string, string, int) { return runCLIIn(t, tp, tp.Node, args...) }
 	tablesLeft := func() string {
 		out, err := tp.Exec(tp.Node, "nft", "list", "tables")
 		if err != nil {

@@ -62,17 +62,7 @@ func TestCleanupLegacyInNamespace(t *testing.T) {
 	if err := tp.NFT(tp.Node, "add table ip shardproxy-team-a\nadd chain ip shardproxy-team-a services\n"); err != nil {
 		t.Fatal(err)
 	}
-	cli := func(args ...string) (string, string, int) {
-		var out, errOut string
-		var code int
-		if err := tp.Do(tp.Node, func() error {
-			out, errOut, code = runCLI(args...)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return out, errOut, code
-	}
+	cli := func(args ...string) (string, string, int) { return runCLIIn(t, tp, tp.Node, args...) }
 
 	// A stand-in kube-proxy: sleep under kube-proxy's name.
 	bin := filepath.Join(t.TempDir(), "kube-proxy")
@@ -156,4 +146,17 @@ func copyFile(t *testing.T, from, to string) {
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runCLIIn is runCLI on a thread switched into network namespace ns of tp: the nft and
+// iptables it runs, and the netlink it talks, see that namespace.
+func runCLIIn(t *testing.T, tp *netns.Topology, ns string, args ...string) (out, errOut string, code int) {
+	t.Helper()
+	if err := tp.Do(ns, func() error {
+		out, errOut, code = runCLI(args...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out, errOut, code
 }

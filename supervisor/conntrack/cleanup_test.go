@@ -388,40 +388,9 @@ func TestCleanup(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			names := make(map[*netlink.ConntrackFlow]string, len(tc.flows))
-			var initial []*netlink.ConntrackFlow
-			for _, name := range sortedKeys(tc.flows) {
-				names[tc.flows[name]] = name
-				initial = append(initial, tc.flows[name])
-			}
-			fake := NewFake(initial...)
-
-			deleted, err := NewCleaner(fake).Cleanup(context.Background(), tc.before, tc.after)
-			if err != nil {
-				t.Fatalf("Cleanup: %v", err)
-			}
-
-			var gone []string
-			left := map[*netlink.ConntrackFlow]bool{}
-			for _, f := range fake.Flows() {
-				left[f] = true
-			}
-			for _, f := range initial {
-				if !left[f] {
-					gone = append(gone, names[f])
-				}
-			}
-			want := slices.Clone(tc.gone)
-			slices.Sort(want)
-			if diff := cmp.Diff(want, gone); diff != "" {
-				t.Errorf("deleted flows (-want +got):\n%s", diff)
-			}
-			if deleted != len(tc.gone) {
-				t.Errorf("Cleanup returned %d deleted, want %d", deleted, len(tc.gone))
-			}
-			if diff := cmp.Diff(tc.wantCalls, fake.Calls()); diff != "" {
-				t.Errorf("calls to the table (-want +got):\n%s", diff)
-			}
+			checkCleanup(t, tc.flows, tc.gone, tc.wantCalls, func(c *Cleaner) (int, error) {
+				return c.Cleanup(context.Background(), tc.before, tc.after)
+			})
 		})
 	}
 }
@@ -624,38 +593,47 @@ func TestCleanupServing(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			names := make(map[*netlink.ConntrackFlow]string, len(tc.flows))
-			var initial []*netlink.ConntrackFlow
-			for _, name := range sortedKeys(tc.flows) {
-				names[tc.flows[name]] = name
-				initial = append(initial, tc.flows[name])
-			}
-			fake := NewFake(initial...)
-			deleted, err := NewCleaner(fake).CleanupChange(context.Background(), tc.change)
-			if err != nil {
-				t.Fatalf("CleanupChange: %v", err)
-			}
-			left := map[*netlink.ConntrackFlow]bool{}
-			for _, f := range fake.Flows() {
-				left[f] = true
-			}
-			var gone []string
-			for _, f := range initial {
-				if !left[f] {
-					gone = append(gone, names[f])
-				}
-			}
-			want := slices.Clone(tc.gone)
-			slices.Sort(want)
-			if diff := cmp.Diff(want, gone); diff != "" {
-				t.Errorf("deleted flows (-want +got):\n%s", diff)
-			}
-			if deleted != len(tc.gone) {
-				t.Errorf("CleanupChange returned %d deleted, want %d", deleted, len(tc.gone))
-			}
-			if diff := cmp.Diff(tc.wantCalls, fake.Calls()); diff != "" {
-				t.Errorf("calls to the table (-want +got):\n%s", diff)
-			}
+			checkCleanup(t, tc.flows, tc.gone, tc.wantCalls, func(c *Cleaner) (int, error) {
+				return c.CleanupChange(context.Background(), tc.change)
+			})
 		})
+	}
+}
+
+// checkCleanup runs cleanup over a fake table holding flows (by name) and checks that
+// exactly the flows named in gone were deleted, that it said so, and which calls it made.
+func checkCleanup(t *testing.T, flows map[string]*netlink.ConntrackFlow, gone, wantCalls []string, cleanup func(*Cleaner) (int, error)) {
+	t.Helper()
+	names := make(map[*netlink.ConntrackFlow]string, len(flows))
+	var initial []*netlink.ConntrackFlow
+	for _, name := range sortedKeys(flows) {
+		names[flows[name]] = name
+		initial = append(initial, flows[name])
+	}
+	fake := NewFake(initial...)
+	deleted, err := cleanup(NewCleaner(fake))
+	if err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	left := map[*netlink.ConntrackFlow]bool{}
+	for _, f := range fake.Flows() {
+		left[f] = true
+	}
+	var got []string
+	for _, f := range initial {
+		if !left[f] {
+			got = append(got, names[f])
+		}
+	}
+	want := slices.Clone(gone)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("deleted flows (-want +got):\n%s", diff)
+	}
+	if deleted != len(gone) {
+		t.Errorf("cleanup returned %d deleted, want %d", deleted, len(gone))
+	}
+	if diff := cmp.Diff(wantCalls, fake.Calls()); diff != "" {
+		t.Errorf("calls to the table (-want +got):\n%s", diff)
 	}
 }
