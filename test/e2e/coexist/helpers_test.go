@@ -241,3 +241,22 @@ func invalidDrops(e *env.Env) int64 {
 	}
 	return -1
 }
+
+// rejectCounters lists the node namespace's iptables REJECT and DROP rules that have
+// counted packets, and conntrack's statistics: where a refused or lost connection went.
+func rejectCounters(e *env.Env) string {
+	var b strings.Builder
+	out, err := e.TP.Exec(e.TP.Node, "iptables-save", "-c")
+	if err != nil {
+		return err.Error()
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if (strings.Contains(line, "-j REJECT") || strings.Contains(line, "-j DROP")) && !strings.HasPrefix(line, "[0:0]") {
+			b.WriteString(line + "\n")
+		}
+	}
+	if st, err := e.TP.Exec(e.TP.Node, "conntrack", "-S"); err == nil {
+		b.WriteString(st)
+	}
+	return b.String()
+}

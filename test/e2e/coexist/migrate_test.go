@@ -139,6 +139,9 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 			t.Errorf("%s: %d connections failed during the migration", l.name, f)
 		}
 	}
+	if failed > 0 {
+		t.Logf("rules that rejected or dropped packets (iptables counters):\n%s", rejectCounters(e))
+	}
 	fmt.Printf("e2e: migrate: move of %d Services (batches of 2, one LoadBalancer whose health-check node port moved with it) took %v, rollback %v; client loops: %d connections, %d failed; kube-proxy's INVALID-drop rule dropped %d packets\n",
 		len(names), moved.Round(time.Millisecond), rolledBack.Round(time.Millisecond), total, failed, invalidDrops(e))
 }
