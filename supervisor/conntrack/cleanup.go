@@ -17,7 +17,7 @@ import (
 	"github.com/shardproxy/shardproxy/tables"
 )
 
-// Cleaner deletes stale UDP and SCTP conntrack flows after syncs. There is one per node,
+// Cleaner deletes stale conntrack flows after syncs. There is one per node,
 // shared by every proxy instance: the conntrack table is the node's, not an instance's.
 type Cleaner struct {
 	ct Interface
@@ -34,16 +34,24 @@ func NewCleaner(ct Interface) *Cleaner {
 // Cleanup deletes the conntrack flows made stale by a sync that replaced before with after,
 // the previous and the current ports of the Services that changed. A Service port is
 // identified by its name and protocol, in the family of its cluster IP; a port missing
-// from after, or without a cluster IP there, was deleted. Only UDP and SCTP flows are
-// deleted, never TCP, and only flows of the ports given:
+// from after, or without a cluster IP there, was deleted. Only flows of the ports given
+// are deleted:
 //
-//   - flows sent to one of a port's addresses (cluster IP, external IPs, load balancer
-//     IPs) on its port, or to its NodePort on any address, and DNATed to an endpoint
-//     that went away (one the port had in either endpoint list and has in neither now);
-//   - when a port had no endpoints (HasEndpoints false, or the port did not exist) and
-//     now has some, flows to those addresses and to its NodePort that were not DNATed:
-//     they carry a verdict taken while nothing served the port, and would keep every
-//     later packet of the connection away from the new endpoints.
+//   - UDP and SCTP flows sent to one of a port's addresses (cluster IP, external IPs,
+//     load balancer IPs) on its port, or to its NodePort on any address, and DNATed to
+//     an endpoint that went away (one the port had in either endpoint list and has in
+//     neither now);
+//   - when a UDP or SCTP port had no endpoints (HasEndpoints false, or the port did not
+//     exist) and now has some, flows to those addresses and to its NodePort that were
+//     not DNATed: they carry a verdict taken while nothing served the port, and would
+//     keep every later packet of the connection away from the new endpoints;
+//   - when a TCP port is new (or reachable on an address it was not before), flows to
+//     it that were not DNATed and never saw a reply (SYN_SENT). A SYN that arrived before
+//     any proxy had rules for the address left such an entry, with no translation, for
+//     120 s; every SYN of that tuple, a retransmission or a reused client port, would
+//     follow it around the new rules (kubernetes/kubernetes#48719, which upstream leaves
+//     open). A flow that never got an answer is no connection, so nothing working is
+//     lost. TCP flows DNATed to a gone endpoint are left: the endpoint resets them.
 //
 // SCTP flows reported without ports, as netlink v1.3.1 reports them all, are matched on
 // addresses alone: flows through any port of a Service address DNATed to a gone
@@ -188,6 +196,12 @@ type plan struct {
 	// since an external or LB IP may be a host address serving other SCTP traffic that
 	// was never meant to be DNATed.
 	rejectClusterIPs map[netip.Addr]struct{}
+
+	// synSentFrontends are the frontends of TCP ports new to the instance; a flow to one
+	// that was not DNATed and never answered is stale.
+	synSentFrontends map[frontend]struct{}
+	// synSentNodePorts is synSentFrontends for NodePorts.
+	synSentNodePorts map[nodePort]struct{}
 }
 
 func newPlan() *plan {
@@ -198,6 +212,8 @@ func newPlan() *plan {
 		rejectNodePorts:  map[nodePort]struct{}{},
 		goneByAddr:       map[netip.Addr]map[netip.Addr]struct{}{},
 		rejectClusterIPs: map[netip.Addr]struct{}{},
+		synSentFrontends: map[frontend]struct{}{},
+		synSentNodePorts: map[nodePort]struct{}{},
 	}
 }
 
@@ -207,6 +223,8 @@ func (p *plan) stale(flow *netlink.ConntrackFlow) bool {
 	switch {
 	case k.proto == syscall.IPPROTO_SCTP && k.origDst.Port() == 0:
 		return p.staleWithoutPorts(k)
+	case k.proto == syscall.IPPROTO_TCP:
+		return p.staleSynSent(flow, k)
 	case k.proto != syscall.IPPROTO_UDP && k.proto != syscall.IPPROTO_SCTP:
 		return false
 	}
@@ -226,6 +244,27 @@ func (p *plan) stale(flow *netlink.ConntrackFlow) bool {
 	if !ok {
 		_, ok = p.rejectNodePorts[np]
 	}
+	return ok
+}
+
+// tcpSynSent is the kernel's TCP conntrack state of a connection whose SYN never got an
+// answer (TCP_CONNTRACK_SYN_SENT).
+const tcpSynSent = 1
+
+// staleSynSent is stale for a TCP flow: not DNATed, never answered, to a frontend or
+// NodePort of a TCP port new to the instance.
+func (p *plan) staleSynSent(flow *netlink.ConntrackFlow, k flowKey) bool {
+	if k.replySrc != k.origDst {
+		return false
+	}
+	info, ok := flow.ProtoInfo.(*netlink.ProtoInfoTCP)
+	if !ok || info.State != tcpSynSent {
+		return false
+	}
+	if _, ok := p.synSentFrontends[frontend{proto: k.proto, addr: k.origDst}]; ok {
+		return true
+	}
+	_, ok = p.synSentNodePorts[nodePort{proto: k.proto, port: k.origDst.Port()}]
 	return ok
 }
 
@@ -291,6 +330,33 @@ func (p *plan) addReject(sp *servicePort) {
 	}
 }
 
+// addSynSent marks unanswered TCP flows that were not DNATed, to the frontends and
+// NodePort of cur that old (nil for a new port) did not have, as stale.
+func (p *plan) addSynSent(old, cur *servicePort) {
+	for _, addr := range cur.frontends {
+		if old == nil || !slices.Contains(old.frontends, addr) {
+			p.synSentFrontends[frontend{proto: cur.proto, addr: addr}] = struct{}{}
+		}
+	}
+	if cur.nodePort != 0 && (old == nil || old.nodePort != cur.nodePort) {
+		p.synSentNodePorts[nodePort{proto: cur.proto, port: cur.nodePort}] = struct{}{}
+	}
+}
+
+// newFrontends reports whether cur is reachable somewhere old (nil for a new port) was
+// not.
+func newFrontends(old, cur *servicePort) bool {
+	if old == nil {
+		return true
+	}
+	for _, addr := range cur.frontends {
+		if !slices.Contains(old.frontends, addr) {
+			return true
+		}
+	}
+	return cur.nodePort != 0 && old.nodePort != cur.nodePort
+}
+
 // portKey identifies a Service port across syncs.
 type portKey struct {
 	name   tables.ServicePortName
@@ -309,14 +375,14 @@ type servicePort struct {
 	hasEndpoints bool
 }
 
-// newServicePort converts sp; ok is false for ports that cannot leave stale flows behind
-// (TCP) or have no rules in any family (no cluster IP).
+// newServicePort converts sp; ok is false for ports that have no rules in any family
+// (no cluster IP).
 func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
 	if sp == nil {
 		return nil, false
 	}
 	proto, ok := protocolNumber(sp.Protocol)
-	if !ok || proto == syscall.IPPROTO_TCP {
+	if !ok {
 		return nil, false
 	}
 	clusterIP := sp.ClusterIP.Unmap()
@@ -393,6 +459,10 @@ func planCleanup(logger logr.Logger, ch Change) map[tables.Family]*plan {
 
 	for _, key := range oldKeys {
 		old, cur := oldPorts[key], newPorts[key]
+		if old.proto == syscall.IPPROTO_TCP {
+			// A gone TCP endpoint resets its connections; nothing to clean.
+			continue
+		}
 		gone := endpointSet{}
 		for ep := range old.endpoints {
 			if cur == nil {
@@ -434,6 +504,16 @@ func planCleanup(logger logr.Logger, ch Change) map[tables.Family]*plan {
 
 	for _, key := range newKeys {
 		old, cur := oldPorts[key], newPorts[key]
+		if cur.proto == syscall.IPPROTO_TCP {
+			// Whatever its endpoints: an entry left now would outlive the port's first
+			// endpoints, which bring no new address to trigger this again.
+			if newFrontends(old, cur) {
+				logger.V(4).Info("TCP Service port reachable at new addresses, deleting unanswered flows that bypassed NAT",
+					"servicePort", cur.key.name, "family", cur.key.family, "portAdded", old == nil)
+				planFor(cur.key.family).addSynSent(old, cur)
+			}
+			continue
+		}
 		if !cur.hasEndpoints || (old != nil && old.hasEndpoints) {
 			continue
 		}

@@ -60,6 +60,17 @@ func udp6(frontend, backend string) *netlink.ConntrackFlow {
 	return flow(tables.UDP, client6, frontend, backend)
 }
 
+// synSent is a TCP flow from client whose SYN never got an answer.
+func synSent(frontend, backend string) *netlink.ConntrackFlow {
+	return synSentFrom(client, frontend, backend)
+}
+
+func synSentFrom(from, frontend, backend string) *netlink.ConntrackFlow {
+	f := flow(tables.TCP, from, frontend, backend)
+	f.ProtoInfo = &netlink.ProtoInfoTCP{State: tcpSynSent}
+	return f
+}
+
 // sctpWithoutPorts is an SCTP flow as netlink v1.3.1 reports it: every port zero.
 func sctpWithoutPorts(frontend, backend string) *netlink.ConntrackFlow {
 	f := flow(tables.SCTP, client, frontend, backend)
@@ -373,6 +384,59 @@ func TestCleanup(t *testing.T) {
 			after:  []*tables.ServicePort{dnsPort(), dnsPort6()},
 			flows: map[string]*netlink.ConntrackFlow{
 				"A via cluster IP": udp(hostPort(clusterIP, "53"), epA),
+			},
+		},
+		{
+			name:  "new TCP port deletes the unanswered flows that bypassed NAT to it, nothing else",
+			after: []*tables.ServicePort{dnsPort(protocol(tables.TCP))},
+			flows: map[string]*netlink.ConntrackFlow{
+				"SYN to cluster IP, not DNATed":     synSent(hostPort(clusterIP, "53"), ""),
+				"SYN to external IP, not DNATed":    synSent(hostPort(externalIP, "53"), ""),
+				"SYN to LB IP, not DNATed":          synSent(hostPort(lbIP, "53"), ""),
+				"SYN to NodePort, not DNATed":       synSent(hostPort(nodeIP, "30053"), ""),
+				"answered, not DNATed":              flow(tables.TCP, "10.0.0.2:1", hostPort(lbIP, "53"), ""),
+				"SYN DNATed to A":                   synSent(hostPort(clusterIP, "53"), epA),
+				"SYN to another port":               synSent(hostPort(clusterIP, "54"), ""),
+				"SYN to another Service":            synSent(hostPort(otherIP, "53"), ""),
+				"UDP to cluster IP, not DNATed":     udp(hostPort(clusterIP, "53"), ""),
+				"IPv6 SYN to the cluster IP's twin": synSentFrom(client6, hostPort(clusterIP6, "53"), ""),
+			},
+			gone: []string{
+				"SYN to cluster IP, not DNATed", "SYN to external IP, not DNATed", "SYN to LB IP, not DNATed", "SYN to NodePort, not DNATed",
+			},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			// Its rules reject the SYN now, but the entry would outlive the first
+			// endpoints, which bring no new address to clean up for.
+			name:  "new TCP port without endpoints deletes them too",
+			after: []*tables.ServicePort{dnsPort(protocol(tables.TCP), endpoints())},
+			flows: map[string]*netlink.ConntrackFlow{
+				"SYN to cluster IP, not DNATed": synSent(hostPort(clusterIP, "53"), ""),
+			},
+			gone:      []string{"SYN to cluster IP, not DNATed"},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			name: "TCP port with a new LB IP deletes the unanswered flows to that address only",
+			before: []*tables.ServicePort{dnsPort(protocol(tables.TCP), func(sp *tables.ServicePort) {
+				sp.LoadBalancerIPs = nil
+			})},
+			after: []*tables.ServicePort{dnsPort(protocol(tables.TCP))},
+			flows: map[string]*netlink.ConntrackFlow{
+				"SYN to LB IP, not DNATed":      synSent(hostPort(lbIP, "53"), ""),
+				"SYN to cluster IP, not DNATed": synSent(hostPort(clusterIP, "53"), ""),
+				"SYN to NodePort, not DNATed":   synSent(hostPort(nodeIP, "30053"), ""),
+			},
+			gone:      []string{"SYN to LB IP, not DNATed"},
+			wantCalls: []string{"ListEntries IPv4", "DeleteFilters IPv4"},
+		},
+		{
+			name:   "TCP port getting its first endpoints leaves the table alone",
+			before: []*tables.ServicePort{dnsPort(protocol(tables.TCP), endpoints())},
+			after:  []*tables.ServicePort{dnsPort(protocol(tables.TCP))},
+			flows: map[string]*netlink.ConntrackFlow{
+				"SYN to cluster IP, not DNATed": synSent(hostPort(clusterIP, "53"), ""),
 			},
 		},
 		{

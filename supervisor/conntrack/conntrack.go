@@ -1,12 +1,15 @@
-// Package conntrack deletes the kernel conntrack flows that keep UDP and SCTP traffic
-// pinned to a Service backend that no longer exists, or to the "no endpoints" verdict a
-// Service had before it got its first endpoints.
+// Package conntrack deletes the kernel conntrack flows that keep traffic pinned to a
+// Service backend that no longer exists, or to a verdict taken before the Service's rules
+// could apply.
 //
 // NAT is decided on a flow's first packet only; every later packet follows the conntrack
 // entry. TCP and SCTP endpoints that go away reset their connections, so clients open new
 // ones, but a UDP client keeps sending into the stale entry until it times out. The
 // Cleaner removes exactly those entries after each successful sync, the way upstream
-// kube-proxy's pkg/proxy/conntrack does; SCTP is cleaned the same way for safety.
+// kube-proxy's pkg/proxy/conntrack does; SCTP is cleaned the same way for safety. Beyond
+// upstream, it also removes the unanswered TCP entries of SYNs that reached a Service
+// address before any rule did, which would otherwise turn away every SYN of that tuple
+// for two minutes.
 package conntrack
 
 import (

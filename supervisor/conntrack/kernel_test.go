@@ -104,7 +104,11 @@ func insertFlow(t *testing.T, ns string, flow *netlink.ConntrackFlow) {
 	case string(tables.UDP):
 		args = append(args, "-u", "SEEN_REPLY")
 	case string(tables.TCP):
-		args = append(args, "--state", "ESTABLISHED")
+		state := "ESTABLISHED"
+		if info, ok := flow.ProtoInfo.(*netlink.ProtoInfoTCP); ok && info.State == tcpSynSent {
+			state = "SYN_SENT"
+		}
+		args = append(args, "--state", state)
 	case string(tables.SCTP):
 		args = append(args, "--state", "ESTABLISHED", "--orig-vtag", "1", "--reply-vtag", "2")
 	}
@@ -197,18 +201,18 @@ func TestKernelCleanup(t *testing.T) {
 
 func testKernelCleanup(t *testing.T, ns string, ct Interface) {
 	// Per family: the DNS port loses endpoint A; "sig", an SCTP port, loses A too; "web",
-	// TCP, loses A; "new" gets its first endpoint. Every flow gets its own client port,
-	// as the kernel refuses two entries with the same tuple.
+	// TCP, loses A; "new" gets its first endpoint; "tcp-new", a TCP port, is new. Every
+	// flow gets its own client port, as the kernel refuses two entries with the same tuple.
 	type addrs struct {
 		family                                            tables.Family
 		client, cluster, external, lb, node, other, fresh string
-		sig, web, a, b                                    string
+		sig, web, tcpNew, a, b                            string
 	}
 	fams := []addrs{
 		{tables.IPv4, "10.0.0.1", clusterIP, externalIP, lbIP, nodeIP, otherIP, "172.30.0.20",
-			"172.30.0.30", "172.30.0.40", epA, epB},
+			"172.30.0.30", "172.30.0.40", "172.30.0.50", epA, epB},
 		{tables.IPv6, "fd00::1", clusterIP6, externalIP6, lbIP6, nodeIP6, "fd00:96::99", "fd00:96::20",
-			"fd00:96::30", "fd00:96::40", epA6, epB6},
+			"fd00:96::30", "fd00:96::40", "fd00:96::50", epA6, epB6},
 	}
 
 	var before, after []*tables.ServicePort
@@ -223,6 +227,11 @@ func testKernelCleanup(t *testing.T, ns string, ct Interface) {
 		if stale {
 			gone = append(gone, FlowString(f))
 		}
+	}
+	// addSyn adds a TCP flow whose SYN got no answer.
+	addSyn := func(a addrs, frontend, backend string, stale bool) {
+		add(a, tables.TCP, frontend, backend, stale)
+		flows[len(flows)-1].ProtoInfo = &netlink.ProtoInfoTCP{State: tcpSynSent}
 	}
 
 	for _, a := range fams {
@@ -256,6 +265,7 @@ func testKernelCleanup(t *testing.T, ns string, ct Interface) {
 			dns(named("sig", a.sig, 9000, 0), protocol(tables.SCTP), endpoints(a.b)),
 			dns(named("web", a.web, 80, 30080), protocol(tables.TCP), endpoints(a.b)),
 			dns(named("new", a.fresh, 5000, 30500), endpoints(a.a)),
+			dns(named("tcp-new", a.tcpNew, 80, 0), protocol(tables.TCP)),
 		)
 
 		hp := func(host string, port uint16) string {
@@ -278,6 +288,10 @@ func testKernelCleanup(t *testing.T, ns string, ct Interface) {
 		add(a, tables.UDP, hp(a.fresh, 5000), a.a, false)
 		add(a, tables.UDP, hp(a.fresh, 5001), "", false)
 		add(a, tables.UDP, hp(a.other, 5000), "", false)
+		addSyn(a, hp(a.tcpNew, 80), "", true)
+		addSyn(a, hp(a.tcpNew, 80), a.a, false)
+		add(a, tables.TCP, hp(a.tcpNew, 80), "", false)
+		addSyn(a, hp(a.web, 80), "", false)
 	}
 
 	for _, f := range flows {

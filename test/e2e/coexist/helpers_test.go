@@ -3,6 +3,8 @@ package coexist
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -55,8 +57,18 @@ func service(t *testing.T, e *env.Env, name, proxyName string) string {
 }
 
 // reach dials until both backends (pod1, remote) answered, failing on anything else.
+//
+// It dials only once some proxy has rules for addr: a SYN sent before would leave an
+// untranslated conntrack entry that turns away every SYN reusing its client port for two
+// minutes (kubernetes/kubernetes#48719). shardproxy deletes those entries for the
+// addresses it programs; kube-proxy leaves them, and the client loops that run later
+// would count kube-proxy's failures as the migration's.
 func reach(t *testing.T, e *env.Env, from, addr string) {
 	t.Helper()
+	eventually(t, "a proxy to program "+addr, func() bool {
+		out, err := e.TP.ListRuleset(e.TP.Node)
+		return err == nil && strings.Contains(out, addr+" ")
+	})
 	seen := map[string]bool{}
 	deadline := time.Now().Add(20 * time.Second)
 	var lastErr error
@@ -259,4 +271,59 @@ func rejectCounters(e *env.Env) string {
 		b.WriteString(st)
 	}
 	return b.String()
+}
+
+// capture records, in the node namespace, the conntrack events and (when SHARDPROXY_TRACE
+// is set) an nft trace of every TCP SYN to addrs, for reading after a failed connection.
+// Tracing runs every packet's verdicts through netlink, so it is opt-in: it changes the
+// timing it is meant to observe.
+type capture struct {
+	events, trace *netns.Process
+	e             *env.Env
+}
+
+func startCapture(t *testing.T, e *env.Env, addrs []string) *capture {
+	t.Helper()
+	c := &capture{e: e}
+	var err error
+	c.events, err = e.TP.StartProcess(e.TP.Node, "conntrack", "-E", "-p", "tcp", "-o", "timestamp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("SHARDPROXY_TRACE") != "" {
+		script := fmt.Sprintf("table ip sp-trace {\n chain pre {\n  type filter hook prerouting priority -400;\n  ip daddr { %s } tcp flags syn meta nftrace set 1\n }\n}\n", strings.Join(addrs, ", "))
+		if err := e.TP.NFT(e.TP.Node, script); err != nil {
+			t.Fatal(err)
+		}
+		// Every ruleset change and every trace event, each stamped with the wall clock.
+		c.trace, err = e.TP.StartProcess(e.TP.Node, "sh", "-c",
+			`nft monitor | perl -MTime::HiRes=time -MPOSIX=strftime -ne '$|=1; my $t=time; printf "%s.%06d %s", strftime("%H:%M:%S", localtime $t), ($t-int $t)*1e6, $_'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// stop ends the capture and, if keep, writes what it saw under dir and says where.
+func (c *capture) stop(t *testing.T, keep bool) {
+	t.Helper()
+	_ = c.events.Stop()
+	if c.trace != nil {
+		_ = c.trace.Stop()
+		_, _ = c.e.TP.Exec(c.e.TP.Node, "nft", "delete", "table", "ip", "sp-trace")
+	}
+	if !keep {
+		return
+	}
+	dir, err := os.MkdirTemp("", "shardproxy-capture-")
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	_ = os.WriteFile(filepath.Join(dir, "conntrack-events"), []byte(c.events.Output()), 0o644)
+	if c.trace != nil {
+		_ = os.WriteFile(filepath.Join(dir, "nft-trace"), []byte(c.trace.Output()), 0o644)
+	}
+	t.Logf("conntrack events (and nft trace, if SHARDPROXY_TRACE was set) kept in %s", dir)
 }

@@ -77,6 +77,11 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 			}
 		}
 	})
+	var all []string
+	for _, ip := range ips {
+		all = append(all, ip)
+	}
+	capt := startCapture(t, e, all)
 	time.Sleep(time.Second)
 
 	start := time.Now()
@@ -139,6 +144,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 			t.Errorf("%s: %d connections failed during the migration", l.name, f)
 		}
 	}
+	capt.stop(t, failed > 0)
 	if failed > 0 {
 		t.Logf("rules that rejected or dropped packets (iptables counters):\n%s", rejectCounters(e))
 	}
