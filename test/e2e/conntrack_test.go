@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,4 +111,79 @@ func TestUDPEndpointReplaced(t *testing.T) {
 	}
 	fmt.Printf("e2e: UDP endpoint replaced: stale flows deleted=%v, traffic on the new endpoint within %v\n",
 		deleted, time.Since(replaced).Round(10*time.Millisecond))
+}
+
+// TestTCPSynBeforeRules: a client's SYN reaches a Service's cluster IP before any proxy
+// has rules for it, so conntrack records the connection untranslated and unanswered for
+// two minutes; every later SYN with that tuple (a retransmission, or a new socket on the
+// same client port) follows that entry past the NAT chains and is turned away
+// (kubernetes/kubernetes#48719, which upstream kube-proxy leaves to time out). Once
+// team-a programs the Service, the supervisor deletes the entry and a SYN from the same
+// client port connects.
+func TestTCPSynBeforeRules(t *testing.T) {
+	e := environment(t)
+	ctx := context.Background()
+	const ns, srcPort = "conntrack", 40105
+	servers(t, e, 8105, "tcp")
+	ports := []env.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: 8105}}
+	// Labeled for a proxy no instance runs: the cluster IP is allocated, no rule has it.
+	svc, err := e.CreateService(ctx, ns, "early", ports, []env.Backend{env.Pod1v4}, env.WithProxyName("nobody"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterIP := svc.Spec.ClusterIP
+	dial := func() (netns.Reply, error) {
+		return e.TP.DialWith(e.TP.Pod2, "tcp", clusterIP, 80, netns.DialOptions{SourcePort: srcPort, Timeout: 500 * time.Millisecond})
+	}
+	stale := func() bool {
+		out, err := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", clusterIP, "--orig-port-src", fmt.Sprint(srcPort), "--state", "SYN_SENT")
+		// Untranslated: the reply comes from the cluster IP itself.
+		return err == nil && strings.Contains(out, "src="+clusterIP+" dst="+netns.Pod2IPv4)
+	}
+	// The very first packets out of a fresh pod namespace may not make it to the node in
+	// time, so try a few SYNs until one has left its entry.
+	var firstErr error
+	for attempt := 0; attempt < 5 && !stale(); attempt++ {
+		r, err := dial()
+		if err == nil {
+			t.Fatalf("connected to %s:80 before any proxy served it (answered by %s)", clusterIP, r.Server)
+		}
+		firstErr = err
+	}
+	if !stale() {
+		all, _ := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", clusterIP)
+		t.Fatalf("no untranslated SYN_SENT entry for %s:%d -> %s:80 after 5 SYNs (last: %v); the test proves nothing. Entries to the cluster IP:\n%s",
+			netns.Pod2IPv4, srcPort, clusterIP, firstErr, all)
+	}
+	before, err := e.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := e.Relabel(ctx, ns, "early", "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "team-a to program "+clusterIP, 20*time.Second, func() bool {
+		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "map", "ip", "shardproxy-team-a", "service-ips")
+		return err == nil && strings.Contains(out, clusterIP+" . tcp . 80")
+	})
+	// The cleanup follows the sync that programmed the Service.
+	eventually(t, "the untranslated entry to go", 10*time.Second, func() bool { return !stale() })
+	r, err := dial()
+	if err != nil {
+		t.Fatalf("SYN from the same client port after team-a programmed %s: %v", clusterIP, err)
+	}
+	if r.Server != "pod1" {
+		t.Errorf("answered by %s, want pod1", r.Server)
+	}
+	after, err := e.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := after.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a") -
+		before.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a")
+	if deleted < 1 {
+		t.Errorf("shardproxy_conntrack_deleted_entries_total{instance=team-a} grew by %v, want at least the stale entry", deleted)
+	}
+	fmt.Printf("e2e: TCP SYN before the rules: untranslated entry deleted (%v), same client port connected to %s\n", deleted, r.Server)
 }
