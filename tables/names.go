@@ -84,9 +84,6 @@ const (
 	setHairpin = "hairpin"
 )
 
-// affinitySetSize bounds the clients one endpoint of an affinity Service remembers.
-const affinitySetSize = 65535
-
 // allProtocols returns the transport protocols Services use, in a fixed order.
 func allProtocols() []Protocol { return []Protocol{TCP, UDP, SCTP} }
 

@@ -613,3 +613,25 @@ func TestElementIDsRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestAffinitySetsHaveNoSize: an explicit size on a set is also the kernel's initial hash
+// table sizing, about 2 MB per affinity set allocated whether or not a client ever comes;
+// the kernel already bounds sets that rules update to 65535 elements.
+func TestAffinitySetsHaveNoSize(t *testing.T) {
+	s, fake := newFake(t, testConfig(IPv4))
+	state := generated(30) // every 7th Service has ClientIP affinity
+	fullSync(t, s, state)
+	sets := 0
+	for name, set := range fake.Table.Sets {
+		if !strings.HasPrefix(name, affinityPrefix) {
+			continue
+		}
+		sets++
+		if set.Size != nil {
+			t.Errorf("affinity set %s has size %d", name, *set.Size)
+		}
+	}
+	if sets == 0 {
+		t.Fatal("no affinity set was created; the test proves nothing")
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -33,6 +34,9 @@ import (
 // A child is this program re-executed inside a network namespace (`ip netns exec`), so
 // `nft` runs there natively and the child's memory is the proxy's alone. It prints one
 // JSON document on stdout.
+
+// dynsetSize matches the size line `nft list ruleset` prints for sets rules update.
+var dynsetSize = regexp.MustCompile(`(?m)^\s*size 65535\n`)
 
 // childOptions are the flags of a child.
 type childOptions struct {
@@ -230,6 +234,10 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nft list ruleset: %w", err)
 		}
+		// The kernel lists the bound it puts on every set a rule updates (the affinity
+		// sets) as "size 65535"; loaded back, an explicit size preallocates the hash
+		// table, which the proxy's own sets do not, and would inflate the floor.
+		out = dynsetSize.ReplaceAll(out, nil)
 		if err := os.WriteFile(o.dump, out, 0o644); err != nil {
 			return nil, err
 		}
