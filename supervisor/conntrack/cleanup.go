@@ -330,31 +330,29 @@ func (p *plan) addReject(sp *servicePort) {
 	}
 }
 
-// addSynSent marks unanswered TCP flows that were not DNATed, to the frontends and
-// NodePort of cur that old (nil for a new port) did not have, as stale.
-func (p *plan) addSynSent(old, cur *servicePort) {
-	for _, addr := range cur.frontends {
-		if old == nil || !slices.Contains(old.frontends, addr) {
-			p.synSentFrontends[frontend{proto: cur.proto, addr: addr}] = struct{}{}
-		}
+// addSynSent marks unanswered TCP flows that were not DNATed, to the given frontends
+// and NodePort (0: none), as stale.
+func (p *plan) addSynSent(proto uint8, frontends []netip.AddrPort, port uint16) {
+	for _, addr := range frontends {
+		p.synSentFrontends[frontend{proto: proto, addr: addr}] = struct{}{}
 	}
-	if cur.nodePort != 0 && (old == nil || old.nodePort != cur.nodePort) {
-		p.synSentNodePorts[nodePort{proto: cur.proto, port: cur.nodePort}] = struct{}{}
+	if port != 0 {
+		p.synSentNodePorts[nodePort{proto: proto, port: port}] = struct{}{}
 	}
 }
 
-// newFrontends reports whether cur is reachable somewhere old (nil for a new port) was
-// not.
-func newFrontends(old, cur *servicePort) bool {
-	if old == nil {
-		return true
-	}
+// newFrontends returns where cur is reachable and old (nil for a new port) was not: its
+// new frontends, and its NodePort if that is new (else 0).
+func newFrontends(old, cur *servicePort) (frontends []netip.AddrPort, port uint16) {
 	for _, addr := range cur.frontends {
-		if !slices.Contains(old.frontends, addr) {
-			return true
+		if old == nil || !slices.Contains(old.frontends, addr) {
+			frontends = append(frontends, addr)
 		}
 	}
-	return cur.nodePort != 0 && old.nodePort != cur.nodePort
+	if cur.nodePort != 0 && (old == nil || old.nodePort != cur.nodePort) {
+		port = cur.nodePort
+	}
+	return frontends, port
 }
 
 // portKey identifies a Service port across syncs.
@@ -507,10 +505,10 @@ func planCleanup(logger logr.Logger, ch Change) map[tables.Family]*plan {
 		if cur.proto == syscall.IPPROTO_TCP {
 			// Whatever its endpoints: an entry left now would outlive the port's first
 			// endpoints, which bring no new address to trigger this again.
-			if newFrontends(old, cur) {
+			if frontends, port := newFrontends(old, cur); len(frontends) > 0 || port != 0 {
 				logger.V(4).Info("TCP Service port reachable at new addresses, deleting unanswered flows that bypassed NAT",
 					"servicePort", cur.key.name, "family", cur.key.family, "portAdded", old == nil)
-				planFor(cur.key.family).addSynSent(old, cur)
+				planFor(cur.key.family).addSynSent(cur.proto, frontends, port)
 			}
 			continue
 		}
