@@ -39,6 +39,9 @@ type Options struct {
 	Families []tables.Family
 	// NFT opens the knftables interface of one family's table.
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
+	// Batches, if set, opens the writer for the partial syncs that need no rule text
+	// (tables.NetlinkWriter on a real node); nil sends everything through NFT.
+	Batches func(cfg tables.Config) (tables.BatchWriter, error)
 	// MinSyncPeriod is the shortest time between two syncs.
 	MinSyncPeriod time.Duration
 	// SyncPeriod is the longest time without a sync (a partial one that checks the table
@@ -160,6 +163,13 @@ func New(opts Options) (*Proxy, error) {
 		s, err := tables.NewSyncer(cfg, nft)
 		if err != nil {
 			return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
+		}
+		if opts.Batches != nil {
+			w, err := opts.Batches(cfg)
+			if err != nil {
+				return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
+			}
+			s.WriteBatchesWith(w)
 		}
 		p.syncers[fam] = s
 	}

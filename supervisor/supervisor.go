@@ -38,6 +38,10 @@ type Deps struct {
 	Client kubernetes.Interface
 	// NFT opens one table; default: knftables on the host.
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
+	// Batches opens the writer of the partial syncs that need no rule text; default,
+	// when NFT is defaulted too: netlink on the host (tables.NetlinkWriter). Nil after
+	// defaulting: everything goes through NFT.
+	Batches func(cfg tables.Config) (tables.BatchWriter, error)
 	// Conntrack is the kernel's conntrack table; default: netlink. A nil interface after
 	// defaulting (netlink unavailable) disables conntrack cleanup with a log line.
 	Conntrack conntrack.Interface
@@ -99,6 +103,11 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	if deps.NFT == nil {
 		deps.NFT = func(fam tables.Family, table string) (knftables.Interface, error) {
 			return knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
+		}
+		if deps.Batches == nil {
+			deps.Batches = func(cfg tables.Config) (tables.BatchWriter, error) {
+				return tables.NewNetlinkWriter(cfg)
+			}
 		}
 	}
 	if deps.InterfaceAddrs == nil {
@@ -357,6 +366,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		Name:           spec.Name,
 		Tables:         cfg,
 		NFT:            s.deps.NFT,
+		Batches:        s.deps.Batches,
 		MinSyncPeriod:  minSync,
 		SyncPeriod:     spec.SyncPeriod.Duration,
 		FullSyncPeriod: spec.FullSyncPeriod.Duration,

@@ -48,15 +48,39 @@ func newNetns(t *testing.T) string {
 
 // kernelNFT returns a knftables.Interface whose nft runs inside namespace ns: New looks
 // nft up on PATH once, so a wrapper script found first does the namespace switch.
+// wrapperMark marks kernelNFT's wrapper directories, which realNFT skips: a test with
+// two namespaces must not wrap the first one's wrapper.
+const wrapperMark = ".shardproxy-nft-wrapper"
+
+// realNFT finds the nft binary on PATH, skipping kernelNFT's wrappers.
+func realNFT(t *testing.T) string {
+	t.Helper()
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		if _, err := os.Stat(filepath.Join(dir, wrapperMark)); err == nil {
+			continue
+		}
+		if p := filepath.Join(dir, "nft"); isExecutable(p) {
+			return p
+		}
+	}
+	t.Fatal("nft not found on PATH")
+	return ""
+}
+
+func isExecutable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
 func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Interface {
 	t.Helper()
-	nftPath, err := exec.LookPath("nft")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nftPath := realNFT(t)
 	dir := t.TempDir()
 	script := "#!/bin/sh\nexec ip netns exec " + ns + " " + nftPath + " \"$@\"\n"
 	if err := os.WriteFile(filepath.Join(dir, "nft"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, wrapperMark), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))

@@ -33,6 +33,8 @@ type Stats struct {
 	Conflicts []string
 	// Elapsed is the wall time of the sync, including the transaction.
 	Elapsed time.Duration
+	// Direct is true for a partial sync written by the BatchWriter rather than nft.
+	Direct bool
 }
 
 // ErrNeedFullSync is returned by Partial when the table state is unknown (before the
@@ -55,6 +57,8 @@ type Syncer struct {
 	recreate bool
 	// batch writes many elements per command; see writeElements.
 	batch bool
+	// direct, if set, writes the partial syncs that need no rule text (see Batch).
+	direct BatchWriter
 
 	ports map[ServiceName]map[ServicePortName]portState
 	// refs counts the owners of each element, by id; the id is all there is to an
@@ -89,6 +93,10 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 	s.reset()
 	return s, nil
 }
+
+// WriteBatchesWith makes partial syncs that need no rule text go through w instead of
+// nft (nil: everything through nft).
+func (s *Syncer) WriteBatchesWith(w BatchWriter) { s.direct = w }
 
 // Family returns the family the Syncer writes.
 func (s *Syncer) Family() Family { return s.cfg.Family }
@@ -412,9 +420,8 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
 	mayExist := func(ch string) bool { return exists == nil || exists[ch] }
-	if err := s.writeOwned(tx, newOwned(), b.newOwn, mayExist); err != nil {
-		return nil, stats, err
-	}
+	newSets, changedChains := ownedChanges(newOwned(), b.newOwn)
+	s.writeOwned(tx, b.newOwn, newSets, changedChains, mayExist)
 	if err := s.addPickChains(tx, sortedKeys(s.chainRef), mayExist); err != nil {
 		return nil, stats, err
 	}
@@ -491,16 +498,36 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	}
 	slices.Sort(goneSets)
 
+	stats.Added, stats.Deleted = len(added), len(deleted)
+	newSets, changedChains := ownedChanges(b.oldOwn, b.newOwn)
+	if s.direct != nil && len(newSets) == 0 && len(changedChains) == 0 && len(newChains) == 0 &&
+		len(added)+len(deleted) <= MaxBatchElements {
+		// Nothing needs rule text: straight to the kernel, without nft's cost per table.
+		batch := &Batch{
+			DeleteElements: objectsOf(deleted),
+			FlushChains:    goneChains,
+			AddElements:    objectsOf(added),
+			DeleteChains:   goneChains,
+			DeleteSets:     goneSets,
+		}
+		stats.Operations, stats.Direct = batch.Len(), true
+		if stats.Operations > 0 {
+			if err := s.direct.WriteBatch(ctx, batch); err != nil {
+				s.synced = false
+				return stats, fmt.Errorf("partial sync of table %s %s: %w", s.c.ip, s.cfg.TableName(), err)
+			}
+		}
+		stats.Elapsed = time.Since(start)
+		return stats, nil
+	}
+
 	tx := s.nft.NewTransaction()
 	saved := s.writeElements(tx, true, elementsOf(deleted))
 	for _, ch := range goneChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
 	mayExist := func(string) bool { return true }
-	if err := s.writeOwned(tx, b.oldOwn, b.newOwn, mayExist); err != nil {
-		s.synced = false
-		return stats, err
-	}
+	s.writeOwned(tx, b.newOwn, newSets, changedChains, mayExist)
 	if err := s.addPickChains(tx, newChains, mayExist); err != nil {
 		s.synced = false
 		return stats, err
@@ -512,7 +539,6 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	for _, st := range goneSets {
 		tx.Delete(&knftables.Set{Name: st})
 	}
-	stats.Added, stats.Deleted = len(added), len(deleted)
 	stats.Operations = tx.NumOperations() + saved
 	if stats.Operations > 0 {
 		if err := s.nft.Run(ctx, tx); err != nil {
@@ -524,33 +550,42 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	return stats, nil
 }
 
-// writeOwned adds the per-port sets and chains that are new or changed between old and
-// now. Sets are only ever added (never flushed): they hold the affinity clients. Chains
-// for which mayExist is false are known not to be in the kernel and are not flushed.
-func (s *Syncer) writeOwned(tx *knftables.Transaction, old, now owned, mayExist func(string) bool) error {
+// ownedChanges returns the per-port sets that are new between old and now, and the
+// per-port chains that are new or have other rules.
+func ownedChanges(old, now owned) (newSets, changedChains []string) {
 	for _, st := range sortedKeys(now.sets) {
 		if _, ok := old.sets[st]; !ok {
-			tx.Add(s.c.affinitySet(st, now.sets[st]))
+			newSets = append(newSets, st)
 		}
 	}
-	var changed []string
 	for _, ch := range sortedKeys(now.chains) {
 		if prev, ok := old.chains[ch]; ok && slices.Equal(prev, now.chains[ch]) {
 			continue
 		}
-		changed = append(changed, ch)
+		changedChains = append(changedChains, ch)
+	}
+	return newSets, changedChains
+}
+
+// writeOwned adds the given per-port sets and (re)writes the given chains of now. Sets
+// are only ever added (never flushed): they hold the affinity clients. Chains for which
+// mayExist is false are known not to be in the kernel and are not flushed.
+func (s *Syncer) writeOwned(tx *knftables.Transaction, now owned, newSets, changedChains []string, mayExist func(string) bool) {
+	for _, st := range newSets {
+		tx.Add(s.c.affinitySet(st, now.sets[st]))
+	}
+	for _, ch := range changedChains {
 		tx.Add(&knftables.Chain{Name: ch})
 		if mayExist(ch) {
 			tx.Flush(&knftables.Chain{Name: ch})
 		}
 	}
 	// Rules only after every chain exists: class chains jump to endpoint chains.
-	for _, ch := range changed {
+	for _, ch := range changedChains {
 		for _, r := range now.chains[ch] {
 			tx.Add(&knftables.Rule{Chain: ch, Rule: r})
 		}
 	}
-	return nil
 }
 
 // maxBatch bounds the elements of one command, so no line of the script gets huge.
@@ -619,6 +654,15 @@ func batchElement(elems []element, del bool) *knftables.Element {
 func inMemory(nft knftables.Interface) bool {
 	_, ok := nft.(interface{ Dump() string })
 	return ok
+}
+
+// objectsOf turns element ids into knftables elements, one each.
+func objectsOf(ids []string) []*knftables.Element {
+	out := make([]*knftables.Element, len(ids))
+	for i, id := range ids {
+		out[i] = elementFromID(id).object()
+	}
+	return out
 }
 
 // elementsOf turns element ids back into elements, for writing.

@@ -132,6 +132,10 @@ func newInstance(name string, slot int) (*benchInstance, error) {
 			bi.nfts = append(bi.nfts, t)
 			return t, nil
 		},
+		// As the supervisor does: partial syncs without new chains go over netlink.
+		Batches: func(cfg tables.Config) (tables.BatchWriter, error) {
+			return tables.NewNetlinkWriter(cfg)
+		},
 		Node: instance.NodeInfo{Name: gen.NodeName},
 	})
 	if err != nil {
@@ -148,6 +152,7 @@ type syncOnce struct {
 	nftCalls int
 	ops      int
 	elements int // added + deleted
+	netlink  int // families whose partial sync went over netlink, not nft
 	txBytes  int
 	txs      []*knftables.Transaction
 }
@@ -171,6 +176,9 @@ func (bi *benchInstance) sync(ctx context.Context, full bool) (syncOnce, error) 
 	for _, st := range res.Stats {
 		s.ops += st.Operations
 		s.elements += st.Added + st.Deleted
+		if st.Direct {
+			s.netlink++
+		}
 	}
 	for _, t := range bi.nfts {
 		busy, calls, last := t.take()
@@ -340,7 +348,9 @@ func pickServices(c *gen.Cluster, k, seed int, keep func(int) bool) []int {
 func summarize(name string, runs []syncOnce) Partial {
 	var ms, nftMS []float64
 	var ops []int
+	netlink := 0
 	for _, r := range runs {
+		netlink += r.netlink
 		ms = append(ms, float64(r.elapsed.Microseconds())/1000)
 		nftMS = append(nftMS, float64(r.nft.Microseconds())/1000)
 		ops = append(ops, r.ops)
@@ -349,7 +359,7 @@ func summarize(name string, runs []syncOnce) Partial {
 	slices.Sort(nftMS)
 	slices.Sort(ops)
 	return Partial{Name: name, Samples: len(runs), MedianMS: ms[len(ms)/2], P90MS: ms[len(ms)*9/10],
-		MaxMS: ms[len(ms)-1], NFTMedianMS: nftMS[len(nftMS)/2], Operations: ops[len(ops)/2]}
+		MaxMS: ms[len(ms)-1], NFTMedianMS: nftMS[len(nftMS)/2], Operations: ops[len(ops)/2], NetlinkSyncs: netlink}
 }
 
 // childMulti runs o.instances instances, Service i on instance i mod o.instances, and

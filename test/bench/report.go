@@ -102,7 +102,7 @@ func PrintTable(w io.Writer, rep *Report) {
 			s.Floor.Seconds, s.FullOverFloor, s.Full.Operations, s.Full.Elements, float64(s.Full.TxBytes)/(1<<20), s.Resync.Seconds)
 	}
 
-	section("Partial syncs: median ms [p90] (median ms in nft), operations")
+	section("Partial syncs: median ms [p90] (median ms in nft), operations, family syncs over netlink")
 	if len(rep.Scales) > 0 {
 		var hdr []string
 		for _, p := range rep.Scales[0].Partial {
@@ -113,7 +113,7 @@ func PrintTable(w io.Writer, rep *Report) {
 	for _, s := range rep.Scales {
 		var cells []string
 		for _, p := range s.Partial {
-			cells = append(cells, fmt.Sprintf("%.1f [%.1f] (%.1f), %d ops", p.MedianMS, p.P90MS, p.NFTMedianMS, p.Operations))
+			cells = append(cells, fmt.Sprintf("%.1f [%.1f] (%.1f), %d ops, %d/%d nl", p.MedianMS, p.P90MS, p.NFTMedianMS, p.Operations, p.NetlinkSyncs, 2*p.Samples))
 		}
 		fmt.Fprintf(tw, "%d\t%s\t\n", s.Services, strings.Join(cells, "\t"))
 	}

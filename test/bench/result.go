@@ -72,6 +72,9 @@ type Partial struct {
 	NFTMedianMS float64 `json:"nftMedianMs"`
 	// Operations is the median number of transaction operations.
 	Operations int `json:"operations"`
+	// NetlinkSyncs counts the family syncs (two per sample) written over netlink
+	// (tables.NetlinkWriter) rather than by nft.
+	NetlinkSyncs int `json:"netlinkSyncs"`
 }
 
 // Memory is the process's memory right after the full sync.
