@@ -21,7 +21,31 @@ type element struct {
 
 // id identifies the element with its value, so a changed value is a delete plus an add.
 func (e element) id() string {
-	return e.set + "|" + strings.Join(e.key, " . ") + "|" + strings.Join(e.value, " . ")
+	n := len(e.set) + 2
+	for _, k := range e.key {
+		n += len(k) + 3
+	}
+	for _, v := range e.value {
+		n += len(v) + 3
+	}
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString(e.set)
+	b.WriteByte('|')
+	for i, k := range e.key {
+		if i > 0 {
+			b.WriteString(" . ")
+		}
+		b.WriteString(k)
+	}
+	b.WriteByte('|')
+	for i, v := range e.value {
+		if i > 0 {
+			b.WriteString(" . ")
+		}
+		b.WriteString(v)
+	}
+	return b.String()
 }
 
 // elementFromID is the element whose id is id: the id holds the set, the key and the
