@@ -159,6 +159,19 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		out.entries[id] = append(out.entries[id], elems...)
 	}
 	aff := c.newAffinity(sp, out)
+	// Each class has one endpoint list: its strings are made once for all its entries.
+	epStrs := map[string][][]string{}
+	endpointStrings := func(class string, eps []Endpoint) [][]string {
+		if strs, ok := epStrs[class]; ok {
+			return strs
+		}
+		strs := make([][]string, len(eps))
+		for i, ep := range eps {
+			strs[i] = []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}
+		}
+		epStrs[class] = strs
+		return strs
+	}
 	// dispatch sends an entry to the endpoints of one policy class.
 	dispatch := func(en entry, eps []Endpoint, class string) {
 		vmap, epMap, chain := mapServiceIPs, mapEndpoints, pickChain(len(eps))
@@ -169,11 +182,13 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 			add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + aff.chain(class, eps)}})
 			return
 		}
-		add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
-		for i, ep := range eps {
-			add(en, element{set: endpointsMap(epMap, en.proto), isMap: true,
-				key:   []string{en.addr.String(), strconv.Itoa(int(en.port)), strconv.Itoa(i)},
-				value: []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}})
+		key := en.key()
+		add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
+		epSet, epStrs := endpointsMap(epMap, en.proto), endpointStrings(class, eps)
+		for i := range eps {
+			add(en, element{set: epSet, isMap: true,
+				key:   []string{key[0], key[2], strconv.Itoa(i)},
+				value: epStrs[i]})
 		}
 		chains[chain] = true
 	}

@@ -457,7 +457,7 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 		return nil, stats, err
 	}
 	ids := sortedKeys(s.refs)
-	saved := s.writeElements(tx, false, elementsOf(ids))
+	saved := s.writeElements(tx, false, ids)
 	stats.Added = len(ids)
 	for _, ch := range staleChains {
 		tx.Delete(&knftables.Chain{Name: ch})
@@ -553,7 +553,7 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	}
 
 	tx := s.nft.NewTransaction()
-	saved := s.writeElements(tx, true, elementsOf(deleted))
+	saved := s.writeElements(tx, true, deleted)
 	for _, ch := range goneChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
@@ -563,7 +563,7 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 		s.synced = false
 		return stats, err
 	}
-	saved += s.writeElements(tx, false, elementsOf(added))
+	saved += s.writeElements(tx, false, added)
 	for _, ch := range goneChains {
 		tx.Delete(&knftables.Chain{Name: ch})
 	}
@@ -622,8 +622,8 @@ func (s *Syncer) writeOwned(tx *knftables.Transaction, now owned, newSets, chang
 // maxBatch bounds the elements of one command, so no line of the script gets huge.
 const maxBatch = 4096
 
-// writeElements adds (or, with del, deletes) elements, given sorted by id so that the
-// elements of one set are next to each other. It returns how many operations batching
+// writeElements adds (or, with del, deletes) the elements of ids, given sorted so that
+// the elements of one set are next to each other. It returns how many operations batching
 // saved, so Stats.Operations counts one per element either way.
 //
 // nft takes several times longer over one command per element than over one command per
@@ -632,48 +632,64 @@ const maxBatch = 4096
 // ruleset), so for the real nft a set's elements go out in commands of up to maxBatch.
 // knftables has no multi-element object, so batchElement builds one from its rendering.
 // In-memory fakes keep one object per element: they store elements as they get them.
-func (s *Syncer) writeElements(tx *knftables.Transaction, del bool, elems []element) (saved int) {
+func (s *Syncer) writeElements(tx *knftables.Transaction, del bool, ids []string) (saved int) {
 	op := tx.Add
 	if del {
 		op = tx.Delete
 	}
 	if !s.batch {
-		for _, e := range elems {
-			op(e.object())
+		for _, id := range ids {
+			op(elementFromID(id).object())
 		}
 		return 0
 	}
-	for len(elems) > 0 {
+	for len(ids) > 0 {
+		set := idSet(ids[0])
 		n := 1
-		for n < len(elems) && n < maxBatch && elems[n].set == elems[0].set {
+		for n < len(ids) && n < maxBatch && idSet(ids[n]) == set {
 			n++
 		}
-		op(batchElement(elems[:n], del))
+		op(batchElement(ids[:n], del))
 		saved += n - 1
-		elems = elems[n:]
+		ids = ids[n:]
 	}
 	return saved
 }
 
-// batchElement returns one knftables element that stands for elems, all of one set.
-// knftables writes `add element <family> <table> <set> { KEY : VALUE }` (no value for
-// delete), KEY being the key parts joined by " . ", so the key "k1 : v1, k2 : v2, ..., kn"
-// with the value vn adds all n in one command.
-func batchElement(elems []element, del bool) *knftables.Element {
-	last := elems[len(elems)-1]
+// idSet is the set part of an element id.
+func idSet(id string) string {
+	set, _, _ := strings.Cut(id, "|")
+	return set
+}
+
+// batchElement returns one knftables element that stands for the elements of ids, all
+// of one set, built straight from the ids (which hold the key and value parts already
+// joined by " . "): at 10,000 Services, going through element structs cost 90 MB of
+// garbage per full sync. knftables writes `add element <family> <table> <set> { KEY :
+// VALUE }` (no value for delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value
+// vn adds all n in one command.
+func batchElement(ids []string, del bool) *knftables.Element {
+	last := elementFromID(ids[len(ids)-1])
 	el := last.object()
-	if len(elems) == 1 {
+	if len(ids) == 1 {
 		return el
 	}
+	size := 0
+	for _, id := range ids {
+		size += len(id) + 2
+	}
 	var b strings.Builder
-	for i, e := range elems {
+	b.Grow(size)
+	for i, id := range ids {
+		_, rest, _ := strings.Cut(id, "|")
+		key, value, _ := strings.Cut(rest, "|")
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(strings.Join(e.key, " . "))
-		if e.isMap && !del && i < len(elems)-1 {
+		b.WriteString(key)
+		if value != "" && !del && i < len(ids)-1 {
 			b.WriteString(" : ")
-			b.WriteString(strings.Join(e.value, " . "))
+			b.WriteString(value)
 		}
 	}
 	el.Key = []string{b.String()}
@@ -692,15 +708,6 @@ func objectsOf(ids []string) []*knftables.Element {
 	out := make([]*knftables.Element, len(ids))
 	for i, id := range ids {
 		out[i] = elementFromID(id).object()
-	}
-	return out
-}
-
-// elementsOf turns element ids back into elements, for writing.
-func elementsOf(ids []string) []element {
-	out := make([]element, len(ids))
-	for i, id := range ids {
-		out[i] = elementFromID(id)
 	}
 	return out
 }
