@@ -242,12 +242,10 @@ func (s *Syncer) unref(b *batch, id string) {
 	}
 }
 
-// ref takes a reference on element e and returns its id.
-func (s *Syncer) ref(b *batch, e element) string {
-	id := e.id()
+// ref takes a reference on the element with this id.
+func (s *Syncer) ref(b *batch, id string) {
 	s.touch(b, id)
 	s.refs[id]++
-	return id
 }
 
 // acquire compiles a Service's ports and takes what they need.
@@ -274,17 +272,17 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 			return true
 		})
 		st := portState{entryIDs: make(map[string][]string, len(comp.entries)), timeout: sp.AffinityTimeout}
-		for en, elems := range comp.entries {
+		for en, ids := range comp.entries {
 			s.owner[en] = spn
-			ids := make([]string, len(elems))
-			for i, e := range elems {
-				ids[i] = s.ref(b, e)
+			for _, id := range ids {
+				s.ref(b, id)
 			}
 			st.entryIDs[en] = ids
 		}
-		for _, e := range comp.shared {
-			st.sharedIDs = append(st.sharedIDs, s.ref(b, e))
+		for _, id := range comp.shared {
+			s.ref(b, id)
 		}
+		st.sharedIDs = comp.shared
 		for _, ch := range comp.chains {
 			s.touchChain(b, ch)
 			s.chainRef[ch]++
