@@ -77,7 +77,8 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // trimForCache drops what no instance reads from the objects the informers keep:
 // managedFields and kubectl's last-applied copy, often most of a small object's size
-// (at 10,000 Services and their slices, tens of MB of the supervisor's memory).
+// (at 10,000 Services and their slices, tens of MB of the supervisor's memory), and the
+// per-endpoint Pod references of EndpointSlices.
 func trimForCache(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -89,6 +90,16 @@ func trimForCache(obj any) (any, error) {
 				}
 			}
 			m.SetAnnotations(trimmed)
+		}
+	}
+	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		// Every endpoint the EndpointSlice controller writes names its Pod (targetRef,
+		// ~200 bytes in memory); no proxy reads it, nor the hostname or the deprecated
+		// topology. The slice's owner reference is the Service, known by label anyway.
+		sl.OwnerReferences = nil
+		for i := range sl.Endpoints {
+			ep := &sl.Endpoints[i]
+			ep.TargetRef, ep.Hostname, ep.DeprecatedTopology = nil, nil, nil
 		}
 	}
 	return obj, nil
