@@ -479,8 +479,14 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 		res.ProgrammingLatencies = append(res.ProgrammingLatencies, end.Sub(t))
 	}
 	p.triggers = nil
+	overNetlink := 0
+	for _, st := range res.Stats {
+		if st.Direct {
+			overNetlink++
+		}
+	}
 	p.logger.V(2).Info("Synced", "full", full, "changed", len(res.Changed), "services", res.Services,
-		"endpoints", res.Endpoints, "elapsed", res.Elapsed)
+		"endpoints", res.Endpoints, "elapsed", res.Elapsed, "familiesOverNetlink", overNetlink)
 	return res, nil
 }
 
