@@ -36,6 +36,9 @@ type Watches struct {
 	slices      cache.SharedIndexInformer
 	node        cache.SharedIndexInformer
 	serviceCIDR cache.SharedIndexInformer
+	// handlers are Connect's event handlers: Start waits until each has been given the
+	// whole initial list, not only until the caches hold it.
+	handlers []cache.ResourceEventHandlerRegistration
 }
 
 // NewWatches creates the informers (nothing runs before Start). serviceCIDRs is false
@@ -137,42 +140,51 @@ func (w *Watches) ServiceCIDRs() []string {
 // Connect sends every event to the dispatcher and node events to onNode.
 func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler) error {
 	logger := klog.Background()
-	_, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { withService(obj, d.ServiceChanged) },
-		UpdateFunc: func(_, obj any) { withService(obj, d.ServiceChanged) },
-		DeleteFunc: func(obj any) { withService(obj, d.ServiceDeleted) },
-	})
-	if err != nil {
-		return fmt.Errorf("watching Services: %w", err)
-	}
-	_, err = w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { withSlice(obj, d.SliceChanged) },
-		UpdateFunc: func(_, obj any) { withSlice(obj, d.SliceChanged) },
-		DeleteFunc: func(obj any) { withSlice(obj, d.SliceDeleted) },
-	})
-	if err != nil {
-		return fmt.Errorf("watching EndpointSlices: %w", err)
-	}
-	_, err = w.node.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { withNode(obj, false, onNode) },
-		UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
-		DeleteFunc: func(obj any) { withNode(obj, true, onNode) },
-	})
-	if err != nil {
-		return fmt.Errorf("watching this Node: %w", err)
+	for _, h := range []struct {
+		what     string
+		informer cache.SharedIndexInformer
+		funcs    cache.ResourceEventHandlerFuncs
+	}{
+		{"Services", w.services, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { withService(obj, d.ServiceChanged) },
+			UpdateFunc: func(_, obj any) { withService(obj, d.ServiceChanged) },
+			DeleteFunc: func(obj any) { withService(obj, d.ServiceDeleted) },
+		}},
+		{"EndpointSlices", w.slices, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { withSlice(obj, d.SliceChanged) },
+			UpdateFunc: func(_, obj any) { withSlice(obj, d.SliceChanged) },
+			DeleteFunc: func(obj any) { withSlice(obj, d.SliceDeleted) },
+		}},
+		{"this Node", w.node, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { withNode(obj, false, onNode) },
+			UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
+			DeleteFunc: func(obj any) { withNode(obj, true, onNode) },
+		}},
+	} {
+		reg, err := h.informer.AddEventHandler(h.funcs)
+		if err != nil {
+			return fmt.Errorf("watching %s: %w", h.what, err)
+		}
+		w.handlers = append(w.handlers, reg)
 	}
 	logger.V(2).Info("Watches connected")
 	return nil
 }
 
-// Start runs the informers and waits until their caches are filled, so the instances'
-// first full syncs see every Service (a restart never drops rules that still apply).
+// Start runs the informers and waits until their caches are filled and Connect's
+// handlers have passed the whole initial lists on, so the instances' first full syncs
+// see every Service with its endpoints (a restart never drops rules that still apply;
+// an informer's own HasSynced says only that its cache is full, while the handlers may
+// still be thousands of events behind).
 func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 	w.factory.Start(ctx.Done())
 	w.nodeFactory.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced}
+	for _, h := range w.handlers {
+		synced = append(synced, h.HasSynced)
+	}
 	if w.serviceCIDR != nil {
 		synced = append(synced, w.serviceCIDR.HasSynced)
 	}
