@@ -157,8 +157,17 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		noEndpointVerdict = "drop"
 	}
 
+	// Elements come in runs per entry: its id is made once per run.
+	var lastEntry entry
+	var lastID string
+	entryID := func(en entry) string {
+		if en != lastEntry || lastID == "" {
+			lastEntry, lastID = en, en.String()
+		}
+		return lastID
+	}
 	add := func(en entry, e element) {
-		id := en.String()
+		id := entryID(en)
 		out.entries[id] = append(out.entries[id], e.id())
 	}
 	aff := c.newAffinity(sp, out)
@@ -198,7 +207,7 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 
 	// The cluster IP.
 	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
-	if owned(cip.String()) {
+	if owned(entryID(cip)) {
 		if len(internal) > 0 {
 			dispatch(cip, internal, classInternal)
 		} else {
@@ -238,7 +247,7 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		}
 	}
 	for _, en := range ext {
-		if !owned(en.String()) {
+		if !owned(entryID(en)) {
 			continue
 		}
 		if sp.ExternalLocal {
@@ -269,11 +278,19 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 	}
 
 	// Hairpin: a pod that reaches itself through the Service must be masqueraded.
-	hp := map[netip.Addr]bool{}
+	// Usually a few endpoints: a slice costs less than a map, up to a point.
+	var hp []netip.Addr
+	var hpSet map[netip.Addr]bool
+	if len(sp.ClusterEndpoints)+len(sp.LocalEndpoints) > 64 {
+		hpSet = map[netip.Addr]bool{}
+	}
 	for _, eps := range [][]Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
 		for _, ep := range eps {
-			if !hp[ep.IP] {
-				hp[ep.IP] = true
+			if hpSet != nil && !hpSet[ep.IP] || hpSet == nil && !slices.Contains(hp, ep.IP) {
+				hp = append(hp, ep.IP)
+				if hpSet != nil {
+					hpSet[ep.IP] = true
+				}
 				ip := ep.IP.String()
 				out.shared = append(out.shared, element{set: setHairpin, key: []string{ip, ip}}.id())
 			}
