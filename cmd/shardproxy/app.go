@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -185,7 +186,9 @@ func runSupervisor(ctx context.Context, path string, verbosity int) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	klog.Background().Info("Starting shardproxy", "version", version, "node", cfg.NodeName, "instances", len(cfg.Instances))
+	gcPercent := tuneGC(os.Getenv, debug.SetGCPercent)
+	klog.Background().Info("Starting shardproxy", "version", version, "node", cfg.NodeName, "instances", len(cfg.Instances),
+		"gcPercent", gcPercent)
 	return s.Run(ctx)
 }
 
