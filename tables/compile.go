@@ -234,7 +234,9 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 	}
 	if sp.NodePort != 0 {
 		for _, a := range c.npIPs {
-			ext = append(ext, entry{a, sp.Protocol, sp.NodePort})
+			if en := (entry{a, sp.Protocol, sp.NodePort}); !slices.Contains(ext, en) {
+				ext = append(ext, en)
+			}
 		}
 	}
 	ranges := c.sourceRanges(sp.SourceRanges)
@@ -247,7 +249,10 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		}
 	}
 	for _, en := range ext {
-		if !owned(entryID(en)) {
+		// An external address that is also the cluster IP (or a NodePort on a node IP
+		// listed as external, with the same port) is one entry: the first treatment wins,
+		// as the first rule would upstream, and no element is written twice.
+		if en == cip || !owned(entryID(en)) {
 			continue
 		}
 		if sp.ExternalLocal {

@@ -61,9 +61,12 @@ type Syncer struct {
 	direct BatchWriter
 
 	ports map[ServiceName]map[ServicePortName]portState
-	// refs counts the owners of each element, by id; the id is all there is to an
-	// element (elementFromID), so the Syncer keeps no other copy of 100,000s of them.
-	refs     map[string]int
+	// shared counts the owners of each shared element (cluster IPs, hairpin pairs), by
+	// id. The elements of an entry need no count: an entry has one owner, and its
+	// elements exist exactly while that owner holds it, so their ids live only in the
+	// owner's portState. An id is all there is to an element (elementFromID): the Syncer
+	// keeps no other copy of 100,000s of them.
+	shared map[string]int
 	owner    map[string]ServicePortName // entry -> the port that serves it
 	chainRef map[string]int             // dynamic chain -> number of owners
 	// losers maps a contested entry to the Services that wanted it but found it taken;
@@ -94,22 +97,6 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 	return s, nil
 }
 
-// fullSizeHint guesses the elements a full sync of services makes: as many as the last
-// one, or on the first, about three per endpoint and port (one endpoint element per way
-// in, plus the entry's own elements).
-func fullSizeHint(last int, services map[ServiceName][]*ServicePort) int {
-	if last > 0 {
-		return last
-	}
-	n := 0
-	for _, ports := range services {
-		for _, p := range ports {
-			n += 3 * (1 + len(p.ClusterEndpoints))
-		}
-	}
-	return n
-}
-
 // WriteBatchesWith makes partial syncs that need no rule text go through w instead of
 // nft (nil: everything through nft).
 func (s *Syncer) WriteBatchesWith(w BatchWriter) { s.direct = w }
@@ -120,12 +107,12 @@ func (s *Syncer) Family() Family { return s.cfg.Family }
 // NeedsFull reports whether the next sync must be a full one.
 func (s *Syncer) NeedsFull() bool { return !s.synced }
 
-// reset forgets everything; elements sizes the element maps (growing a map of 300,000
-// ids step by step cost 15% of a full sync's CPU at 10,000 Services).
-func (s *Syncer) reset(elements int) {
+// reset forgets everything; entries sizes the entry map (growing maps step by step cost
+// 15% of a full sync's CPU at 10,000 Services).
+func (s *Syncer) reset(entries int) {
 	s.ports = map[ServiceName]map[ServicePortName]portState{}
-	s.refs = make(map[string]int, elements)
-	s.owner = make(map[string]ServicePortName, elements/4)
+	s.shared = map[string]int{}
+	s.owner = make(map[string]ServicePortName, entries)
 	s.chainRef = map[string]int{}
 	s.losers = map[string]map[ServiceName]bool{}
 	s.lost = map[ServiceName]lostEntries{}
@@ -143,10 +130,13 @@ type portState struct {
 
 // batch accumulates the element and chain changes of one sync.
 type batch struct {
-	// before maps touched element ids to their refs before the batch, chainBefore the
-	// same for chains; nil in a full sync, which rewrites everything anyway.
+	// before maps touched shared element ids to their counts before the batch,
+	// chainBefore the same for chains, and entryDelta the ids of entry elements to +1
+	// (brought), -1 (taken away) or 0 (both); nil in a full sync, which rewrites
+	// everything anyway.
 	before      map[string]int
 	chainBefore map[string]int
+	entryDelta  map[string]int
 	// freed are entries whose owner let go of them during the batch.
 	freed     map[string]bool
 	conflicts []string
@@ -177,7 +167,7 @@ func (o owned) addFrom(comp *compiled, timeout time.Duration) {
 func (s *Syncer) newBatch(track bool) *batch {
 	b := &batch{freed: map[string]bool{}, oldOwn: newOwned(), newOwn: newOwned()}
 	if track {
-		b.before, b.chainBefore = map[string]int{}, map[string]int{}
+		b.before, b.chainBefore, b.entryDelta = map[string]int{}, map[string]int{}, map[string]int{}
 	}
 	return b
 }
@@ -187,7 +177,7 @@ func (s *Syncer) touch(b *batch, id string) {
 		return
 	}
 	if _, ok := b.before[id]; !ok {
-		b.before[id] = s.refs[id]
+		b.before[id] = s.shared[id]
 	}
 }
 
@@ -209,8 +199,10 @@ func (s *Syncer) release(b *batch, svc ServiceName) {
 				delete(s.owner, en)
 				b.freed[en] = true
 			}
-			for _, id := range ids {
-				s.unref(b, id)
+			if b.entryDelta != nil {
+				for _, id := range ids {
+					b.entryDelta[id]--
+				}
 			}
 		}
 		for _, id := range comp.sharedIDs {
@@ -234,18 +226,19 @@ func (s *Syncer) release(b *batch, svc ServiceName) {
 	delete(s.lost, svc)
 }
 
+// unref lets go of the shared element with this id.
 func (s *Syncer) unref(b *batch, id string) {
 	s.touch(b, id)
-	s.refs[id]--
-	if s.refs[id] <= 0 {
-		delete(s.refs, id)
+	s.shared[id]--
+	if s.shared[id] <= 0 {
+		delete(s.shared, id)
 	}
 }
 
-// ref takes a reference on the element with this id.
+// ref takes a reference on the shared element with this id.
 func (s *Syncer) ref(b *batch, id string) {
 	s.touch(b, id)
-	s.refs[id]++
+	s.shared[id]++
 }
 
 // acquire compiles a Service's ports and takes what they need.
@@ -274,8 +267,10 @@ func (s *Syncer) acquire(b *batch, svc ServiceName, ports []*ServicePort) {
 		st := portState{entryIDs: make(map[string][]string, len(comp.entries)), timeout: sp.AffinityTimeout}
 		for en, ids := range comp.entries {
 			s.owner[en] = spn
-			for _, id := range ids {
-				s.ref(b, id)
+			if b.entryDelta != nil {
+				for _, id := range ids {
+					b.entryDelta[id]++
+				}
 			}
 			st.entryIDs[en] = ids
 		}
@@ -372,7 +367,7 @@ func (s *Syncer) Check(ctx context.Context, services map[ServiceName][]*ServiceP
 func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*ServicePort, listStale bool) (*knftables.Transaction, Stats, error) {
 	stats := Stats{Full: true}
 	s.synced = false
-	s.reset(fullSizeHint(len(s.refs), services))
+	s.reset(max(len(s.owner), 2*len(services)))
 	b := s.newBatch(false)
 	for _, n := range sortedNames(services) {
 		s.acquire(b, n, services[n])
@@ -454,7 +449,7 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	if err := s.addPickChains(tx, sortedKeys(s.chainRef), mayExist); err != nil {
 		return nil, stats, err
 	}
-	ids := sortedKeys(s.refs)
+	ids := s.allIDs()
 	saved := s.writeElements(tx, false, ids)
 	stats.Added = len(ids)
 	for _, ch := range staleChains {
@@ -465,6 +460,31 @@ func (s *Syncer) buildFull(ctx context.Context, services map[ServiceName][]*Serv
 	}
 	stats.Operations = tx.NumOperations() + saved
 	return tx, stats, nil
+}
+
+// allIDs returns the ids of every element, sorted (so each set's are together).
+func (s *Syncer) allIDs() []string {
+	n := len(s.shared)
+	for _, ports := range s.ports {
+		for _, st := range ports {
+			for _, ids := range st.entryIDs {
+				n += len(ids)
+			}
+		}
+	}
+	ids := make([]string, 0, n)
+	for id := range s.shared {
+		ids = append(ids, id)
+	}
+	for _, ports := range s.ports {
+		for _, st := range ports {
+			for _, en := range st.entryIDs {
+				ids = append(ids, en...)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Partial applies the changes of the given Services: each one's ports become exactly
@@ -491,8 +511,16 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	stats.Conflicts = b.conflicts
 
 	var added, deleted []string
+	for id, delta := range b.entryDelta {
+		switch {
+		case delta > 0:
+			added = append(added, id)
+		case delta < 0:
+			deleted = append(deleted, id)
+		}
+	}
 	for id, before := range b.before {
-		after := s.refs[id]
+		after := s.shared[id]
 		switch {
 		case before == 0 && after > 0:
 			added = append(added, id)

@@ -644,3 +644,35 @@ func TestAffinitySetsHaveNoSize(t *testing.T) {
 		t.Fatal("no affinity set was created; the test proves nothing")
 	}
 }
+
+// TestEntryListedTwiceInOnePort: an external IP equal to the cluster IP, or a NodePort
+// equal to the port on a node IP that is also an external IP, is one entry; its
+// elements are written once, with the first treatment (cluster IP, then external).
+func TestEntryListedTwiceInOnePort(t *testing.T) {
+	p := genPort(3, 2) // NodePort 30003 on the node IPs
+	p.Port = p.NodePort
+	p.ExternalIPs = []netip.Addr{p.ClusterIP, nodeIP4}
+	cfg := testConfig(IPv4)
+	comp := newCompiler(&cfg).compile(p, func(string) bool { return true })
+	seen := map[string]bool{}
+	for en, ids := range comp.entries {
+		for _, id := range ids {
+			if seen[id] {
+				t.Errorf("element %q written twice (entry %s)", id, en)
+			}
+			seen[id] = true
+		}
+	}
+	cip := entry{p.ClusterIP, p.Protocol, p.Port}.String()
+	for _, id := range comp.entries[cip] {
+		if strings.HasPrefix(id, setExternalMasq+"|") {
+			t.Errorf("the cluster IP entry got the external treatment: %q", id)
+		}
+	}
+	if len(comp.entries) != 2 {
+		t.Errorf("want 2 entries (cluster IP, node IP), got %d: %v", len(comp.entries), comp.entries)
+	}
+	// And the table takes it.
+	s, _ := newFake(t, cfg)
+	fullSync(t, s, services(p))
+}
