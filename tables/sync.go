@@ -66,7 +66,7 @@ type Syncer struct {
 	// elements exist exactly while that owner holds it, so their ids live only in the
 	// owner's portState. An id is all there is to an element (elementFromID): the Syncer
 	// keeps no other copy of 100,000s of them.
-	shared map[string]int
+	shared   map[string]int
 	owner    map[string]ServicePortName // entry -> the port that serves it
 	chainRef map[string]int             // dynamic chain -> number of owners
 	// losers maps a contested entry to the Services that wanted it but found it taken;
