@@ -280,7 +280,8 @@ func TestDeleteTableTouchesOnlyItsOwn(t *testing.T) {
 
 // kernelElementCounts returns the number of elements of every set and map of a table, as
 // the kernel holds them.
-func kernelElementCounts(t *testing.T, ns string, fam Family, table string) map[string]int {
+// kernelJSON is the objects of `nft -j list table` of a table in namespace ns.
+func kernelJSON(t *testing.T, ns string, fam Family, table string) []map[string]json.RawMessage {
 	t.Helper()
 	out := nftIn(t, ns, "-j", "list", "table", string(familyName(fam)), table)
 	var doc struct {
@@ -289,8 +290,13 @@ func kernelElementCounts(t *testing.T, ns string, fam Family, table string) map[
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("parsing nft -j: %v", err)
 	}
+	return doc.Nftables
+}
+
+func kernelElementCounts(t *testing.T, ns string, fam Family, table string) map[string]int {
+	t.Helper()
 	counts := map[string]int{}
-	for _, obj := range doc.Nftables {
+	for _, obj := range kernelJSON(t, ns, fam, table) {
 		for _, kind := range []string{"set", "map"} {
 			raw, ok := obj[kind]
 			if !ok {

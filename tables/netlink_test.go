@@ -127,37 +127,6 @@ func TestEncodeElements(t *testing.T) {
 	}
 }
 
-// TestPartialEqualsFullThroughBatches: with a BatchWriter, partial syncs that need no
-// rule text go through it, and the table still ends exactly as a full sync makes it.
-func TestPartialEqualsFullThroughBatches(t *testing.T) {
-	rng := rand.New(rand.NewSource(2))
-	s, fake := newFake(t, testConfig(IPv4))
-	w := &fakeBatchWriter{fake: fake}
-	s.WriteBatchesWith(w)
-	state := generated(40)
-	fullSync(t, s, state)
-	direct := 0
-	for step := 0; step < 200; step++ {
-		changes := randomChanges(rng, state, IPv4)
-		stats, err := s.Partial(context.Background(), changes)
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		if stats.Direct {
-			direct++
-		}
-		ref, refFake := newFake(t, testConfig(IPv4))
-		fullSync(t, ref, state)
-		if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
-			t.Fatalf("step %d: partial sync diverged from a full sync (-full +partial):\n%s", step, diff)
-		}
-	}
-	// Most steps only move elements; those with new affinity or pick chains need nft.
-	if direct < 50 || direct == 200 || w.batches == 0 || w.batches > direct {
-		t.Errorf("%d of 200 partial syncs went through the batch writer (%d batches); want most but not all", direct, w.batches)
-	}
-}
-
 // randomChanges changes, deletes or re-adds 1-3 of 50 generated Services (in fam's
 // addresses), applies the changes to state and returns them.
 func randomChanges(rng *rand.Rand, state map[ServiceName][]*ServicePort, fam Family) map[ServiceName][]*ServicePort {
@@ -278,15 +247,8 @@ func TestNetlinkWriterMatchesNft(t *testing.T) {
 // the kernel, as `nft -j list table` shows them, sorted (set order is the kernel's).
 func kernelContent(t *testing.T, ns string, fam Family, table string) []string {
 	t.Helper()
-	out := nftIn(t, ns, "-j", "list", "table", string(familyName(fam)), table)
-	var doc struct {
-		Nftables []map[string]json.RawMessage `json:"nftables"`
-	}
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("parsing nft -j: %v", err)
-	}
 	var lines []string
-	for _, obj := range doc.Nftables {
+	for _, obj := range kernelJSON(t, ns, fam, table) {
 		for kind, raw := range obj {
 			var o struct {
 				Name  string            `json:"name"`

@@ -103,37 +103,47 @@ func TestPartialSyncCostIndependentOfClusterSize(t *testing.T) {
 }
 
 // TestPartialEqualsFull applies random changes with partial syncs and checks the table
-// always holds exactly what a fresh full sync of the same Services would write.
+// always holds exactly what a fresh full sync of the same Services would write; with a
+// BatchWriter, the partial syncs that need no rule text go through it instead of nft.
 func TestPartialEqualsFull(t *testing.T) {
-	rng := rand.New(rand.NewSource(1))
-	s, fake := newFake(t, testConfig(IPv4))
-	state := generated(40)
-	fullSync(t, s, state)
-	for step := 0; step < 200; step++ {
-		changes := map[ServiceName][]*ServicePort{}
-		for k := 0; k < 1+rng.Intn(3); k++ {
-			i := rng.Intn(50)
-			name := ServiceName{"gen", fmt.Sprintf("svc-%d", i)}
-			if rng.Intn(4) == 0 {
-				changes[name] = nil
-				delete(state, name)
-				continue
+	for _, tc := range []struct {
+		name    string
+		batches bool
+		seed    int64
+	}{
+		{"through nft", false, 1},
+		{"through batches", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewSource(tc.seed))
+			s, fake := newFake(t, testConfig(IPv4))
+			w := &fakeBatchWriter{fake: fake}
+			if tc.batches {
+				s.WriteBatchesWith(w)
 			}
-			p := genPort(i, rng.Intn(4))
-			if rng.Intn(3) == 0 {
-				p.AffinityTimeout = 0
+			state := generated(40)
+			fullSync(t, s, state)
+			direct := 0
+			for step := 0; step < 200; step++ {
+				stats, err := s.Partial(context.Background(), randomChanges(rng, state, IPv4))
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				if stats.Direct {
+					direct++
+				}
+				ref, refFake := newFake(t, testConfig(IPv4))
+				fullSync(t, ref, state)
+				if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
+					t.Fatalf("step %d: partial sync diverged from a full sync (-full +partial):\n%s", step, diff)
+				}
 			}
-			changes[name] = []*ServicePort{p}
-			state[name] = changes[name]
-		}
-		if _, err := s.Partial(context.Background(), changes); err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		ref, refFake := newFake(t, testConfig(IPv4))
-		fullSync(t, ref, state)
-		if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
-			t.Fatalf("step %d: partial sync diverged from a full sync (-full +partial):\n%s", step, diff)
-		}
+			// With batches, most steps only move elements; those with new affinity or pick
+			// chains need nft.
+			if tc.batches && (direct < 50 || direct == 200 || w.batches == 0 || w.batches > direct) {
+				t.Errorf("%d of 200 partial syncs went through the batch writer (%d batches); want most but not all", direct, w.batches)
+			}
+		})
 	}
 }
 
