@@ -38,3 +38,30 @@ type BatchWriter interface {
 // keeps a batch well inside one netlink message buffer (the kernel refuses a send larger
 // than the socket's send buffer, 208 KiB by default; an IPv6 map element is ~100 bytes).
 const MaxBatchElements = 1000
+
+// MaxBatchMessages bounds the netlink messages of a batch. google/nftables v0.3.0 asks
+// the kernel to acknowledge every message and reads the acknowledgements only after
+// sending them all; the kernel queues them in the socket's receive buffer (208 KiB by
+// default, ~700 bytes each), so past ~280 messages the batch is applied but reported as
+// failed (ENOBUFS) and the next sync would be a needless full one. Deleting a
+// ClientIP-affinity Service with 100 endpoints takes ~300 (a flush and a delete per
+// chain, a delete per set); such a sync goes through nft.
+const MaxBatchMessages = 128
+
+// batchMessages counts the messages of a batch of the given element ids (sorted, so
+// each set's are together), chain removals (a flush and a delete each) and set removals:
+// one message per set and netlinkChunk elements.
+func batchMessages(added, deleted []string, goneChains, goneSets int) int {
+	n := 2*goneChains + goneSets
+	for _, ids := range [][]string{added, deleted} {
+		run := 0
+		for i, id := range ids {
+			if i == 0 || run == netlinkChunk || idSet(id) != idSet(ids[i-1]) {
+				n++
+				run = 0
+			}
+			run++
+		}
+	}
+	return n
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -275,4 +276,97 @@ func kernelContent(t *testing.T, ns string, fam Family, table string) []string {
 		t.Fatalf("only %d lines in table %s: nothing to compare", len(lines), table)
 	}
 	return lines
+}
+
+// TestLargeRemovalsGoThroughNft: a partial sync whose netlink batch would take more
+// messages than the socket can acknowledge (deleting a ClientIP-affinity Service with
+// 100 endpoints: a flush and a delete per chain, a delete per set) goes through nft; a
+// small one goes through the batch writer.
+func TestLargeRemovalsGoThroughNft(t *testing.T) {
+	for _, tc := range []struct {
+		endpoints int
+		direct    bool
+	}{
+		{3, true},
+		{100, false},
+	} {
+		s, fake := newFake(t, testConfig(IPv4))
+		s.WriteBatchesWith(&fakeBatchWriter{fake: fake})
+		p := genPort(7, tc.endpoints) // every 7th generated port has ClientIP affinity
+		if p.AffinityTimeout == 0 {
+			t.Fatal("genPort(7) has no affinity")
+		}
+		name := ServiceName{"gen", "svc-7"}
+		fullSync(t, s, services(p))
+		stats, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: nil})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats.Direct != tc.direct {
+			t.Errorf("%d endpoints: deleting the affinity Service went over netlink: %v, want %v", tc.endpoints, stats.Direct, tc.direct)
+		}
+		if n := len(fake.Table.Chains) + len(fake.Table.Sets); n > 30 {
+			t.Errorf("%d endpoints: %d chains and sets left after the deletion", tc.endpoints, n)
+		}
+	}
+}
+
+func TestBatchMessages(t *testing.T) {
+	ids := func(set string, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("%s|10.0.0.%d|", set, i)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name           string
+		added, deleted []string
+		chains, sets   int
+		want           int
+	}{
+		{"nothing", nil, nil, 0, 0, 0},
+		{"one set each way", ids("a", 3), ids("a", 2), 0, 0, 2},
+		{"two sets", append(ids("a", 3), ids("b", 1)...), nil, 0, 0, 2},
+		{"chunks", ids("a", 2*netlinkChunk+1), nil, 0, 0, 3},
+		{"chains and sets", nil, ids("a", 1), 10, 10, 31},
+	} {
+		if got := batchMessages(tc.added, tc.deleted, tc.chains, tc.sets); got != tc.want {
+			t.Errorf("%s: %d messages, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestKernelLargeAffinityRemoval: on a real table with the netlink writer, deleting a
+// ClientIP-affinity Service with 100 endpoints (~300 chain and set removals) succeeds,
+// and leaves none of its chains and sets behind.
+func TestKernelLargeAffinityRemoval(t *testing.T) {
+	requireRoot(t)
+	cfg := testConfig(IPv4)
+	ns := newNetns(t)
+	s, err := NewSyncer(cfg, kernelNFT(t, ns, IPv4, cfg.TableName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := os.Open("/var/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	w, err := NewNetlinkWriter(cfg, nftables.WithNetNSFd(int(h.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.WriteBatchesWith(w)
+	ctx := context.Background()
+	p := genPort(7, 100)
+	if _, err := s.Full(ctx, services(p)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Partial(ctx, map[ServiceName][]*ServicePort{{"gen", "svc-7"}: nil}); err != nil {
+		t.Fatalf("deleting the affinity Service: %v", err)
+	}
+	if chains := nftIn(t, ns, "list", "chains", "ip"); strings.Contains(chains, affinityPrefix) {
+		t.Errorf("affinity chains left:\n%s", chains)
+	}
 }

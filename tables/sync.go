@@ -558,7 +558,8 @@ func (s *Syncer) Partial(ctx context.Context, changes map[ServiceName][]*Service
 	stats.Added, stats.Deleted = len(added), len(deleted)
 	newSets, changedChains := ownedChanges(b.oldOwn, b.newOwn)
 	if s.direct != nil && len(newSets) == 0 && len(changedChains) == 0 && len(newChains) == 0 &&
-		len(added)+len(deleted) <= MaxBatchElements {
+		len(added)+len(deleted) <= MaxBatchElements &&
+		batchMessages(added, deleted, len(goneChains), len(goneSets)) <= MaxBatchMessages {
 		// Nothing needs rule text: straight to the kernel, without nft's cost per table.
 		batch := &Batch{
 			DeleteElements: objectsOf(deleted),
