@@ -20,7 +20,7 @@ go="${GO:-go}"
 flags=(-count=1)
 
 module="$(${go} list -m)"
-kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|legacy)(/.*)?$"
+kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|legacy|cmd/shardproxy)(/.*)?$"
 integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
 e2e_re="^${module}/test/e2e(/.*)?$"
 

@@ -196,11 +196,11 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		}
 		key := en.key()
 		add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
-		epSet, epStrs := endpointsMap(epMap, en.proto), endpointStrings(class, eps)
+		epSet, strs := endpointsMap(epMap, en.proto), endpointStrings(class, eps)
 		for i := range eps {
 			add(en, element{set: epSet, isMap: true,
 				key:   []string{key[0], key[2], strconv.Itoa(i)},
-				value: epStrs[i]})
+				value: strs[i]})
 		}
 		chains[chain] = true
 	}
@@ -283,23 +283,17 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 	}
 
 	// Hairpin: a pod that reaches itself through the Service must be masqueraded.
-	// Usually a few endpoints: a slice costs less than a map, up to a point.
-	var hp []netip.Addr
-	var hpSet map[netip.Addr]bool
-	if len(sp.ClusterEndpoints)+len(sp.LocalEndpoints) > 64 {
-		hpSet = map[netip.Addr]bool{}
-	}
+	// Each endpoint address once (sorted and compacted: one allocation, unlike a set).
+	hp := make([]netip.Addr, 0, len(sp.ClusterEndpoints)+len(sp.LocalEndpoints))
 	for _, eps := range [][]Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
 		for _, ep := range eps {
-			if hpSet != nil && !hpSet[ep.IP] || hpSet == nil && !slices.Contains(hp, ep.IP) {
-				hp = append(hp, ep.IP)
-				if hpSet != nil {
-					hpSet[ep.IP] = true
-				}
-				ip := ep.IP.String()
-				out.shared = append(out.shared, element{set: setHairpin, key: []string{ip, ip}}.id())
-			}
+			hp = append(hp, ep.IP)
 		}
+	}
+	slices.SortFunc(hp, netip.Addr.Compare)
+	for _, a := range slices.Compact(hp) {
+		ip := a.String()
+		out.shared = append(out.shared, element{set: setHairpin, key: []string{ip, ip}}.id())
 	}
 	for ch := range chains {
 		out.chains = append(out.chains, ch)

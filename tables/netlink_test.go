@@ -190,20 +190,7 @@ func TestNetlinkWriterMatchesNft(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			byNetlink, err := NewSyncer(cfg, kernelNFT(t, nsNetlink, fam, cfg.TableName()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			h, err := os.Open("/var/run/netns/" + nsNetlink)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer h.Close()
-			w, err := NewNetlinkWriter(cfg, nftables.WithNetNSFd(int(h.Fd())))
-			if err != nil {
-				t.Fatal(err)
-			}
-			byNetlink.WriteBatchesWith(w)
+			byNetlink := netlinkSyncer(t, nsNetlink, cfg)
 
 			ctx := context.Background()
 			state := map[ServiceName][]*ServicePort{}
@@ -344,20 +331,7 @@ func TestKernelLargeAffinityRemoval(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(IPv4)
 	ns := newNetns(t)
-	s, err := NewSyncer(cfg, kernelNFT(t, ns, IPv4, cfg.TableName()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := os.Open("/var/run/netns/" + ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	w, err := NewNetlinkWriter(cfg, nftables.WithNetNSFd(int(h.Fd())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.WriteBatchesWith(w)
+	s := netlinkSyncer(t, ns, cfg)
 	ctx := context.Background()
 	p := genPort(7, 100)
 	if _, err := s.Full(ctx, services(p)); err != nil {
@@ -369,4 +343,25 @@ func TestKernelLargeAffinityRemoval(t *testing.T) {
 	if chains := nftIn(t, ns, "list", "chains", "ip"); strings.Contains(chains, affinityPrefix) {
 		t.Errorf("affinity chains left:\n%s", chains)
 	}
+}
+
+// netlinkSyncer is a Syncer for cfg's table in namespace ns, its full syncs through nft
+// and its partial syncs, where they can, through a NetlinkWriter into ns.
+func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
+	t.Helper()
+	s, err := NewSyncer(cfg, kernelNFT(t, ns, cfg.Family, cfg.TableName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := os.Open("/var/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	w, err := NewNetlinkWriter(cfg, nftables.WithNetNSFd(int(h.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.WriteBatchesWith(w)
+	return s
 }
