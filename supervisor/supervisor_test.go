@@ -478,22 +478,28 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 // TestProfilingOnMetricsServer: enableProfiling adds pprof beside /metrics; without it
 // there is none.
 func TestProfilingOnMetricsServer(t *testing.T) {
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
 	for _, enabled := range []bool{false, true} {
 		f := startSupervisor(t, "")
 		f.sup.cfg.EnableProfiling = enabled
 		srv := httptest.NewServer(f.sup.metricsHandler())
-		for path, want := range map[string]bool{"/metrics": true, "/debug/pprof/goroutine?debug=1": enabled} {
-			resp, err := http.Get(srv.URL + path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			ok := resp.StatusCode == http.StatusOK && (path != "/metrics" || strings.Contains(string(body), "kubeproxy_")) &&
-				(path == "/metrics" || strings.Contains(string(body), "goroutine profile: total"))
-			if ok != want {
-				t.Errorf("enableProfiling=%v: GET %s: %d, served=%v, want %v", enabled, path, resp.StatusCode, ok, want)
-			}
+		// The instances' series exist once they have synced: wait for that, not for time.
+		eventually(t, "/metrics serves the instances' series", func() bool {
+			code, body := get(srv.URL + "/metrics")
+			return code == http.StatusOK && strings.Contains(body, "kubeproxy_")
+		})
+		code, body := get(srv.URL + "/debug/pprof/goroutine?debug=1")
+		if served := code == http.StatusOK && strings.Contains(body, "goroutine profile: total"); served != enabled {
+			t.Errorf("enableProfiling=%v: GET /debug/pprof/goroutine: %d, served=%v", enabled, code, served)
 		}
 		srv.Close()
 	}
