@@ -334,145 +334,217 @@ func (p *Proxy) tablesMissing(ctx context.Context) bool {
 }
 
 // Sync runs one sync now: partial when possible, full when forced, after a failure,
-// or when FullSyncPeriod has passed. It returns nil, nil when there was nothing to do.
+// or when FullSyncPeriod has passed. Each step is its own function: take the changes
+// (under p.mu), program every family's tables, then, only if all succeeded, record
+// what is now applied and answer the waiters. A failed sync records nothing and puts
+// its waiters back for the next successful sync to answer.
 func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	start := p.opts.Clock.Now()
-	// Take the changes and build the models under p.mu, released by a defer: were it
-	// left locked by a panic (the supervisor restarts a panicking instance), the restarted
-	// Sync and the next event handler would block for good, and the handler is shared by
-	// every instance on the node.
-	var (
-		models, all map[types.NamespacedName]*ServiceModel
-		full        bool
-		waiting     map[types.NamespacedName][]chan struct{}
-	)
-	func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		dirty := p.tracker.TakeDirty()
-		p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
-		models = make(map[types.NamespacedName]*ServiceModel, len(dirty))
-		for _, n := range dirty {
-			m := p.model(n)
-			models[n] = m
-			// Logged as soon as a changed model is built: the sync may fail, and its
-			// full retry rebuilds the model without it counting as changed.
-			if m != nil && len(m.Problems) > 0 {
-				p.logger.Info("Skipped parts of a Service", "service", n, "problems", m.Problems)
-			}
-			if m != nil && len(m.Unmatched) > 0 {
-				p.logger.Info("Skipped EndpointSlice ports that match no port of the Service", "service", n, "ports", m.Unmatched)
-			}
-		}
-		full = forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod
-		for _, s := range p.syncers {
-			full = full || s.NeedsFull()
-		}
-		if full {
-			all = map[types.NamespacedName]*ServiceModel{}
-			for _, n := range p.tracker.Services() {
-				m, built := models[n]
-				if !built {
-					m = p.model(n)
-				}
-				if m != nil {
-					all[n] = m
-				}
-			}
-		}
-		// Channels to close after this sync: only those registered before it started.
-		waiting = p.waiting
-		p.waiting = map[types.NamespacedName][]chan struct{}{}
-	}()
-
-	res := &SyncResult{Instance: p.opts.Name, Full: full, Stats: map[tables.Family]tables.Stats{}}
-	// The families' tables are independent: sync them side by side, as upstream's
-	// per-family proxiers do, so a sync costs the slower family, not the sum.
-	var (
-		wg    sync.WaitGroup
-		resMu sync.Mutex
-		errs  []error
-	)
-	for fam, s := range p.syncers {
-		wg.Go(func() {
-			var st tables.Stats
-			var err error
-			// A panic here would not reach the supervisor's recover (another goroutine)
-			// and would take every instance down: make it this sync's failure.
-			defer func() {
-				if r := recover(); r != nil {
-					resMu.Lock()
-					defer resMu.Unlock()
-					errs = append(errs, fmt.Errorf("%s sync panicked: %v\n%s", fam, r, debug.Stack()))
-				}
-			}()
-			if full {
-				st, err = s.Full(ctx, portsOf(all, fam))
-			} else if len(models) > 0 {
-				changes := map[tables.ServiceName][]*tables.ServicePort{}
-				for n, m := range models {
-					changes[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = portsOfModel(m, fam)
-				}
-				st, err = s.Partial(ctx, changes)
-			}
-			for _, c := range st.Conflicts {
-				p.logger.Info("Address conflict; the first Service keeps it", "conflict", c)
-			}
-			resMu.Lock()
-			defer resMu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-			}
-			res.Stats[fam] = st
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		// Put the waiters back: they are answered by the next successful sync.
-		p.mu.Lock()
-		for n, chs := range waiting {
-			p.waiting[n] = append(chs, p.waiting[n]...)
-		}
-		p.mu.Unlock()
+	plan := p.takeChanges(start, forceFull)
+	stats, err := p.syncFamilies(ctx, plan)
+	if err != nil {
+		p.putWaitersBack(plan.waiting)
 		return nil, err
 	}
-
-	// What changed, for conntrack cleanup and node-wide state.
-	if full {
-		for n, m := range all {
-			if !sameModel(p.applied[n], m) {
-				res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
-			}
-		}
-		for n, m := range p.applied {
-			if _, ok := all[n]; !ok {
-				res.Changed = append(res.Changed, ChangedService{Name: n, Before: m})
-			}
-		}
-		p.applied = map[types.NamespacedName]*ServiceModel{}
-		p.sums = map[types.NamespacedName]summary{}
-		p.total = summary{}
-		clear(p.hcPorts)
-		clear(p.localEps)
-		for n, m := range all {
-			p.setApplied(n, m)
-		}
-		p.lastFull = start
+	res := &SyncResult{Instance: p.opts.Name, Full: plan.full, Stats: stats}
+	if plan.full {
+		p.recordFull(plan.all, start, res)
 	} else {
-		for n, m := range models {
-			res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
-			p.setApplied(n, m)
-		}
+		p.recordPartial(plan.changed, res)
 	}
 	slices.SortFunc(res.Changed, func(a, b ChangedService) int { return compareNames(a.Name, b.Name) })
 	p.summarize(res)
-	for _, chs := range waiting {
+	for _, chs := range plan.waiting {
 		for _, ch := range chs {
 			close(ch)
 		}
 	}
+	p.finishSync(start, res)
+	return res, nil
+}
+
+// syncPlan is what one sync programs, taken from the tracker by takeChanges.
+type syncPlan struct {
+	full bool
+	// changed are the models of the Services changed since the last sync (nil: gone).
+	changed map[types.NamespacedName]*ServiceModel
+	// all are the models of every Service the instance owns; set only when full.
+	all map[types.NamespacedName]*ServiceModel
+	// waiting are the channels to close once this sync succeeds.
+	waiting map[types.NamespacedName][]chan struct{}
+}
+
+// takeChanges takes the tracker's changes and builds the models this sync programs. It
+// holds p.mu, released by a defer: were it left locked by a panic (the supervisor
+// restarts a panicking instance), the restarted Sync and the next event handler would
+// block for good, and the handler is shared by every instance on the node.
+func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	dirty := p.tracker.TakeDirty()
+	p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
+	plan := syncPlan{changed: p.changedModels(dirty)}
+	plan.full = p.fullDue(start, forceFull)
+	if plan.full {
+		plan.all = p.allModels(plan.changed)
+	}
+	// Channels to close after this sync: only those registered before it started.
+	plan.waiting = p.waiting
+	p.waiting = map[types.NamespacedName][]chan struct{}{}
+	return plan
+}
+
+// changedModels builds the models of the dirty Services; p.mu must be held. Their
+// problems are logged here, as soon as a changed model is built: the sync may fail, and
+// its full retry rebuilds the model without it counting as changed.
+func (p *Proxy) changedModels(dirty []types.NamespacedName) map[types.NamespacedName]*ServiceModel {
+	models := make(map[types.NamespacedName]*ServiceModel, len(dirty))
+	for _, n := range dirty {
+		m := p.model(n)
+		models[n] = m
+		if m != nil && len(m.Problems) > 0 {
+			p.logger.Info("Skipped parts of a Service", "service", n, "problems", m.Problems)
+		}
+		if m != nil && len(m.Unmatched) > 0 {
+			p.logger.Info("Skipped EndpointSlice ports that match no port of the Service", "service", n, "ports", m.Unmatched)
+		}
+	}
+	return models
+}
+
+// fullDue reports whether this sync must be full: when forced, when FullSyncPeriod has
+// passed since the last full sync, or when a family's syncer needs one (it has not
+// synced yet, or its last sync failed).
+func (p *Proxy) fullDue(start time.Time, forceFull bool) bool {
+	if forceFull || p.opts.FullSyncPeriod > 0 && start.Sub(p.lastFull) >= p.opts.FullSyncPeriod {
+		return true
+	}
+	for _, s := range p.syncers {
+		if s.NeedsFull() {
+			return true
+		}
+	}
+	return false
+}
+
+// allModels returns the models of every Service the tracker knows that has one, reusing
+// those changedModels just built; p.mu must be held.
+func (p *Proxy) allModels(changed map[types.NamespacedName]*ServiceModel) map[types.NamespacedName]*ServiceModel {
+	all := map[types.NamespacedName]*ServiceModel{}
+	for _, n := range p.tracker.Services() {
+		m, built := changed[n]
+		if !built {
+			m = p.model(n)
+		}
+		if m != nil {
+			all[n] = m
+		}
+	}
+	return all
+}
+
+// syncFamilies programs the plan into every family's tables and returns each family's
+// stats. The families' tables are independent: they are synced side by side, as
+// upstream's per-family proxiers do, so a sync costs the slower family, not the sum.
+func (p *Proxy) syncFamilies(ctx context.Context, plan syncPlan) (map[tables.Family]tables.Stats, error) {
+	stats := map[tables.Family]tables.Stats{}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for fam, s := range p.syncers {
+		wg.Go(func() {
+			// A panic here would not reach the supervisor's recover (another goroutine)
+			// and would take every instance down: make it this sync's failure.
+			defer func() {
+				if r := recover(); r != nil {
+					mu.Lock()
+					defer mu.Unlock()
+					errs = append(errs, fmt.Errorf("%s sync panicked: %v\n%s", fam, r, debug.Stack()))
+				}
+			}()
+			st, err := p.syncFamily(ctx, fam, s, plan)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			}
+			stats[fam] = st
+		})
+	}
+	wg.Wait()
+	return stats, errors.Join(errs...)
+}
+
+// syncFamily programs the plan into one family's tables: all of it when full, else the
+// changed Services (nothing when none changed).
+func (p *Proxy) syncFamily(ctx context.Context, fam tables.Family, s *tables.Syncer, plan syncPlan) (st tables.Stats, err error) {
+	if plan.full {
+		st, err = s.Full(ctx, portsOf(plan.all, fam))
+	} else if len(plan.changed) > 0 {
+		changes := map[tables.ServiceName][]*tables.ServicePort{}
+		for n, m := range plan.changed {
+			changes[tables.ServiceName{Namespace: n.Namespace, Name: n.Name}] = portsOfModel(m, fam)
+		}
+		st, err = s.Partial(ctx, changes)
+	}
+	for _, c := range st.Conflicts {
+		p.logger.Info("Address conflict; the first Service keeps it", "conflict", c)
+	}
+	return st, err
+}
+
+// putWaitersBack returns a failed sync's waiters to p.waiting, ahead of those registered
+// since: they are answered by the next successful sync.
+func (p *Proxy) putWaitersBack(waiting map[types.NamespacedName][]chan struct{}) {
+	p.mu.Lock()
+	for n, chs := range waiting {
+		p.waiting[n] = append(chs, p.waiting[n]...)
+	}
+	p.mu.Unlock()
+}
+
+// recordFull records a full sync: res.Changed gets every Service whose model differs
+// from the applied one (for conntrack cleanup and node-wide state), and the applied
+// models and their totals are rebuilt from all.
+func (p *Proxy) recordFull(all map[types.NamespacedName]*ServiceModel, start time.Time, res *SyncResult) {
+	for n, m := range all {
+		if !sameModel(p.applied[n], m) {
+			res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
+		}
+	}
+	for n, m := range p.applied {
+		if _, ok := all[n]; !ok {
+			res.Changed = append(res.Changed, ChangedService{Name: n, Before: m})
+		}
+	}
+	p.applied = map[types.NamespacedName]*ServiceModel{}
+	p.sums = map[types.NamespacedName]summary{}
+	p.total = summary{}
+	clear(p.hcPorts)
+	clear(p.localEps)
+	for n, m := range all {
+		p.setApplied(n, m)
+	}
+	p.lastFull = start
+}
+
+// recordPartial records a partial sync: every changed Service is in res.Changed (the
+// tracker marked it dirty) and its model becomes the applied one.
+func (p *Proxy) recordPartial(changed map[types.NamespacedName]*ServiceModel, res *SyncResult) {
+	for n, m := range changed {
+		res.Changed = append(res.Changed, ChangedService{Name: n, Before: p.applied[n], After: m})
+		p.setApplied(n, m)
+	}
+}
+
+// finishSync sets the elapsed time and the programming latencies of the endpoint
+// changes this sync programmed (triggers kept since a failed sync included), and logs
+// the sync.
+func (p *Proxy) finishSync(start time.Time, res *SyncResult) {
 	end := p.opts.Clock.Now()
 	res.Elapsed = end.Sub(start)
 	for _, t := range p.triggers {
@@ -485,9 +557,8 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 			overNetlink++
 		}
 	}
-	p.logger.V(2).Info("Synced", "full", full, "changed", len(res.Changed), "services", res.Services,
+	p.logger.V(2).Info("Synced", "full", res.Full, "changed", len(res.Changed), "services", res.Services,
 		"endpoints", res.Endpoints, "elapsed", res.Elapsed, "familiesOverNetlink", overNetlink)
-	return res, nil
 }
 
 // model builds the current model of Service n; p.mu must be held. A panic while building
