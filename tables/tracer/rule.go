@@ -111,28 +111,8 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 	case "iifname":
 		return value{str: s.iif}, nil
 	case "ct":
-		switch t.next() {
-		case "state":
-			return value{str: string(s.ct), ctState: true}, nil
-		case "status":
-			if s.dnatted {
-				return value{str: "dnat"}, nil
-			}
-			return value{str: ""}, nil
-		case "original":
-			switch t.next() {
-			case "ip", "ip6":
-				switch t.next() {
-				case "daddr":
-					return value{addr: s.origDst}, nil
-				case "saddr":
-					return value{addr: s.src}, nil
-				}
-			case "protocol":
-				return value{str: s.proto}, nil
-			case "proto-dst":
-				return value{num: uint64(s.origPort), isNum: true}, nil
-			}
+		if v, ok := ctSelector(t, s); ok {
+			return v, nil
 		}
 	case "fib":
 		if t.next() == "saddr" && t.next() == "type" {
@@ -142,16 +122,50 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 			return value{str: "unicast"}, nil
 		}
 	case "numgen":
-		if err := t.expect("random", "mod"); err != nil {
-			return value{}, err
-		}
-		n, err := strconv.ParseUint(t.next(), 10, 32)
-		if err != nil || n == 0 {
-			return value{}, fmt.Errorf("bad numgen modulus")
-		}
-		return value{numRange: n, isNum: true}, nil
+		return numgenSelector(t)
 	}
 	return value{}, fmt.Errorf("unknown selector at %q", w)
+}
+
+// ctSelector reads the rest of a "ct" selector (after "ct"); ok is false for one the
+// tracer does not know.
+func ctSelector(t *tokens, s *state) (v value, ok bool) {
+	switch t.next() {
+	case "state":
+		return value{str: string(s.ct), ctState: true}, true
+	case "status":
+		if s.dnatted {
+			return value{str: "dnat"}, true
+		}
+		return value{str: ""}, true
+	case "original":
+		switch t.next() {
+		case "ip", "ip6":
+			switch t.next() {
+			case "daddr":
+				return value{addr: s.origDst}, true
+			case "saddr":
+				return value{addr: s.src}, true
+			}
+		case "protocol":
+			return value{str: s.proto}, true
+		case "proto-dst":
+			return value{num: uint64(s.origPort), isNum: true}, true
+		}
+	}
+	return value{}, false
+}
+
+// numgenSelector reads the rest of "numgen random mod N" (after "numgen"): any of 0..N-1.
+func numgenSelector(t *tokens) (value, error) {
+	if err := t.expect("random", "mod"); err != nil {
+		return value{}, err
+	}
+	n, err := strconv.ParseUint(t.next(), 10, 32)
+	if err != nil || n == 0 {
+		return value{}, fmt.Errorf("bad numgen modulus")
+	}
+	return value{numRange: n, isNum: true}, nil
 }
 
 // expr reads a concatenation of selectors.
@@ -306,22 +320,8 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 				return []*state{s}, nil
 			}
 		case w == "meta":
-			// meta mark set meta mark (or|xor) X
-			if err := t.expect("meta", "mark", "set", "meta", "mark"); err != nil {
+			if err := evalMarkSet(t, s); err != nil {
 				return nil, err
-			}
-			op := t.next()
-			n, err := strconv.ParseUint(t.next(), 0, 32)
-			if err != nil {
-				return nil, fmt.Errorf("bad mark: %w", err)
-			}
-			switch op {
-			case "or":
-				s.mark |= uint32(n)
-			case "xor":
-				s.mark ^= uint32(n)
-			default:
-				return nil, fmt.Errorf("unknown mark operation %q", op)
 			}
 		case w == "jump" || w == "goto":
 			t.next()
@@ -351,6 +351,27 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 	return []*state{s}, nil
 }
 
+// evalMarkSet applies "meta mark set meta mark (or|xor) X".
+func evalMarkSet(t *tokens, s *state) error {
+	if err := t.expect("meta", "mark", "set", "meta", "mark"); err != nil {
+		return err
+	}
+	op := t.next()
+	n, err := strconv.ParseUint(t.next(), 0, 32)
+	if err != nil {
+		return fmt.Errorf("bad mark: %w", err)
+	}
+	switch op {
+	case "or":
+		s.mark |= uint32(n)
+	case "xor":
+		s.mark ^= uint32(n)
+	default:
+		return fmt.Errorf("unknown mark operation %q", op)
+	}
+	return nil
+}
+
 // evalMatch handles what follows an expression: a comparison, a set lookup or a vmap.
 // It returns matched=false to stop the rule, or final states when a vmap decided.
 func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) (bool, []*state, error) {
@@ -363,86 +384,16 @@ func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals 
 	}
 	switch {
 	case w == "&":
-		t.next()
-		mask, err := strconv.ParseUint(t.next(), 0, 32)
-		if err != nil {
-			return false, nil, err
-		}
-		op := t.next()
-		want, err := strconv.ParseUint(t.next(), 0, 32)
-		if err != nil || len(vals) != 1 {
-			return false, nil, fmt.Errorf("bad mask comparison")
-		}
-		got := vals[0].num & mask
-		if op == "!=" {
-			return got != want, nil, nil
-		}
-		return got == want, nil, nil
+		return matchMask(t, vals)
 	case len(vals) == 1 && vals[0].ctState && (w == "vmap" || w == "&" || strings.HasPrefix(w, "@")):
 		return false, nil, fmt.Errorf("ct state compared with %q: only state names are modelled", w)
 	case w == "vmap" && t.peek(1) == "{":
-		// An anonymous verdict map, as in "numgen random mod 2 vmap { 0 : goto a, 1 : goto b }".
-		t.next()
-		t.next()
-		var out []*state
-		for !t.done() && t.peek(0) != "}" {
-			k := t.next()
-			if err := t.expect(":"); err != nil {
-				return false, nil, err
-			}
-			verdict, chain := t.next(), ""
-			if verdict == "goto" || verdict == "jump" {
-				chain = t.next()
-			}
-			if t.peek(0) == "," {
-				t.next()
-			}
-			if len(vals) != 1 {
-				return false, nil, fmt.Errorf("anonymous vmap needs a single key")
-			}
-			n, err := strconv.ParseUint(k, 10, 32)
-			if err != nil {
-				return false, nil, err
-			}
-			if vals[0].numRange > 0 && n >= vals[0].numRange || vals[0].numRange == 0 && !componentMatches(k, vals[0]) {
-				continue
-			}
-			if chain == "" {
-				return false, nil, fmt.Errorf("anonymous vmap verdict %q not supported", verdict)
-			}
-			res, err := tr.jump(tbl, verdict, chain, s.clone(), depth)
-			if err != nil {
-				return false, nil, err
-			}
-			out = append(out, res...)
-		}
-		if len(out) == 0 {
-			return false, nil, nil
-		}
-		return true, out, nil
+		return tr.evalAnonVmap(tbl, t, s, vals, depth)
 	case w == "vmap":
 		if negate {
 			return false, nil, fmt.Errorf("negated vmap")
 		}
-		t.next()
-		name := strings.TrimPrefix(t.next(), "@")
-		elems, err := lookup(tbl, name, vals)
-		if err != nil {
-			return false, nil, err
-		}
-		if len(elems) == 0 {
-			return false, nil, nil
-		}
-		verdict := strings.Fields(strings.Join(elems[0].Value, " "))
-		switch verdict[0] {
-		case "goto", "jump":
-			res, err := tr.jump(tbl, verdict[0], verdict[1], s, depth)
-			return true, res, err
-		case "drop", "accept", "return":
-			s.verdict = verdict[0]
-			return true, []*state{s}, nil
-		}
-		return false, nil, fmt.Errorf("unknown verdict %q in @%s", verdict, name)
+		return tr.evalVmap(tbl, t, s, vals, depth)
 	case strings.HasPrefix(w, "@"):
 		t.next()
 		elems, err := lookup(tbl, strings.TrimPrefix(w, "@"), vals)
@@ -451,21 +402,118 @@ func (tr *Tracer) evalMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals 
 		}
 		return (len(elems) > 0) != negate, nil, nil
 	default:
-		if len(vals) != 1 {
-			return false, nil, fmt.Errorf("comparison of a concatenation with %q", w)
+		matched, err := matchLiterals(t, vals)
+		if err != nil {
+			return false, nil, err
 		}
-		lits := literal(t)
-		any := false
-		for _, l := range lits {
-			if vals[0].ctState && !ctStates[l] {
-				return false, nil, fmt.Errorf("unknown conntrack state %q", l)
-			}
-			if componentMatches(l, vals[0]) {
-				any = true
-			}
-		}
-		return any != negate, nil, nil
+		return matched != negate, nil, nil
 	}
+}
+
+// matchMask evaluates "& MASK (==|!=) VALUE" on a single value.
+func matchMask(t *tokens, vals []value) (bool, []*state, error) {
+	t.next()
+	mask, err := strconv.ParseUint(t.next(), 0, 32)
+	if err != nil {
+		return false, nil, err
+	}
+	op := t.next()
+	want, err := strconv.ParseUint(t.next(), 0, 32)
+	if err != nil || len(vals) != 1 {
+		return false, nil, fmt.Errorf("bad mask comparison")
+	}
+	got := vals[0].num & mask
+	if op == "!=" {
+		return got != want, nil, nil
+	}
+	return got == want, nil, nil
+}
+
+// evalAnonVmap follows an anonymous verdict map, as in
+// "numgen random mod 2 vmap { 0 : goto a, 1 : goto b }": every entry whose key the value
+// can take (each of a numgen range) gives its chain's states; none means no match.
+func (tr *Tracer) evalAnonVmap(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) (bool, []*state, error) {
+	t.next()
+	t.next()
+	var out []*state
+	for !t.done() && t.peek(0) != "}" {
+		k := t.next()
+		if err := t.expect(":"); err != nil {
+			return false, nil, err
+		}
+		verdict, chain := t.next(), ""
+		if verdict == "goto" || verdict == "jump" {
+			chain = t.next()
+		}
+		if t.peek(0) == "," {
+			t.next()
+		}
+		if len(vals) != 1 {
+			return false, nil, fmt.Errorf("anonymous vmap needs a single key")
+		}
+		n, err := strconv.ParseUint(k, 10, 32)
+		if err != nil {
+			return false, nil, err
+		}
+		if vals[0].numRange > 0 && n >= vals[0].numRange || vals[0].numRange == 0 && !componentMatches(k, vals[0]) {
+			continue
+		}
+		if chain == "" {
+			return false, nil, fmt.Errorf("anonymous vmap verdict %q not supported", verdict)
+		}
+		res, err := tr.jump(tbl, verdict, chain, s.clone(), depth)
+		if err != nil {
+			return false, nil, err
+		}
+		out = append(out, res...)
+	}
+	if len(out) == 0 {
+		return false, nil, nil
+	}
+	return true, out, nil
+}
+
+// evalVmap looks the values up in a named verdict map ("vmap @m") and applies the
+// verdict of the first matching element; no element means no match.
+func (tr *Tracer) evalVmap(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) (bool, []*state, error) {
+	t.next()
+	name := strings.TrimPrefix(t.next(), "@")
+	elems, err := lookup(tbl, name, vals)
+	if err != nil {
+		return false, nil, err
+	}
+	if len(elems) == 0 {
+		return false, nil, nil
+	}
+	verdict := strings.Fields(strings.Join(elems[0].Value, " "))
+	switch verdict[0] {
+	case "goto", "jump":
+		res, err := tr.jump(tbl, verdict[0], verdict[1], s, depth)
+		return true, res, err
+	case "drop", "accept", "return":
+		s.verdict = verdict[0]
+		return true, []*state{s}, nil
+	}
+	return false, nil, fmt.Errorf("unknown verdict %q in @%s", verdict, name)
+}
+
+// matchLiterals compares a single value with a literal or a { a, b } set literal: true
+// when any element matches. A ct state value only compares with state names.
+func matchLiterals(t *tokens, vals []value) (bool, error) {
+	if len(vals) != 1 {
+		return false, fmt.Errorf("comparison of a concatenation with %q", t.peek(0))
+	}
+	lits := literal(t)
+	any := false
+	for _, l := range lits {
+		if vals[0].ctState && !ctStates[l] {
+			return false, fmt.Errorf("unknown conntrack state %q", l)
+		}
+		if componentMatches(l, vals[0]) {
+			any = true
+		}
+	}
+	return any, nil
 }
 
 func (tr *Tracer) jump(tbl *knftables.FakeTable, how, chain string, s *state, depth int) ([]*state, error) {
@@ -493,16 +541,7 @@ func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*st
 		return nil, err
 	}
 	if !isSelectorStart(t.peek(0)) {
-		// A literal target: "dnat ip to 10.0.0.1:80", "dnat ip6 to [fd00::1]:80".
-		ap, err := netip.ParseAddrPort(t.next())
-		if err != nil {
-			return nil, fmt.Errorf("bad dnat target: %w", err)
-		}
-		if !t.done() {
-			return nil, fmt.Errorf("unexpected %q after dnat", t.peek(0))
-		}
-		s.dst, s.port, s.dnatted, s.verdict = ap.Addr(), ap.Port(), true, "nat"
-		return []*state{s}, nil
+		return dnatLiteral(t, s)
 	}
 	vals, err := tr.expr(t, s)
 	if err != nil {
@@ -515,6 +554,33 @@ func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*st
 	if !t.done() {
 		return nil, fmt.Errorf("unexpected %q after dnat", t.peek(0))
 	}
+	out, err := dnatTargets(tbl, name, vals, s)
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		// A lookup miss makes the rule not match.
+		return []*state{s}, nil
+	}
+	return out, nil
+}
+
+// dnatLiteral handles a literal target: "dnat ip to 10.0.0.1:80", "dnat ip6 to [fd00::1]:80".
+func dnatLiteral(t *tokens, s *state) ([]*state, error) {
+	ap, err := netip.ParseAddrPort(t.next())
+	if err != nil {
+		return nil, fmt.Errorf("bad dnat target: %w", err)
+	}
+	if !t.done() {
+		return nil, fmt.Errorf("unexpected %q after dnat", t.peek(0))
+	}
+	s.dst, s.port, s.dnatted, s.verdict = ap.Addr(), ap.Port(), true, "nat"
+	return []*state{s}, nil
+}
+
+// dnatTargets looks every concrete key of vals up in the map @name and returns one
+// DNATed copy of s per distinct "addr . port" found (none when every lookup misses).
+func dnatTargets(tbl *knftables.FakeTable, name string, vals []value, s *state) ([]*state, error) {
 	seen := map[string]bool{}
 	var out []*state
 	for _, key := range expand(vals) {
@@ -544,10 +610,6 @@ func (tr *Tracer) evalDNAT(tbl *knftables.FakeTable, t *tokens, s *state) ([]*st
 		n := s.clone()
 		n.dst, n.port, n.dnatted, n.verdict = addr, uint16(port), true, "nat"
 		out = append(out, n)
-	}
-	if len(out) == 0 {
-		// A lookup miss makes the rule not match.
-		return []*state{s}, nil
 	}
 	return out, nil
 }

@@ -215,29 +215,13 @@ func (t *Tracer) isLocal(a netip.Addr) bool {
 	return a.IsLoopback() || slices.Contains(t.env.LocalIPs, a)
 }
 
-// Trace follows p and returns every way it can end, without duplicates.
+// Trace follows p and returns every way it can end, without duplicates: through its
+// first hook, then, for each state that was not dropped, through the hooks its
+// (translated) destination takes it to.
 func (t *Tracer) Trace(p Packet) ([]Outcome, error) {
-	st := &state{src: p.Src, dst: p.Dst, proto: p.Proto, port: p.Port, iif: p.IIF, origDst: p.Dst, origPort: p.Port,
-		ct: p.State, conn: p.Conn}
-	switch p.State {
-	case "":
-		st.ct = CtNew
-	case CtNew, CtEstablished:
-	default:
-		return nil, fmt.Errorf("unsupported conntrack state %q", p.State)
-	}
-	if st.ct == CtNew && p.Conn != (Conn{}) {
-		return nil, fmt.Errorf("a new connection has no conntrack translation yet")
-	}
-	var firstHook string
-	switch p.Origin {
-	case FromHost:
-		st.iif = ""
-		firstHook = "output"
-	case FromPod, FromOutside:
-		firstHook = "prerouting"
-	default:
-		return nil, fmt.Errorf("unknown origin %q", p.Origin)
+	st, firstHook, err := initialState(p)
+	if err != nil {
+		return nil, err
 	}
 	states, err := t.runHook(firstHook, []*state{st})
 	if err != nil {
@@ -249,38 +233,77 @@ func (t *Tracer) Trace(p Packet) ([]Outcome, error) {
 			outcomes = append(outcomes, t.outcome(s))
 			continue
 		}
-		var next []string
-		switch {
-		case p.Origin == FromHost && t.isLocal(s.dst):
-			next = []string{"postrouting", "input"}
-		case p.Origin == FromHost:
-			next = []string{"postrouting"}
-		case t.isLocal(s.dst):
-			next = []string{"input"}
-		default:
-			next = []string{"forward", "postrouting"}
-		}
-		cur := []*state{s}
-		for _, h := range next {
-			var live, done []*state
-			for _, c := range cur {
-				if c.verdict == "drop" || c.verdict == "reject" {
-					done = append(done, c)
-				} else {
-					live = append(live, c)
-				}
-			}
-			res, err := t.runHook(h, live)
-			if err != nil {
-				return nil, err
-			}
-			cur = append(done, res...)
+		cur, err := t.runHooks(t.hooksAfter(p.Origin, s), s)
+		if err != nil {
+			return nil, err
 		}
 		for _, c := range cur {
 			outcomes = append(outcomes, t.outcome(c))
 		}
 	}
 	return dedupe(outcomes), nil
+}
+
+// initialState checks p and returns its state before any hook, and the hook it enters
+// first: output for a packet from the host, prerouting for one that arrives.
+func initialState(p Packet) (*state, string, error) {
+	st := &state{src: p.Src, dst: p.Dst, proto: p.Proto, port: p.Port, iif: p.IIF, origDst: p.Dst, origPort: p.Port,
+		ct: p.State, conn: p.Conn}
+	switch p.State {
+	case "":
+		st.ct = CtNew
+	case CtNew, CtEstablished:
+	default:
+		return nil, "", fmt.Errorf("unsupported conntrack state %q", p.State)
+	}
+	if st.ct == CtNew && p.Conn != (Conn{}) {
+		return nil, "", fmt.Errorf("a new connection has no conntrack translation yet")
+	}
+	switch p.Origin {
+	case FromHost:
+		st.iif = ""
+		return st, "output", nil
+	case FromPod, FromOutside:
+		return st, "prerouting", nil
+	}
+	return nil, "", fmt.Errorf("unknown origin %q", p.Origin)
+}
+
+// hooksAfter is the route after the first hook, decided by where the packet comes from
+// and whether its destination, as the first hook left it, is local.
+func (t *Tracer) hooksAfter(origin Origin, s *state) []string {
+	switch {
+	case origin == FromHost && t.isLocal(s.dst):
+		return []string{"postrouting", "input"}
+	case origin == FromHost:
+		return []string{"postrouting"}
+	case t.isLocal(s.dst):
+		return []string{"input"}
+	default:
+		return []string{"forward", "postrouting"}
+	}
+}
+
+// runHooks runs s through the hooks in order; a state dropped or rejected on one hook
+// skips the rest.
+func (t *Tracer) runHooks(hooks []string, s *state) ([]*state, error) {
+	cur := []*state{s}
+	for _, h := range hooks {
+		var live, done []*state
+		for _, c := range cur {
+			if c.verdict == "drop" || c.verdict == "reject" {
+				done = append(done, c)
+			} else {
+				live = append(live, c)
+			}
+		}
+		res, err := t.runHook(h, live)
+		if err != nil {
+			return nil, err
+		}
+		cur = append(done, res...)
+	}
+	return cur, nil
 }
 
 func (t *Tracer) outcome(s *state) Outcome {
