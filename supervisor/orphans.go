@@ -2,11 +2,8 @@ package supervisor
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 
-	gnftables "github.com/google/nftables"
 	"k8s.io/apimachinery/pkg/api/validate/content"
 
 	"github.com/shardproxy/shardproxy/tables"
@@ -46,7 +43,6 @@ func (f *firstFullSyncs) fullSynced(inst string) {
 // Services the removed instance served are programmed by their new owners first. A name
 // that is not a valid instance name (a DNS-1123 label) is never ours and is left alone.
 func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
-	prefix := s.cfg.TablePrefix + "-"
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
 		names, err := s.deps.ListTables(ctx, fam)
 		if err != nil {
@@ -54,7 +50,7 @@ func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 			continue
 		}
 		for _, table := range names {
-			inst, ok := strings.CutPrefix(table, prefix)
+			inst, ok := tables.InstanceOfTable(s.cfg.TablePrefix, table)
 			if !ok || len(content.IsDNS1123Label(inst)) > 0 {
 				continue
 			}
@@ -75,29 +71,4 @@ func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 				"instance", inst, "family", tables.KnftFamily(fam), "table", table)
 		}
 	}
-}
-
-// ListTables lists the names of the nftables tables of one family in this network
-// namespace. knftables works on one known table only, so this asks the kernel over
-// netlink; `nft list tables` would read every rule and element of every table first
-// (seconds on a node with 10,000 Services).
-func ListTables(_ context.Context, fam tables.Family) ([]string, error) {
-	family := gnftables.TableFamilyIPv4
-	if fam == tables.IPv6 {
-		family = gnftables.TableFamilyIPv6
-	}
-	conn, err := gnftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("listing %s tables: %w", tables.KnftFamily(fam), err)
-	}
-	defer conn.CloseLasting()
-	list, err := conn.ListTablesOfFamily(family)
-	if err != nil {
-		return nil, fmt.Errorf("listing %s tables: %w", tables.KnftFamily(fam), err)
-	}
-	names := make([]string, 0, len(list))
-	for _, t := range list {
-		names = append(names, t.Name)
-	}
-	return names, nil
 }

@@ -36,7 +36,7 @@ import (
 // thing, except Client, which is required.
 type Deps struct {
 	Client kubernetes.Interface
-	// NFT opens one table; default: knftables on the host.
+	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
 	// Batches opens the writer of the partial syncs that need no rule text; default,
 	// when NFT is defaulted too: netlink on the host (tables.NetlinkWriter). Nil after
@@ -60,7 +60,8 @@ type Deps struct {
 	// of /sys (a container's CPU set may be smaller), else runtime.NumCPU.
 	NumCPU func() int
 	// ListTables lists the names of the host's nftables tables of one family, to find
-	// the tables of instances removed from the configuration; default: nft.
+	// the tables of instances removed from the configuration; default: netlink
+	// (tables.ListTables).
 	ListTables func(ctx context.Context, fam tables.Family) ([]string, error)
 }
 
@@ -101,9 +102,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		return nil, errors.New("supervisor: no API client")
 	}
 	if deps.NFT == nil {
-		deps.NFT = func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
-		}
+		deps.NFT = tables.NewNFT
 		if deps.Batches == nil {
 			deps.Batches = func(cfg tables.Config) (tables.BatchWriter, error) {
 				return tables.NewNetlinkWriter(cfg)
@@ -123,7 +122,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		deps.NumCPU = func() int { return numCPU(onlineCPUsPath) }
 	}
 	if deps.ListTables == nil {
-		deps.ListTables = ListTables
+		deps.ListTables = tables.ListTables
 	}
 	if deps.Recorder == nil {
 		deps.Recorder = newEventRecorder(deps.Client, cfg.NodeName)

@@ -19,21 +19,3 @@ func DeleteTable(ctx context.Context, nft knftables.Interface) error {
 	}
 	return nil
 }
-
-// NewNFT returns a knftables.Interface for an instance's table of one family.
-func NewNFT(fam Family, tablePrefix, instance string) (knftables.Interface, error) {
-	name := (&Config{TablePrefix: tablePrefix, Instance: instance}).TableName()
-	nft, err := knftables.New(KnftFamily(fam), name)
-	if err != nil {
-		return nil, fmt.Errorf("nftables for table %s %s: %w", KnftFamily(fam), name, err)
-	}
-	return nft, nil
-}
-
-// KnftFamily is the knftables family of a table family.
-func KnftFamily(f Family) knftables.Family {
-	if f == IPv6 {
-		return knftables.IPv6Family
-	}
-	return knftables.IPv4Family
-}

@@ -189,7 +189,8 @@ type Config struct {
 	NodeIPs []netip.Addr
 }
 
-// TableName is the name of the instance's table in this family.
+// TableName is the name of the instance's table in this family (see the function
+// TableName).
 func (c *Config) TableName() string {
-	return c.TablePrefix + "-" + c.Instance
+	return TableName(c.TablePrefix, c.Instance)
 }

@@ -13,7 +13,8 @@ import (
 // Probe checks that this host can run an instance: nft is installed and new enough (the
 // knftables constructor checks that), and the kernel accepts every rule shape the
 // compiler emits, for both families. It changes nothing: the transactions are only
-// checked (`nft --check`), against a table name no instance uses.
+// checked (`nft --check`), against a table name no instance uses. newNFT opens a table:
+// NewNFT on a real host.
 func Probe(ctx context.Context, newNFT func(fam Family, table string) (knftables.Interface, error)) error {
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
@@ -71,11 +72,6 @@ func probeConfigs(fam Family) []probeConfig {
 		{"InterfaceNamePrefix", prefix},
 		{"masqueradeAll", all},
 	}
-}
-
-// RealNFT is the newNFT of Probe for the real host.
-func RealNFT(fam Family, table string) (knftables.Interface, error) {
-	return knftables.New(KnftFamily(fam), table)
 }
 
 // probeServices uses every feature once: both pick chain kinds, affinity, firewall,

@@ -231,7 +231,7 @@ func check(ctx context.Context, w io.Writer, path string, probe bool) error {
 	if !probe {
 		return nil
 	}
-	if err := tables.Probe(ctx, tables.RealNFT); err != nil {
+	if err := tables.Probe(ctx, tables.NewNFT); err != nil {
 		return fmt.Errorf("host probe: %w", err)
 	}
 	fmt.Fprintln(w, "\nhost probe: nft and the kernel accept every rule shape (IPv4 and IPv6)")
@@ -270,7 +270,7 @@ func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
 		}
 		found = true
 		for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-			nft, err := tables.NewNFT(fam, prefix, inst.Name)
+			nft, err := tables.NewNFT(fam, inst.TableName(prefix))
 			if err == nil {
 				err = tables.DeleteTable(ctx, nft)
 			}
@@ -292,7 +292,7 @@ func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
 // it must name tables that exist: a typo fails rather than pretending to clean up.
 func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, prefix string) error {
 	name := opts.instance
-	table := prefix + "-" + name
+	table := tables.TableName(prefix, name)
 	what := fmt.Sprintf("instance %q", name)
 	if opts.config != "" {
 		what = fmt.Sprintf("no instance %q in %s", name, opts.config)
@@ -306,7 +306,7 @@ func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, 
 	deleted := 0
 	var errs []error
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-		names, err := supervisor.ListTables(ctx, fam)
+		names, err := tables.ListTables(ctx, fam)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: looking for its tables: %w", what, err))
 			continue
@@ -314,7 +314,7 @@ func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, 
 		if !slices.Contains(names, table) {
 			continue
 		}
-		nft, err := tables.NewNFT(fam, prefix, name)
+		nft, err := tables.NewNFT(fam, table)
 		if err == nil {
 			err = tables.DeleteTable(ctx, nft)
 		}

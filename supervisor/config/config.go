@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/shardproxy/shardproxy/tables"
 )
 
 // APIVersion and Kind identify a supervisor configuration file.
@@ -160,7 +162,7 @@ type DetectLocal struct {
 
 // TableName is the name of the instance's tables: "<prefix>-<name>".
 func (i *Instance) TableName(prefix string) string {
-	return prefix + "-" + i.Name
+	return tables.TableName(prefix, i.Name)
 }
 
 // Default fills every unset field, taking the node name from $NODE_NAME or the host name.

@@ -124,7 +124,7 @@ func newInstance(name string, slot int) (*benchInstance, error) {
 		Tables:   tableConfig(slot),
 		Families: []tables.Family{tables.IPv4, tables.IPv6},
 		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
-			nft, err := knftables.New(tables.KnftFamily(fam), table, knftables.UseNetlink)
+			nft, err := tables.NewNFT(fam, table)
 			if err != nil {
 				return nil, err
 			}
