@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/shardproxy/shardproxy/selector"
 )
 
 // Tracker holds the current Services and EndpointSlices and remembers which Services'
@@ -104,7 +106,7 @@ func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
 		return
 	}
 	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
-	owner, labelled := sliceService(slice)
+	owner, labelled := selector.ServiceOf(slice)
 	if old, ok := t.sliceOwner[key]; ok && (!labelled || old != owner) {
 		t.removeSlice(key)
 	}
@@ -226,15 +228,6 @@ func (t *Tracker) markDirty(name types.NamespacedName) {
 	if _, ok := t.services[name]; ok {
 		t.dirty[name] = struct{}{}
 	}
-}
-
-// sliceService returns the Service an EndpointSlice belongs to.
-func sliceService(slice *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
-	name := slice.Labels[discoveryv1.LabelServiceName]
-	if name == "" {
-		return types.NamespacedName{}, false
-	}
-	return types.NamespacedName{Namespace: slice.Namespace, Name: name}, true
 }
 
 // sameVersion reports whether two resource versions are known to name the same object

@@ -240,11 +240,11 @@ func (d *Dispatcher) SliceDeleted(slice *discoveryv1.EndpointSlice) {
 }
 
 func (d *Dispatcher) sliceOwners(slice *discoveryv1.EndpointSlice) []string {
-	svc := slice.Labels[discoveryv1.LabelServiceName]
-	if svc == "" {
+	name, ok := ServiceOf(slice)
+	if !ok {
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.owners[types.NamespacedName{Namespace: slice.Namespace, Name: svc}].all
+	return d.owners[name].all
 }

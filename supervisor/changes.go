@@ -84,16 +84,13 @@ func (s *countingSink) DeleteService(name types.NamespacedName) {
 }
 
 func (s *countingSink) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
-	s.counter.endpointsChanged(s.instance, sliceService(slice))
+	name, _ := selector.ServiceOf(slice)
+	s.counter.endpointsChanged(s.instance, name)
 	s.Sink.UpdateEndpointSlice(slice)
 }
 
 func (s *countingSink) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
-	s.counter.endpointsChanged(s.instance, sliceService(slice))
+	name, _ := selector.ServiceOf(slice)
+	s.counter.endpointsChanged(s.instance, name)
 	s.Sink.DeleteEndpointSlice(slice)
-}
-
-// sliceService is the Service an EndpointSlice belongs to.
-func sliceService(slice *discoveryv1.EndpointSlice) types.NamespacedName {
-	return types.NamespacedName{Namespace: slice.Namespace, Name: slice.Labels[discoveryv1.LabelServiceName]}
 }

@@ -7,10 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/tables"
 )
@@ -24,37 +26,33 @@ func Render(cfg *config.Config, instanceName string, services []*corev1.Service,
 	if err != nil {
 		return "", nil, err
 	}
-	s := &Supervisor{cfg: cfg, deps: Deps{InterfaceAddrs: hostAddrs}, logger: klog.Background(), specs: specs, router: router}
-	spec, ok := s.specs[instanceName]
+	spec, ok := specs[instanceName]
 	if !ok {
 		return "", nil, fmt.Errorf("no instance %q in the configuration", instanceName)
 	}
-	base := tables.Config{
-		TablePrefix: cfg.TablePrefix, Instance: spec.Name, Slot: *spec.Slot,
-		MasqueradeBit: *cfg.MasqueradeBit, MasqueradeAll: spec.MasqueradeAll,
-	}
-	s.applyNode(spec, node, &base)
+	base := tableConfigs{cfg: cfg, interfaceAddrs: hostAddrs, logger: klog.Background()}.forInstance(spec, node)
 	info := nodeInfo(cfg.NodeName, node)
 
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
+	bySvc := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	for _, sl := range slices {
-		key := sl.Namespace + "/" + sl.Labels[discoveryv1.LabelServiceName]
-		bySvc[key] = append(bySvc[key], sl)
+		if name, ok := selector.ServiceOf(sl); ok {
+			bySvc[name] = append(bySvc[name], sl)
+		}
 	}
 	models := map[tables.ServiceName]*instance.ServiceModel{}
 	for _, svc := range services {
-		dec := s.router.Route(svc)
+		dec := router.Route(svc)
 		if dec.Rejected != "" {
 			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, dec.Rejected))
 		}
 		if dec.Instance != instanceName {
 			continue
 		}
-		guarded, guardProblems := s.router.Guard(instanceName, svc)
+		guarded, guardProblems := router.Guard(instanceName, svc)
 		for _, p := range guardProblems {
 			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, p))
 		}
-		m := instance.Build(guarded, bySvc[svc.Namespace+"/"+svc.Name], info)
+		m := instance.Build(guarded, bySvc[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], info)
 		if m == nil {
 			continue
 		}

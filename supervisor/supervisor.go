@@ -38,10 +38,13 @@ type Deps struct {
 	Client kubernetes.Interface
 	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
-	// Batches opens the writer of the partial syncs that need no rule text; default,
+	// ElementsPerCommand is how many set elements one nft command carries; default, when
+	// NFT is defaulted too: tables.MaxElementsPerCommand (the nft binary); otherwise 1.
+	ElementsPerCommand int
+	// Direct opens the applier of the partial syncs that need no rule text; default,
 	// when NFT is defaulted too: netlink on the host (tables.NetlinkWriter). Nil after
 	// defaulting: everything goes through NFT.
-	Batches func(cfg tables.Config) (tables.BatchWriter, error)
+	Direct func(cfg tables.Config) (tables.Applier, error)
 	// Conntrack is the kernel's conntrack table; default: netlink. A nil interface after
 	// defaulting (netlink unavailable) disables conntrack cleanup with a log line.
 	Conntrack conntrack.Interface
@@ -76,6 +79,8 @@ type Supervisor struct {
 	cleaner *conntrack.Cleaner
 	router  *selector.Router
 	watches *Watches
+	// tableConfigs maps the configuration to the instances' tables.
+	tableConfigs tableConfigs
 	// dispatcher is set in Run before any instance starts.
 	dispatcher *selector.Dispatcher
 	// slicesOf lists a Service's EndpointSlices from the watch; set in Run with watches.
@@ -103,8 +108,11 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	if deps.NFT == nil {
 		deps.NFT = tables.NewNFT
-		if deps.Batches == nil {
-			deps.Batches = func(cfg tables.Config) (tables.BatchWriter, error) {
+		if deps.ElementsPerCommand == 0 {
+			deps.ElementsPerCommand = tables.MaxElementsPerCommand
+		}
+		if deps.Direct == nil {
+			deps.Direct = func(cfg tables.Config) (tables.Applier, error) {
 				return tables.NewNetlinkWriter(cfg)
 			}
 		}
@@ -135,6 +143,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
 	}
+	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
 	s.fullSyncs.done = make(chan struct{})
 	s.health = healthcheck.NewProxyHealth(nil, func(inst string) time.Duration {
@@ -349,68 +358,23 @@ func runContained(ctx context.Context, p *instance.Proxy) (err error) {
 
 // newInstance builds one instance from its configuration and this node.
 func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*instance.Proxy, error) {
-	cfg := tables.Config{
-		TablePrefix:   s.cfg.TablePrefix,
-		Instance:      spec.Name,
-		Slot:          *spec.Slot,
-		MasqueradeBit: *s.cfg.MasqueradeBit,
-		MasqueradeAll: spec.MasqueradeAll,
-	}
-	s.applyNode(spec, node, &cfg)
+	cfg := s.tableConfigs.forInstance(spec, node)
 	minSync := time.Duration(0)
 	if spec.MinSyncPeriod != nil {
 		minSync = spec.MinSyncPeriod.Duration
 	}
 	return instance.New(instance.Options{
-		Name:           spec.Name,
-		Tables:         cfg,
-		NFT:            s.deps.NFT,
-		Batches:        s.deps.Batches,
-		MinSyncPeriod:  minSync,
-		SyncPeriod:     spec.SyncPeriod.Duration,
-		FullSyncPeriod: spec.FullSyncPeriod.Duration,
-		Node:           nodeInfo(s.cfg.NodeName, node),
-		Observer:       &observer{s: s},
+		Name:               spec.Name,
+		Tables:             cfg,
+		NFT:                s.deps.NFT,
+		Direct:             s.deps.Direct,
+		ElementsPerCommand: s.deps.ElementsPerCommand,
+		MinSyncPeriod:      minSync,
+		SyncPeriod:         spec.SyncPeriod.Duration,
+		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
+		Node:               nodeInfo(s.cfg.NodeName, node),
+		Observer:           &observer{s: s},
 	})
-}
-
-// applyNode fills the node-dependent table settings of an instance.
-func (s *Supervisor) applyNode(spec config.Instance, node *corev1.Node, cfg *tables.Config) {
-	nodeIPs := nodeAddresses(node)
-	cfg.NodeIPs = nodeIPs
-	cfg.NodePortIPs = nil
-	if len(spec.NodePortAddresses) == 0 || slices.Contains(spec.NodePortAddresses, config.NodePortAddressesPrimary) {
-		cfg.NodePortIPs = nodeIPs
-	} else {
-		addrs, err := s.deps.InterfaceAddrs()
-		if err != nil {
-			s.logger.Error(err, "Listing node addresses for nodePortAddresses", "instance", spec.Name)
-		}
-		for _, c := range spec.NodePortAddresses {
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				continue
-			}
-			for _, a := range addrs {
-				if p.Contains(a) && !a.IsLoopback() && !slices.Contains(cfg.NodePortIPs, a) {
-					cfg.NodePortIPs = append(cfg.NodePortIPs, a)
-				}
-			}
-		}
-	}
-	cfg.Local = tables.LocalTraffic{Mode: tables.LocalMode(spec.DetectLocal.Mode)}
-	switch cfg.Local.Mode {
-	case tables.LocalClusterCIDR:
-		cfg.Local.CIDRs = parsePrefixes(spec.DetectLocal.ClusterCIDRs)
-	case tables.LocalNodeCIDR:
-		if node != nil {
-			cfg.Local.CIDRs = parsePrefixes(node.Spec.PodCIDRs)
-		}
-	case tables.LocalBridgeInterface:
-		cfg.Local.Interface = spec.DetectLocal.BridgeInterface
-	case tables.LocalInterfaceNamePrefix:
-		cfg.Local.Interface = spec.DetectLocal.InterfaceNamePrefix
-	}
 }
 
 // waitForNode reads this Node once before the instances start (addresses, pod CIDRs);
@@ -452,7 +416,7 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 		p.SetNode(nodeInfo(s.cfg.NodeName, node))
 		if addrsChanged {
 			spec := s.specs[name]
-			if err := p.Reconfigure(func(cfg *tables.Config) { s.applyNode(spec, node, cfg) }); err != nil {
+			if err := p.Reconfigure(func(cfg *tables.Config) { s.tableConfigs.applyNode(spec, node, cfg) }); err != nil {
 				s.logger.Error(err, "Reconfiguring instance for new node addresses", "instance", name)
 			}
 		}
@@ -465,34 +429,6 @@ func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {
 		info.Labels = node.Labels
 	}
 	return info
-}
-
-// nodeAddresses are the node's InternalIPs, sorted.
-func nodeAddresses(node *corev1.Node) []netip.Addr {
-	if node == nil {
-		return nil
-	}
-	var out []netip.Addr
-	for _, a := range node.Status.Addresses {
-		if a.Type != corev1.NodeInternalIP {
-			continue
-		}
-		if ip, err := netip.ParseAddr(a.Address); err == nil {
-			out = append(out, ip.Unmap())
-		}
-	}
-	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
-	return out
-}
-
-func parsePrefixes(in []string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, c := range in {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // countedHealth wraps the health handler to count answers in the kube-proxy metrics.

@@ -60,11 +60,11 @@ func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool)
 		if !ok {
 			return nil, nil
 		}
-		svc := sl.Labels[discoveryv1.LabelServiceName]
-		if svc == "" {
+		name, ok := selector.ServiceOf(sl)
+		if !ok {
 			return nil, nil
 		}
-		return []string{sl.Namespace + "/" + svc}, nil
+		return []string{name.String()}, nil
 	}}); err != nil {
 		return nil, fmt.Errorf("indexing EndpointSlices: %w", err)
 	}
