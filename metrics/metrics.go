@@ -75,11 +75,10 @@ type Metrics struct {
 	conntrackDeleted  *prometheus.CounterVec
 	syncOperations    *prometheus.HistogramVec
 
-	// perInstance lists every vector with an "instance" label, so that
-	// ForgetInstance cannot miss one added later.
-	perInstance []interface {
-		DeletePartialMatch(prometheus.Labels) int
-	}
+	// instanceVectors are the vectors with an "instance" label, as perInstance and
+	// perInstanceTimestamp register them: ForgetInstance and InitInstance go through
+	// them, so a metric is defined in one place, New.
+	instanceVectors []instanceVector
 }
 
 // syncLatencyBuckets matches upstream kube-proxy: 1ms doubling to ~16s.
@@ -107,189 +106,142 @@ func syncOperationsBuckets() []float64 {
 
 // New returns a Metrics whose collectors, plus the Go runtime and process
 // collectors, are registered on a fresh registry of its own.
+//
+// Each metric is defined by one statement here: perInstance, perInstanceTimestamp or
+// nodeWide registers it and makes InitInstance and ForgetInstance cover it.
 func New() *Metrics {
 	inst := []string{labelInstance}
-	m := &Metrics{
-		registry: prometheus.NewRegistry(),
-
-		syncLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_duration_seconds",
-			Help:      "SyncProxyRules latency in seconds",
-			Buckets:   syncLatencyBuckets(),
-		}, inst),
-		syncFullLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_full_proxy_rules_duration_seconds",
-			Help:      "SyncProxyRules latency in seconds for full resyncs",
-			Buckets:   syncLatencyBuckets(),
-		}, inst),
-		syncPartialLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_partial_proxy_rules_duration_seconds",
-			Help:      "SyncProxyRules latency in seconds for partial resyncs",
-			Buckets:   syncLatencyBuckets(),
-		}, inst),
-		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_last_timestamp_seconds",
-			Help:      "The last time proxy rules were successfully synced",
-		}, inst),
-		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_last_queued_timestamp_seconds",
-			Help:      "The last time a sync of proxy rules was queued",
-		}, inst),
-		networkProgramming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "network_programming_duration_seconds",
-			Help:      "In Cluster Network Programming Latency in seconds",
-			Buckets:   networkProgrammingBuckets(),
-		}, inst),
-		endpointChangesPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_endpoint_changes_pending",
-			Help:      "Pending proxy rules Endpoint changes",
-		}, inst),
-		endpointChangesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_endpoint_changes_total",
-			Help:      "Cumulative proxy rules Endpoint changes",
-		}, inst),
-		serviceChangesPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_service_changes_pending",
-			Help:      "Pending proxy rules Service changes",
-		}, inst),
-		serviceChangesTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_service_changes_total",
-			Help:      "Cumulative proxy rules Service changes",
-		}, inst),
-		// Upstream made this a gauge despite the _total suffix; the name is
-		// kept so existing alerts still match.
-		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_no_local_endpoints_total",
-			Help:      "Number of services with a Local traffic policy and no endpoints",
-		}, []string{labelInstance, labelTrafficPolicy}),
-		syncFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_nftables_sync_failures_total",
-			Help:      "Cumulative proxy nftables sync failures",
-		}, inst),
-		cleanupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "sync_proxy_rules_nftables_cleanup_failures_total",
-			Help:      "Cumulative proxy nftables cleanup failures",
-		}, inst),
-
-		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "proxy_healthz_total",
-			Help:      "Cumulative proxy healthz HTTP status",
-		}, []string{labelCode}),
-		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "proxy_livez_total",
-			Help:      "Cumulative proxy livez HTTP status",
-		}, []string{labelCode}),
-		conntrackReconcilerDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Subsystem: kubeProxySubsystem,
-			Name:      "conntrack_reconciler_deleted_entries_total",
-			Help:      "Cumulative conntrack flows deleted by conntrack reconciler",
-		}, []string{labelIPFamily}),
-
-		instanceUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "instance_up",
-			Help:      "Whether the proxy instance is running and has synced its rules (1) or not (0)",
-		}, inst),
-		instanceRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "instance_restarts_total",
-			Help:      "Times the supervisor restarted the proxy instance",
-		}, inst),
-		instanceServices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "instance_services",
-			Help:      "Services currently owned by the proxy instance",
-		}, inst),
-		instanceEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "instance_endpoints",
-			Help:      "Endpoints of the Services currently owned by the proxy instance",
-		}, inst),
-		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "handovers_total",
-			Help:      "Services moved from one proxy instance to another",
-		}, []string{labelFrom, labelTo}),
-		conntrackDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "conntrack_deleted_entries_total",
-			Help:      "Conntrack entries deleted on behalf of the proxy instance",
-		}, inst),
-		syncOperations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: shardproxyNamespace,
-			Name:      "sync_operations",
-			Help:      "nftables operations per sync transaction",
-			Buckets:   syncOperationsBuckets(),
-		}, []string{labelInstance, labelKind}),
-	}
-
+	m := &Metrics{registry: prometheus.NewRegistry()}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-
-		m.syncLatency,
-		m.syncFullLatency,
-		m.syncPartialLatency,
-		m.lastSync,
-		m.lastQueued,
-		m.networkProgramming,
-		m.endpointChangesPending,
-		m.endpointChangesTotal,
-		m.serviceChangesPending,
-		m.serviceChangesTotal,
-		m.noLocalEndpoints,
-		m.syncFailures,
-		m.cleanupFailures,
-		m.healthz,
-		m.livez,
-		m.conntrackReconcilerDeleted,
-		m.instanceUp,
-		m.instanceRestarts,
-		m.instanceServices,
-		m.instanceEndpoints,
-		m.handovers,
-		m.conntrackDeleted,
-		m.syncOperations,
 	)
 
-	m.perInstance = []interface {
-		DeletePartialMatch(prometheus.Labels) int
-	}{
-		m.syncLatency,
-		m.syncFullLatency,
-		m.syncPartialLatency,
-		m.lastSync,
-		m.lastQueued,
-		m.networkProgramming,
-		m.endpointChangesPending,
-		m.endpointChangesTotal,
-		m.serviceChangesPending,
-		m.serviceChangesTotal,
-		m.noLocalEndpoints,
-		m.syncFailures,
-		m.cleanupFailures,
-		m.instanceUp,
-		m.instanceRestarts,
-		m.instanceServices,
-		m.instanceEndpoints,
-		m.conntrackDeleted,
-		m.syncOperations,
-	}
+	m.syncLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_duration_seconds",
+		Help:      "SyncProxyRules latency in seconds",
+		Buckets:   syncLatencyBuckets(),
+	}, inst))
+	m.syncFullLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_full_proxy_rules_duration_seconds",
+		Help:      "SyncProxyRules latency in seconds for full resyncs",
+		Buckets:   syncLatencyBuckets(),
+	}, inst))
+	m.syncPartialLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_partial_proxy_rules_duration_seconds",
+		Help:      "SyncProxyRules latency in seconds for partial resyncs",
+		Buckets:   syncLatencyBuckets(),
+	}, inst))
+	m.lastSync = perInstanceTimestamp(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_last_timestamp_seconds",
+		Help:      "The last time proxy rules were successfully synced",
+	}, inst))
+	m.lastQueued = perInstanceTimestamp(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_last_queued_timestamp_seconds",
+		Help:      "The last time a sync of proxy rules was queued",
+	}, inst))
+	m.networkProgramming = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "network_programming_duration_seconds",
+		Help:      "In Cluster Network Programming Latency in seconds",
+		Buckets:   networkProgrammingBuckets(),
+	}, inst))
+	m.endpointChangesPending = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_endpoint_changes_pending",
+		Help:      "Pending proxy rules Endpoint changes",
+	}, inst))
+	m.endpointChangesTotal = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_endpoint_changes_total",
+		Help:      "Cumulative proxy rules Endpoint changes",
+	}, inst))
+	m.serviceChangesPending = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_service_changes_pending",
+		Help:      "Pending proxy rules Service changes",
+	}, inst))
+	m.serviceChangesTotal = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_service_changes_total",
+		Help:      "Cumulative proxy rules Service changes",
+	}, inst))
+	// Upstream made this a gauge despite the _total suffix; the name is kept so
+	// existing alerts still match.
+	m.noLocalEndpoints = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_no_local_endpoints_total",
+		Help:      "Number of services with a Local traffic policy and no endpoints",
+	}, []string{labelInstance, labelTrafficPolicy}), trafficPolicyInternal, trafficPolicyExternal)
+	m.syncFailures = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_nftables_sync_failures_total",
+		Help:      "Cumulative proxy nftables sync failures",
+	}, inst))
+	m.cleanupFailures = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "sync_proxy_rules_nftables_cleanup_failures_total",
+		Help:      "Cumulative proxy nftables cleanup failures",
+	}, inst))
+
+	m.healthz = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "proxy_healthz_total",
+		Help:      "Cumulative proxy healthz HTTP status",
+	}, []string{labelCode}))
+	m.livez = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "proxy_livez_total",
+		Help:      "Cumulative proxy livez HTTP status",
+	}, []string{labelCode}))
+	m.conntrackReconcilerDeleted = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "conntrack_reconciler_deleted_entries_total",
+		Help:      "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{labelIPFamily}))
+
+	m.instanceUp = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "instance_up",
+		Help:      "Whether the proxy instance is running and has synced its rules (1) or not (0)",
+	}, inst))
+	m.instanceRestarts = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "instance_restarts_total",
+		Help:      "Times the supervisor restarted the proxy instance",
+	}, inst))
+	m.instanceServices = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "instance_services",
+		Help:      "Services currently owned by the proxy instance",
+	}, inst))
+	m.instanceEndpoints = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "instance_endpoints",
+		Help:      "Endpoints of the Services currently owned by the proxy instance",
+	}, inst))
+	// Labelled by two instances rather than one: ForgetInstance deletes it by hand.
+	m.handovers = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "handovers_total",
+		Help:      "Services moved from one proxy instance to another",
+	}, []string{labelFrom, labelTo}))
+	m.conntrackDeleted = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "conntrack_deleted_entries_total",
+		Help:      "Conntrack entries deleted on behalf of the proxy instance",
+	}, inst))
+	m.syncOperations = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "sync_operations",
+		Help:      "nftables operations per sync transaction",
+		Buckets:   syncOperationsBuckets(),
+	}, []string{labelInstance, labelKind}), kindFull, kindPartial)
 
 	// Built once: HandlerOpts.Registry registers promhttp's own error
 	// counter, which must happen only once per registry.
@@ -297,6 +249,56 @@ func New() *Metrics {
 		Registry: m.registry,
 	})
 	return m
+}
+
+// vector is a labelled collector whose series are of type T (a Counter, Gauge or
+// Observer).
+type vector[T any] interface {
+	prometheus.Collector
+	WithLabelValues(lvs ...string) T
+	DeletePartialMatch(labels prometheus.Labels) int
+}
+
+// instanceVector is one registered vector with an "instance" label.
+type instanceVector struct {
+	// forget deletes the series of the label values given.
+	forget func(prometheus.Labels) int
+	// init creates an instance's series at zero; nil for timestamps.
+	init func(instance string)
+}
+
+// nodeWide registers v, a vector without an instance label, on m's registry.
+func nodeWide[V vector[T], T any](m *Metrics, v V) V {
+	m.registry.MustRegister(v)
+	return v
+}
+
+// perInstance registers v, a vector whose first label is the instance, on m's
+// registry: ForgetInstance deletes its series, and InitInstance creates them at zero,
+// one per value of others for v's second label (none: v has the instance label only).
+func perInstance[V vector[T], T any](m *Metrics, v V, others ...string) V {
+	m.registry.MustRegister(v)
+	m.instanceVectors = append(m.instanceVectors, instanceVector{
+		forget: v.DeletePartialMatch,
+		init: func(instance string) {
+			if len(others) == 0 {
+				v.WithLabelValues(instance)
+			}
+			for _, o := range others {
+				v.WithLabelValues(instance, o)
+			}
+		},
+	})
+	return v
+}
+
+// perInstanceTimestamp is perInstance for a timestamp gauge: InitInstance leaves it
+// out on purpose, as 0 would read as "last synced in 1970" and fire staleness alerts
+// before the first sync.
+func perInstanceTimestamp[V vector[T], T any](m *Metrics, v V) V {
+	m.registry.MustRegister(v)
+	m.instanceVectors = append(m.instanceVectors, instanceVector{forget: v.DeletePartialMatch})
+	return v
 }
 
 // Registry returns the registry all of m's collectors are registered on,
@@ -315,27 +317,11 @@ func (m *Metrics) Handler() http.Handler {
 // that rate(), increase() and absent() work before the first event (a
 // counter that first appears at 1 loses that increment).
 func (m *Metrics) InitInstance(instance string) {
-	m.syncLatency.WithLabelValues(instance)
-	m.syncFullLatency.WithLabelValues(instance)
-	m.syncPartialLatency.WithLabelValues(instance)
-	m.networkProgramming.WithLabelValues(instance)
-	m.endpointChangesPending.WithLabelValues(instance)
-	m.endpointChangesTotal.WithLabelValues(instance)
-	m.serviceChangesPending.WithLabelValues(instance)
-	m.serviceChangesTotal.WithLabelValues(instance)
-	m.noLocalEndpoints.WithLabelValues(instance, trafficPolicyInternal)
-	m.noLocalEndpoints.WithLabelValues(instance, trafficPolicyExternal)
-	m.syncFailures.WithLabelValues(instance)
-	m.cleanupFailures.WithLabelValues(instance)
-	m.instanceUp.WithLabelValues(instance)
-	m.instanceRestarts.WithLabelValues(instance)
-	m.instanceServices.WithLabelValues(instance)
-	m.instanceEndpoints.WithLabelValues(instance)
-	m.conntrackDeleted.WithLabelValues(instance)
-	m.syncOperations.WithLabelValues(instance, kindFull)
-	m.syncOperations.WithLabelValues(instance, kindPartial)
-	// The timestamps are left out on purpose: 0 would read as "last synced
-	// in 1970" and fire staleness alerts before the first sync.
+	for _, v := range m.instanceVectors {
+		if v.init != nil {
+			v.init(instance)
+		}
+	}
 }
 
 // ObserveSync records one sync of instance's rules that took d and ran ops
@@ -461,8 +447,8 @@ func (m *Metrics) LivezResult(code int) {
 // The node-wide series (healthz, livez, the reconciler's conntrack
 // counter) are not per instance and are kept.
 func (m *Metrics) ForgetInstance(instance string) {
-	for _, v := range m.perInstance {
-		v.DeletePartialMatch(prometheus.Labels{labelInstance: instance})
+	for _, v := range m.instanceVectors {
+		v.forget(prometheus.Labels{labelInstance: instance})
 	}
 	m.handovers.DeletePartialMatch(prometheus.Labels{labelFrom: instance})
 	m.handovers.DeletePartialMatch(prometheus.Labels{labelTo: instance})
