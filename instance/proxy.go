@@ -39,9 +39,13 @@ type Options struct {
 	Families []tables.Family
 	// NFT opens the knftables interface of one family's table.
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
-	// Batches, if set, opens the writer for the partial syncs that need no rule text
+	// ElementsPerCommand is how many set elements one nft command carries:
+	// tables.MaxElementsPerCommand for the nft binary; 0 or 1, one each, as knftables'
+	// Fake needs.
+	ElementsPerCommand int
+	// Direct, if set, opens the applier for the partial syncs that need no rule text
 	// (tables.NetlinkWriter on a real node); nil sends everything through NFT.
-	Batches func(cfg tables.Config) (tables.BatchWriter, error)
+	Direct func(cfg tables.Config) (tables.Applier, error)
 	// MinSyncPeriod is the shortest time between two syncs.
 	MinSyncPeriod time.Duration
 	// SyncPeriod is the longest time without a sync (a partial one that checks the table
@@ -164,12 +168,13 @@ func New(opts Options) (*Proxy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
 		}
-		if opts.Batches != nil {
-			w, err := opts.Batches(cfg)
+		s.SetElementsPerCommand(opts.ElementsPerCommand)
+		if opts.Direct != nil {
+			a, err := opts.Direct(cfg)
 			if err != nil {
 				return nil, fmt.Errorf("instance %q: %w", opts.Name, err)
 			}
-			s.WriteBatchesWith(w)
+			s.SetDirect(a)
 		}
 		p.syncers[fam] = s
 	}

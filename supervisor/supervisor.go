@@ -38,10 +38,13 @@ type Deps struct {
 	Client kubernetes.Interface
 	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
-	// Batches opens the writer of the partial syncs that need no rule text; default,
+	// ElementsPerCommand is how many set elements one nft command carries; default, when
+	// NFT is defaulted too: tables.MaxElementsPerCommand (the nft binary); otherwise 1.
+	ElementsPerCommand int
+	// Direct opens the applier of the partial syncs that need no rule text; default,
 	// when NFT is defaulted too: netlink on the host (tables.NetlinkWriter). Nil after
 	// defaulting: everything goes through NFT.
-	Batches func(cfg tables.Config) (tables.BatchWriter, error)
+	Direct func(cfg tables.Config) (tables.Applier, error)
 	// Conntrack is the kernel's conntrack table; default: netlink. A nil interface after
 	// defaulting (netlink unavailable) disables conntrack cleanup with a log line.
 	Conntrack conntrack.Interface
@@ -105,8 +108,11 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	if deps.NFT == nil {
 		deps.NFT = tables.NewNFT
-		if deps.Batches == nil {
-			deps.Batches = func(cfg tables.Config) (tables.BatchWriter, error) {
+		if deps.ElementsPerCommand == 0 {
+			deps.ElementsPerCommand = tables.MaxElementsPerCommand
+		}
+		if deps.Direct == nil {
+			deps.Direct = func(cfg tables.Config) (tables.Applier, error) {
 				return tables.NewNetlinkWriter(cfg)
 			}
 		}
@@ -358,15 +364,16 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		minSync = spec.MinSyncPeriod.Duration
 	}
 	return instance.New(instance.Options{
-		Name:           spec.Name,
-		Tables:         cfg,
-		NFT:            s.deps.NFT,
-		Batches:        s.deps.Batches,
-		MinSyncPeriod:  minSync,
-		SyncPeriod:     spec.SyncPeriod.Duration,
-		FullSyncPeriod: spec.FullSyncPeriod.Duration,
-		Node:           nodeInfo(s.cfg.NodeName, node),
-		Observer:       &observer{s: s},
+		Name:               spec.Name,
+		Tables:             cfg,
+		NFT:                s.deps.NFT,
+		Direct:             s.deps.Direct,
+		ElementsPerCommand: s.deps.ElementsPerCommand,
+		MinSyncPeriod:      minSync,
+		SyncPeriod:         spec.SyncPeriod.Duration,
+		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
+		Node:               nodeInfo(s.cfg.NodeName, node),
+		Observer:           &observer{s: s},
 	})
 }
 

@@ -97,17 +97,11 @@ type compiled struct {
 	// shared are ids of elements several ports may want (cluster IPs, hairpin pairs):
 	// refcounted.
 	shared []string
-	// chains are the shared pick chains the elements jump to (refcounted).
-	chains []string
-	// ownChains and ownSets belong to this port alone (ClientIP affinity).
-	ownChains []ownedChain
-	ownSets   []string
-}
-
-// ownedChain is a chain only one Service port uses, with its rules.
-type ownedChain struct {
-	name  string
-	rules []string
+	// pick are the shared pick chains the elements jump to (refcounted).
+	pick []string
+	// objects are the chains and sets of this port alone (ClientIP affinity); their maps
+	// are nil for other ports.
+	objects portObjects
 }
 
 // compiler turns ServicePorts into elements and knows the family's tokens.
@@ -139,9 +133,9 @@ func newCompiler(cfg *Config) *compiler {
 	return c
 }
 
-// compile computes the elements of one Service port. Entries for which owned returns
+// compile computes the elements of one Service port. Entries for which mayTake returns
 // false are left out (another port already serves that address and port).
-func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
+func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *compiled {
 	out := &compiled{entries: map[string][]string{}}
 	if !c.cfg.Family.Contains(sp.ClusterIP) || sp.Port == 0 {
 		return out
@@ -207,7 +201,7 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 
 	// The cluster IP.
 	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
-	if owned(entryID(cip)) {
+	if mayTake(entryID(cip)) {
 		if len(internal) > 0 {
 			dispatch(cip, internal, classInternal)
 		} else {
@@ -252,7 +246,7 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		// An external address that is also the cluster IP (or a NodePort on a node IP
 		// listed as external, with the same port) is one entry: the first treatment wins,
 		// as the first rule would upstream, and no element is written twice.
-		if en == cip || !owned(entryID(en)) {
+		if en == cip || !mayTake(entryID(en)) {
 			continue
 		}
 		if sp.ExternalLocal {
@@ -296,9 +290,9 @@ func (c *compiler) compile(sp *ServicePort, owned func(string) bool) *compiled {
 		out.shared = append(out.shared, element{set: setHairpin, key: []string{ip, ip}}.id())
 	}
 	for ch := range chains {
-		out.chains = append(out.chains, ch)
+		out.pick = append(out.pick, ch)
 	}
-	slices.Sort(out.chains)
+	slices.Sort(out.pick)
 	if aff != nil {
 		aff.finish()
 	}
@@ -332,6 +326,7 @@ func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
 	spn.Protocol = sp.Protocol
 	// The timeout is part of the id: sets cannot change their timeout in place.
 	id := portID(spn, sp.AffinityTimeout)
+	out.objects = newPortObjects()
 	return &affinity{c: c, sp: sp, out: out, id: id, classes: map[string]bool{}, eps: map[Endpoint]bool{}}
 }
 
@@ -356,25 +351,19 @@ func (a *affinity) chain(class string, eps []Endpoint) string {
 		picks = append(picks, fmt.Sprintf("%d : goto %s", i, a.epChain(ep)))
 	}
 	rules = append(rules, fmt.Sprintf("numgen random mod %d vmap { %s }", len(eps), strings.Join(picks, " , ")))
-	a.out.ownChains = append(a.out.ownChains, ownedChain{name: name, rules: rules})
+	a.out.objects.chains[name] = rules
 	return name
 }
 
 // finish adds the per-endpoint chains and sets the class chains jump to.
 func (a *affinity) finish() {
-	eps := make([]Endpoint, 0, len(a.eps))
 	for ep := range a.eps {
-		eps = append(eps, ep)
-	}
-	slices.SortFunc(eps, func(x, y Endpoint) int { return strings.Compare(x.String(), y.String()) })
-	for _, ep := range eps {
-		a.out.ownSets = append(a.out.ownSets, a.epSet(ep))
-		a.out.ownChains = append(a.out.ownChains, ownedChain{name: a.epChain(ep), rules: []string{
+		a.out.objects.sets[a.epSet(ep)] = a.sp.AffinityTimeout
+		a.out.objects.chains[a.epChain(ep)] = []string{
 			fmt.Sprintf("update @%s { %s saddr }", a.epSet(ep), a.c.ip),
 			fmt.Sprintf("meta l4proto %s dnat %s to %s", a.sp.Protocol, a.c.ip, ep),
-		}})
+		}
 	}
-	slices.SortFunc(a.out.ownChains, func(x, y ownedChain) int { return strings.Compare(x.name, y.name) })
 }
 
 // affinitySet is the set object of an affinity endpoint.
@@ -492,9 +481,15 @@ func (c *compiler) entryKey() string {
 	return c.ip + " daddr . meta l4proto . th dport"
 }
 
-// skeleton returns the fixed sets, maps and chains with their rules.
-func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knftables.Map, chains []*knftables.Chain, rules []*knftables.Rule) {
+// skeleton returns the table with its fixed sets, maps and chains and their rules.
+func (c *compiler) skeleton(prio Priorities) *Skeleton {
 	ip, at := c.ip, c.addrTyp
+	var (
+		sets   []*knftables.Set
+		maps   []*knftables.Map
+		chains []*knftables.Chain
+		rules  []*knftables.Rule
+	)
 	entryType := at + " . inet_proto . inet_service"
 	sets = []*knftables.Set{
 		{Name: setClusterIPs, Type: at, Comment: ptr("cluster IPs of this instance's Services")},
@@ -574,7 +569,8 @@ func (c *compiler) skeleton(prio Priorities) (sets []*knftables.Set, maps []*knf
 	m := c.masqMark()
 	rule(chainNATPostrouting, "meta mark &", m, "!= 0 meta mark set meta mark xor", m, "masquerade fully-random")
 	rule(chainNATPostrouting, "ct status dnat", ip, "saddr .", ip, "daddr", "@"+setHairpin, "masquerade fully-random")
-	return sets, maps, chains, rules
+	table := &knftables.Table{Comment: ptr("shardproxy instance " + c.cfg.Instance)}
+	return &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: rules}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -57,7 +57,8 @@ func contentDump(fake *knftables.Fake) string {
 // skeletonNames are the sets, maps and chains of every table ("set NAME", ...).
 func skeletonNames() map[string]bool {
 	cfg := testConfig(IPv4)
-	sets, maps, chains, _ := newCompiler(&cfg).skeleton(Priorities{})
+	sk := newCompiler(&cfg).skeleton(Priorities{})
+	sets, maps, chains := sk.Sets, sk.Maps, sk.Chains
 	out := map[string]bool{}
 	for _, st := range sets {
 		out["set "+st.Name] = true

@@ -95,6 +95,18 @@ func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Inte
 	return nft
 }
 
+// kernelSyncer is a Syncer for cfg's table in namespace ns, writing through the real nft
+// with as many elements per command as on a node.
+func kernelSyncer(t *testing.T, ns string, cfg Config) *Syncer {
+	t.Helper()
+	s, err := NewSyncer(cfg, kernelNFT(t, ns, cfg.Family, cfg.TableName()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetElementsPerCommand(MaxElementsPerCommand)
+	return s
+}
+
 func nftIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
@@ -112,11 +124,7 @@ func TestKernelAcceptsRules(t *testing.T) {
 		t.Run(fam.String(), func(t *testing.T) {
 			ns := newNetns(t)
 			cfg := testConfig(fam)
-			nft := kernelNFT(t, ns, fam, cfg.TableName())
-			s, err := NewSyncer(cfg, nft)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := kernelSyncer(t, ns, cfg)
 			ctx := context.Background()
 			svcs := featureServices(fam)
 			if _, err := s.Full(ctx, svcs); err != nil {
@@ -249,10 +257,7 @@ func TestDeleteTableTouchesOnlyItsOwn(t *testing.T) {
 		for _, fam := range []Family{IPv4, IPv6} {
 			cfg := testConfig(fam)
 			cfg.Instance, cfg.Slot = inst, i
-			s, err := NewSyncer(cfg, kernelNFT(t, ns, fam, cfg.TableName()))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := kernelSyncer(t, ns, cfg)
 			if _, err := s.Full(ctx, featureServices(fam)); err != nil {
 				t.Fatalf("%s %s: %v", inst, fam, err)
 			}

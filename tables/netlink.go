@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/knftables"
 )
 
-// NetlinkWriter writes Batches to one table straight over netlink, without the nft
-// binary. nft 1.0.6 dumps every chain and every set of the node before it runs any
+// NetlinkWriter applies Diffs that need no rule text to one table straight over netlink,
+// without the nft binary. nft 1.0.6 dumps every chain and every set of the node before it runs any
 // transaction (measured at 30,000 Services: 0.7 MB of chains and 1.3 MB of sets, ~30 ms
 // of a ~40 ms one-element transaction), so through nft a partial sync grows with the
 // cluster and with every other table on the node; through this writer it costs what it
@@ -32,7 +32,7 @@ type NetlinkWriter struct {
 
 // NewNetlinkWriter returns a writer for cfg's table. opts reach the netlink connection
 // (e.g. nftables.WithNetNSFd to write into another network namespace); by default each
-// batch opens a socket in the caller's namespace.
+// Apply opens a socket in the caller's namespace.
 func NewNetlinkWriter(cfg Config, opts ...nftables.ConnOption) (*NetlinkWriter, error) {
 	schemas, err := schemasOf(cfg)
 	if err != nil {
@@ -49,42 +49,91 @@ func NewNetlinkWriter(cfg Config, opts ...nftables.ConnOption) (*NetlinkWriter, 
 	}, nil
 }
 
+var _ Applier = &NetlinkWriter{}
+
 // netlinkChunk bounds the elements of one netlink message.
 const netlinkChunk = 256
 
-// WriteBatch implements BatchWriter.
-func (w *NetlinkWriter) WriteBatch(_ context.Context, b *Batch) error {
+// MaxNetlinkElements bounds the elements of a Diff the Syncer sends through a
+// NetlinkWriter; a larger change goes through nft, whose fixed cost is then small beside
+// the work. It keeps a transaction well inside one netlink message buffer (the kernel
+// refuses a send larger than the socket's send buffer, 208 KiB by default; an IPv6 map
+// element is ~100 bytes).
+const MaxNetlinkElements = 1000
+
+// MaxNetlinkMessages bounds the netlink messages of one transaction. google/nftables
+// v0.3.0 asks the kernel to acknowledge every message and reads the acknowledgements
+// only after sending them all; the kernel queues them in the socket's receive buffer
+// (208 KiB by default, ~700 bytes each), so past ~280 messages the transaction is
+// applied but reported as failed (ENOBUFS) and the next sync would be a needless full
+// one. Deleting a ClientIP-affinity Service with 100 endpoints takes ~300 (a flush and a
+// delete per chain, a delete per set); such a sync goes through nft.
+const MaxNetlinkMessages = 128
+
+// fitsNetlink reports whether a NetlinkWriter can apply d: no rule text, and small
+// enough for one netlink round trip.
+func fitsNetlink(d *Diff) bool {
+	return !d.NeedsRuleText() && len(d.AddElements)+len(d.DeleteElements) <= MaxNetlinkElements &&
+		netlinkMessages(d) <= MaxNetlinkMessages
+}
+
+// netlinkMessages counts the messages NetlinkWriter sends for d: one per set and
+// netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
+func netlinkMessages(d *Diff) int {
+	n := len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets)
+	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
+		run := 0
+		for i, id := range ids {
+			if i == 0 || run == netlinkChunk || idSet(id) != idSet(ids[i-1]) {
+				n++
+				run = 0
+			}
+			run++
+		}
+	}
+	return n
+}
+
+// Apply implements Applier, for Diffs that need no rule text.
+func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
+	if d.NeedsRuleText() {
+		return fmt.Errorf("table %s: a change that writes rules or creates objects cannot go over netlink", w.table.Name)
+	}
+	if d.Len() == 0 {
+		return nil
+	}
 	conn, err := nftables.New(w.opts...)
 	if err != nil {
 		return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
 	}
-	if err := w.queueElements(conn, b.DeleteElements, true); err != nil {
+	if err := w.queueElements(conn, d.DeleteElements, true); err != nil {
 		return err
 	}
-	for _, ch := range b.FlushChains {
+	for _, ch := range d.FlushChains {
 		conn.FlushChain(&nftables.Chain{Name: ch, Table: w.table})
 	}
-	if err := w.queueElements(conn, b.AddElements, false); err != nil {
+	if err := w.queueElements(conn, d.AddElements, false); err != nil {
 		return err
 	}
-	for _, ch := range b.DeleteChains {
+	for _, ch := range d.DeleteChains {
 		conn.DelChain(&nftables.Chain{Name: ch, Table: w.table})
 	}
-	for _, st := range b.DeleteSets {
+	for _, st := range d.DeleteSets {
 		conn.DelSet(&nftables.Set{Name: st, Table: w.table})
 	}
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("netlink batch of %d operations on table %s: %w", b.Len(), w.table.Name, err)
+		return fmt.Errorf("netlink transaction of %d operations on table %s: %w", d.Len(), w.table.Name, err)
 	}
 	return nil
 }
 
-// queueElements encodes elems and queues them, one message per set and chunk, in order.
-func (w *NetlinkWriter) queueElements(conn *nftables.Conn, elems []*knftables.Element, del bool) error {
-	for len(elems) > 0 {
-		name := elementSet(elems[0])
+// queueElements encodes the elements of ids (sorted, so each set's are together) and
+// queues them, one message per set and chunk, in order.
+func (w *NetlinkWriter) queueElements(conn *nftables.Conn, ids []string, del bool) error {
+	for len(ids) > 0 {
+		name := idSet(ids[0])
 		n := 1
-		for n < len(elems) && n < netlinkChunk && elementSet(elems[n]) == name {
+		for n < len(ids) && n < netlinkChunk && idSet(ids[n]) == name {
 			n++
 		}
 		sc, ok := w.schemas[name]
@@ -92,9 +141,9 @@ func (w *NetlinkWriter) queueElements(conn *nftables.Conn, elems []*knftables.El
 			return fmt.Errorf("table %s: no element layout known for set %q", w.table.Name, name)
 		}
 		out := make([]nftables.SetElement, n)
-		for i, el := range elems[:n] {
+		for i, id := range ids[:n] {
 			var err error
-			if out[i], err = sc.encode(el, del); err != nil {
+			if out[i], err = sc.encode(elementFromID(id).object(), del); err != nil {
 				return fmt.Errorf("table %s set %s: %w", w.table.Name, name, err)
 			}
 		}
@@ -108,16 +157,9 @@ func (w *NetlinkWriter) queueElements(conn *nftables.Conn, elems []*knftables.El
 		if err != nil {
 			return fmt.Errorf("table %s set %s: %w", w.table.Name, name, err)
 		}
-		elems = elems[n:]
+		ids = ids[n:]
 	}
 	return nil
-}
-
-func elementSet(el *knftables.Element) string {
-	if el.Map != "" {
-		return el.Map
-	}
-	return el.Set
 }
 
 // field is one part of a key or value, with nft's encoding of it.
@@ -146,9 +188,9 @@ func schemasOf(cfg Config) (map[string]setSchema, error) {
 	if err != nil {
 		return nil, err
 	}
-	sets, maps, _, _ := newCompiler(&cfg).skeleton(prio)
+	sk := newCompiler(&cfg).skeleton(prio)
 	out := map[string]setSchema{}
-	for _, s := range sets {
+	for _, s := range sk.Sets {
 		spec, typeOf := s.Type, s.TypeOf != ""
 		if typeOf {
 			spec = s.TypeOf
@@ -165,7 +207,7 @@ func schemasOf(cfg Config) (map[string]setSchema, error) {
 		}
 		out[s.Name] = sc
 	}
-	for _, m := range maps {
+	for _, m := range sk.Maps {
 		spec, typeOf := m.Type, m.TypeOf != ""
 		if typeOf {
 			spec = m.TypeOf

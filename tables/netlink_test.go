@@ -19,29 +19,32 @@ import (
 	"sigs.k8s.io/knftables"
 )
 
-// fakeBatchWriter applies batches to a knftables.Fake, in the order NetlinkWriter sends
-// them, counting what it got.
-type fakeBatchWriter struct {
+// fakeNetlink applies Diffs to a knftables.Fake as NetlinkWriter applies them to the
+// kernel (refusing those with rule text, in the same order), counting what it got.
+type fakeNetlink struct {
 	fake    *knftables.Fake
-	batches int
+	applied int
 }
 
-func (w *fakeBatchWriter) WriteBatch(ctx context.Context, b *Batch) error {
-	w.batches++
-	tx := w.fake.NewTransaction()
-	for _, el := range b.DeleteElements {
-		tx.Delete(el)
+func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
+	if d.NeedsRuleText() {
+		return fmt.Errorf("a Diff with rule text reached the netlink applier")
 	}
-	for _, ch := range b.FlushChains {
+	w.applied++
+	tx := w.fake.NewTransaction()
+	for _, id := range d.DeleteElements {
+		tx.Delete(elementFromID(id).object())
+	}
+	for _, ch := range d.FlushChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	for _, el := range b.AddElements {
-		tx.Add(el)
+	for _, id := range d.AddElements {
+		tx.Add(elementFromID(id).object())
 	}
-	for _, ch := range b.DeleteChains {
+	for _, ch := range d.DeleteChains {
 		tx.Delete(&knftables.Chain{Name: ch})
 	}
-	for _, st := range b.DeleteSets {
+	for _, st := range d.DeleteSets {
 		tx.Delete(&knftables.Set{Name: st})
 	}
 	return w.fake.Run(ctx, tx)
@@ -105,7 +108,7 @@ func TestEncodeElements(t *testing.T) {
 				KeyEnd: slices.Concat(netip.MustParseAddr("fd00::1").AsSlice(), []byte{6, 0, 0, 0, 0, 80, 0, 0}, netip.MustParseAddr("fd01::1").AsSlice())}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tc.schemas[elementSet(tc.el)].encode(tc.el, false)
+			got, err := tc.schemas[setOf(tc.el)].encode(tc.el, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -122,7 +125,7 @@ func TestEncodeElements(t *testing.T) {
 		{Map: mapServiceIPs, Key: []string{"172.30.0.1", "tcp"}, Value: []string{"drop"}},        // short key
 		{Map: mapServiceIPs, Key: []string{"172.30.0.1", "tcp", "80"}},                           // no value
 	} {
-		if _, err := schemas4[elementSet(bad)].encode(bad, false); err == nil {
+		if _, err := schemas4[setOf(bad)].encode(bad, false); err == nil {
 			t.Errorf("element %+v encoded without an error", bad)
 		}
 	}
@@ -186,10 +189,7 @@ func TestNetlinkWriterMatchesNft(t *testing.T) {
 		t.Run(fam.String(), func(t *testing.T) {
 			cfg := testConfig(fam)
 			nsNft, nsNetlink := newNetns(t), newNetns(t)
-			byNft, err := NewSyncer(cfg, kernelNFT(t, nsNft, fam, cfg.TableName()))
-			if err != nil {
-				t.Fatal(err)
-			}
+			byNft := kernelSyncer(t, nsNft, cfg)
 			byNetlink := netlinkSyncer(t, nsNetlink, cfg)
 
 			ctx := context.Background()
@@ -278,7 +278,7 @@ func TestLargeRemovalsGoThroughNft(t *testing.T) {
 		{100, false},
 	} {
 		s, fake := newFake(t, testConfig(IPv4))
-		s.WriteBatchesWith(&fakeBatchWriter{fake: fake})
+		s.SetDirect(&fakeNetlink{fake: fake})
 		p := genPort(7, tc.endpoints) // every 7th generated port has ClientIP affinity
 		if p.AffinityTimeout == 0 {
 			t.Fatal("genPort(7) has no affinity")
@@ -298,7 +298,7 @@ func TestLargeRemovalsGoThroughNft(t *testing.T) {
 	}
 }
 
-func TestBatchMessages(t *testing.T) {
+func TestNetlinkMessages(t *testing.T) {
 	ids := func(set string, n int) []string {
 		out := make([]string, n)
 		for i := range out {
@@ -318,7 +318,15 @@ func TestBatchMessages(t *testing.T) {
 		{"chunks", ids("a", 2*netlinkChunk+1), nil, 0, 0, 3},
 		{"chains and sets", nil, ids("a", 1), 10, 10, 31},
 	} {
-		if got := batchMessages(tc.added, tc.deleted, tc.chains, tc.sets); got != tc.want {
+		d := &Diff{AddElements: tc.added, DeleteElements: tc.deleted}
+		for i := 0; i < tc.chains; i++ {
+			d.FlushChains = append(d.FlushChains, fmt.Sprintf("aff-x-%d", i))
+		}
+		d.DeleteChains = d.FlushChains
+		for i := 0; i < tc.sets; i++ {
+			d.DeleteSets = append(d.DeleteSets, fmt.Sprintf("aff-x-%d", i))
+		}
+		if got := netlinkMessages(d); got != tc.want {
 			t.Errorf("%s: %d messages, want %d", tc.name, got, tc.want)
 		}
 	}
@@ -349,10 +357,7 @@ func TestKernelLargeAffinityRemoval(t *testing.T) {
 // and its partial syncs, where they can, through a NetlinkWriter into ns.
 func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
 	t.Helper()
-	s, err := NewSyncer(cfg, kernelNFT(t, ns, cfg.Family, cfg.TableName()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := kernelSyncer(t, ns, cfg)
 	h, err := os.Open("/var/run/netns/" + ns)
 	if err != nil {
 		t.Fatal(err)
@@ -362,6 +367,14 @@ func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.WriteBatchesWith(w)
+	s.SetDirect(w)
 	return s
+}
+
+// setOf is the set or map an element belongs to.
+func setOf(el *knftables.Element) string {
+	if el.Map != "" {
+		return el.Map
+	}
+	return el.Set
 }

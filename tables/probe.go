@@ -30,6 +30,8 @@ func Probe(ctx context.Context, newNFT func(fam Family, table string) (knftables
 				errs = append(errs, err)
 				continue
 			}
+			// Checked as a node writes it: many elements per command.
+			s.SetElementsPerCommand(MaxElementsPerCommand)
 			if err := s.Check(ctx, probeServices(fam)); err != nil {
 				errs = append(errs, fmt.Errorf("%s (%s): the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, fib, ct and nat; Linux 5.6 or later): %w", fam, pc.name, err))
 			}

@@ -27,8 +27,7 @@ func TestProbeCoversEveryRuleShape(t *testing.T) {
 	for _, fam := range []Family{IPv4, IPv6} {
 		probed := map[string]bool{}
 		for _, pc := range probeConfigs(fam) {
-			_, _, _, rules := newCompiler(&pc.cfg).skeleton(Priorities{})
-			for _, r := range rules {
+			for _, r := range newCompiler(&pc.cfg).skeleton(Priorities{}).Rules {
 				probed[r.Chain+": "+ruleShape(r.Rule)] = true
 			}
 		}
@@ -44,8 +43,7 @@ func TestProbeCoversEveryRuleShape(t *testing.T) {
 				for _, bit := range []int{0, 14, 31} {
 					cfg := testConfig(fam)
 					cfg.Local, cfg.MasqueradeAll, cfg.MasqueradeBit = local, masqAll, bit
-					_, _, _, rules := newCompiler(&cfg).skeleton(Priorities{})
-					for _, r := range rules {
+					for _, r := range newCompiler(&cfg).skeleton(Priorities{}).Rules {
 						if shape := r.Chain + ": " + ruleShape(r.Rule); !probed[shape] {
 							t.Errorf("%s, local %+v, masqueradeAll %v, bit %d: the probe never checks %q",
 								fam, local, masqAll, bit, shape)

@@ -103,47 +103,102 @@ func TestPartialSyncCostIndependentOfClusterSize(t *testing.T) {
 }
 
 // TestPartialEqualsFull applies random changes with partial syncs and checks the table
-// always holds exactly what a fresh full sync of the same Services would write; with a
-// BatchWriter, the partial syncs that need no rule text go through it instead of nft.
+// always holds exactly what a fresh full sync of the same Services would write. It runs
+// through both appliers: nft alone, and nft plus a direct applier that takes the Diffs
+// needing no rule text; on knftables' Fake (one element per command) and on the real
+// kernel (many elements per command, the NetlinkWriter).
 func TestPartialEqualsFull(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		batches bool
-		seed    int64
+		name   string
+		kernel bool
+		direct bool
+		steps  int
 	}{
-		{"through nft", false, 1},
-		{"through batches", true, 2},
+		{"fake, nft", false, false, 200},
+		{"fake, nft and direct", false, true, 200},
+		{"kernel, nft", true, false, 40},
+		{"kernel, nft and netlink", true, true, 40},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rng := rand.New(rand.NewSource(tc.seed))
-			s, fake := newFake(t, testConfig(IPv4))
-			w := &fakeBatchWriter{fake: fake}
-			if tc.batches {
-				s.WriteBatchesWith(w)
+			if tc.kernel {
+				requireRoot(t)
 			}
+			target := newSyncTarget(t, tc.kernel, tc.direct)
+			ref := newSyncTarget(t, tc.kernel, false)
+			rng := rand.New(rand.NewSource(int64(len(tc.name))))
 			state := generated(40)
-			fullSync(t, s, state)
+			fullSync(t, target.s, state)
 			direct := 0
-			for step := 0; step < 200; step++ {
-				stats, err := s.Partial(context.Background(), randomChanges(rng, state, IPv4))
+			for step := 0; step < tc.steps; step++ {
+				stats, err := target.s.Partial(context.Background(), randomChanges(rng, state, IPv4))
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
 				if stats.Direct {
 					direct++
 				}
-				ref, refFake := newFake(t, testConfig(IPv4))
-				fullSync(t, ref, state)
-				if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
-					t.Fatalf("step %d: partial sync diverged from a full sync (-full +partial):\n%s", step, diff)
+				ref.fresh(t)
+				fullSync(t, ref.s, state)
+				if diff := cmp.Diff(ref.content(t), target.content(t)); diff != "" {
+					t.Fatalf("step %d (direct: %v): partial sync diverged from a full sync (-full +partial):\n%s", step, stats.Direct, diff)
 				}
 			}
-			// With batches, most steps only move elements; those with new affinity or pick
-			// chains need nft.
-			if tc.batches && (direct < 50 || direct == 200 || w.batches == 0 || w.batches > direct) {
-				t.Errorf("%d of 200 partial syncs went through the batch writer (%d batches); want most but not all", direct, w.batches)
+			// With a direct applier, most steps only move elements; those with new affinity
+			// or pick chains need nft.
+			if tc.direct && (direct < tc.steps/4 || direct == tc.steps) {
+				t.Errorf("%d of %d partial syncs went through the direct applier; want most but not all", direct, tc.steps)
+			}
+			if !tc.direct && direct > 0 {
+				t.Errorf("%d partial syncs claim to be direct without a direct applier", direct)
+			}
+			if w, ok := target.direct.(*fakeNetlink); ok && w.applied > direct {
+				t.Errorf("the direct applier got %d Diffs for %d direct syncs", w.applied, direct)
 			}
 		})
+	}
+}
+
+// syncTarget is a Syncer with a way to read back what its table holds.
+type syncTarget struct {
+	s       *Syncer
+	direct  Applier
+	content func(t *testing.T) string
+	// fresh empties the table, so the next full sync starts from nothing.
+	fresh func(t *testing.T)
+}
+
+// newSyncTarget returns a Syncer for testConfig(IPv4) on a Fake or in a new network
+// namespace, with a direct applier if asked.
+func newSyncTarget(t *testing.T, kernel, direct bool) *syncTarget {
+	t.Helper()
+	cfg := testConfig(IPv4)
+	if !kernel {
+		s, fake := newFake(t, cfg)
+		target := &syncTarget{s: s, content: func(*testing.T) string { return contentDump(fake) }}
+		target.fresh = func(t *testing.T) {
+			s2, fake2 := newFake(t, cfg)
+			*target = syncTarget{s: s2, fresh: target.fresh, content: func(*testing.T) string { return contentDump(fake2) }}
+		}
+		if direct {
+			target.direct = &fakeNetlink{fake: fake}
+			s.SetDirect(target.direct)
+		}
+		return target
+	}
+	ns := newNetns(t)
+	s := kernelSyncer(t, ns, cfg)
+	if direct {
+		s = netlinkSyncer(t, ns, cfg)
+	}
+	return &syncTarget{
+		s:       s,
+		direct:  s.direct,
+		content: func(t *testing.T) string { return strings.Join(kernelContent(t, ns, IPv4, cfg.TableName()), "\n") },
+		fresh: func(t *testing.T) {
+			if err := DeleteTable(context.Background(), kernelNFT(t, ns, IPv4, cfg.TableName())); err != nil {
+				t.Fatal(err)
+			}
+		},
 	}
 }
 

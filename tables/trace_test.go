@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -450,7 +451,7 @@ func TestTraceLocalDetection(t *testing.T) {
 						remotePod: {Origin: tracer.FromOutside, Src: pick("10.244.2.5", "fd00:10:244:2::5"), IIF: "cluster0"},
 						outside:   {Origin: tracer.FromOutside, Src: pick("192.168.100.2", "fd00:100::2"), IIF: "ext0"},
 					}
-					for _, src := range sortedKeys(sources) {
+					for _, src := range slices.Sorted(maps.Keys(sources)) {
 						p := sources[src]
 						p.Proto, p.Dst, p.Port = "tcp", cip, 80
 						want := []string{"accept dnat " + pod1.String(), "accept dnat " + remote.String()}

@@ -30,10 +30,7 @@ func (n *trafficNode) load(t *testing.T, instance string, slot int, svcs map[Ser
 		NodePortIPs: []netip.Addr{netip.MustParseAddr(netns.NodeIPv4), netip.MustParseAddr(netns.NodeIPv6)},
 		NodeIPs:     []netip.Addr{netip.MustParseAddr(netns.NodeIPv4), netip.MustParseAddr(netns.NodeIPv6)},
 	}
-	s, err := NewSyncer(cfg, kernelNFT(t, n.tp.Node, n.fam, cfg.TableName()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := kernelSyncer(t, n.tp.Node, cfg)
 	if _, err := s.Full(context.Background(), svcs); err != nil {
 		t.Fatalf("loading instance %s: %v", instance, err)
 	}

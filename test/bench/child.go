@@ -133,10 +133,11 @@ func newInstance(name string, slot int) (*benchInstance, error) {
 			return t, nil
 		},
 		// As the supervisor does: partial syncs without new chains go over netlink.
-		Batches: func(cfg tables.Config) (tables.BatchWriter, error) {
+		Direct: func(cfg tables.Config) (tables.Applier, error) {
 			return tables.NewNetlinkWriter(cfg)
 		},
-		Node: instance.NodeInfo{Name: gen.NodeName},
+		ElementsPerCommand: tables.MaxElementsPerCommand,
+		Node:               instance.NodeInfo{Name: gen.NodeName},
 	})
 	if err != nil {
 		return nil, err

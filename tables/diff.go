@@ -1,0 +1,220 @@
+package tables
+
+import (
+	"maps"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/knftables"
+)
+
+// Diff is one change of an instance's table, as plain data: what a sync deletes,
+// flushes, adds and rewrites. A full sync's Diff is the whole table (Skeleton set, and
+// the stale objects an earlier run left); a partial sync's is what its Services changed.
+// An Applier applies it in one transaction, all or nothing, in the order of the fields.
+type Diff struct {
+	// Recreate deletes the table before anything else (a full sync after a failed one,
+	// which may have met an incompatible table).
+	Recreate bool
+	// Skeleton, if set, (re)creates the table and its fixed chains, sets and maps,
+	// emptied, with the fixed rules.
+	Skeleton *Skeleton
+	// DeleteElements are ids of elements to delete (see elementFromID), sorted, so the
+	// elements of one set are next to each other.
+	DeleteElements []string
+	// FlushChains are emptied before anything is added: the chains about to be deleted,
+	// which may jump to each other.
+	FlushChains []string
+	// AddSets are sets to create (ClientIP affinity sets; never flushed, since they hold
+	// the clients to remember).
+	AddSets []*knftables.Set
+	// WriteChains are created, or emptied and rewritten, with exactly their rules; every
+	// chain exists before any rule is added, as rules jump between them.
+	WriteChains []ChainRules
+	// AddElements are ids of elements to add, sorted like DeleteElements.
+	AddElements []string
+	// DeleteChains and DeleteSets are deleted last.
+	DeleteChains []string
+	DeleteSets   []string
+}
+
+// Skeleton is the fixed part of a table, the same whatever Services it serves.
+type Skeleton struct {
+	Table  *knftables.Table
+	Chains []*knftables.Chain
+	Sets   []*knftables.Set
+	Maps   []*knftables.Map
+	Rules  []*knftables.Rule
+}
+
+// ChainRules is a chain with all its rules.
+type ChainRules struct {
+	Name  string
+	Rules []string
+	// MayExist is false when the chain is known not to be in the kernel, so it needs no
+	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
+	// a full sync's load).
+	MayExist bool
+}
+
+// NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
+// can compile; the rest is element and chain bookkeeping any Applier can do.
+func (d *Diff) NeedsRuleText() bool {
+	return d.Recreate || d.Skeleton != nil || len(d.AddSets) > 0 || len(d.WriteChains) > 0
+}
+
+// Len is the number of operations the Diff makes, one per element.
+func (d *Diff) Len() int {
+	n := len(d.DeleteElements) + len(d.FlushChains) + len(d.AddSets) + len(d.AddElements) +
+		len(d.DeleteChains) + len(d.DeleteSets)
+	if d.Recreate {
+		n += 2
+	}
+	if sk := d.Skeleton; sk != nil {
+		n += 1 + 2*(len(sk.Chains)+len(sk.Sets)+len(sk.Maps)) + len(sk.Rules)
+	}
+	for _, ch := range d.WriteChains {
+		n += 1 + len(ch.Rules)
+		if ch.MayExist {
+			n++
+		}
+	}
+	return n
+}
+
+// diffOfChange computes the Diff of a tracked change of the ledger: elements whose
+// count went from zero to some or back, pick chains that came or went, and the per-port
+// chains and sets of the changed Services, before and after.
+func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
+	d := &Diff{}
+	for id, delta := range log.entryDelta {
+		switch {
+		case delta > 0:
+			d.AddElements = append(d.AddElements, id)
+		case delta < 0:
+			d.DeleteElements = append(d.DeleteElements, id)
+		}
+	}
+	added, deleted := countChanges(log.sharedBefore, l.shared)
+	d.AddElements = append(d.AddElements, added...)
+	d.DeleteElements = append(d.DeleteElements, deleted...)
+	slices.Sort(d.AddElements)
+	slices.Sort(d.DeleteElements)
+
+	newPicks, gonePicks := countChanges(log.pickBefore, l.pickChains)
+	slices.Sort(newPicks)
+	slices.Sort(gonePicks)
+	d.FlushChains = append(gonePicks, goneKeys(log.before.chains, log.after.chains)...)
+	d.DeleteChains = d.FlushChains
+	d.DeleteSets = goneKeys(log.before.sets, log.after.sets)
+
+	d.AddSets, d.WriteChains = l.c.portObjectChanges(log.before, log.after, func(string) bool { return true })
+	picks, err := l.c.pickChains(newPicks, func(string) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	d.WriteChains = append(d.WriteChains, picks...)
+	return d, nil
+}
+
+// countChanges compares counts before a change with counts now: the keys that went from
+// zero to some (appeared) and from some to zero (vanished).
+func countChanges(before, now map[string]int) (appeared, vanished []string) {
+	for key, was := range before {
+		is := now[key]
+		switch {
+		case was == 0 && is > 0:
+			appeared = append(appeared, key)
+		case was > 0 && is == 0:
+			vanished = append(vanished, key)
+		}
+	}
+	return appeared, vanished
+}
+
+// goneKeys returns the keys of before that now lacks, sorted.
+func goneKeys[V any](before, now map[string]V) []string {
+	var gone []string
+	for key := range before {
+		if _, kept := now[key]; !kept {
+			gone = append(gone, key)
+		}
+	}
+	slices.Sort(gone)
+	return gone
+}
+
+// portObjectChanges returns the per-port sets that are new between before and after,
+// and the per-port chains that are new or have other rules, sorted by name.
+func (c *compiler) portObjectChanges(before, after portObjects, mayExist func(string) bool) ([]*knftables.Set, []ChainRules) {
+	var sets []*knftables.Set
+	for _, name := range slices.Sorted(maps.Keys(after.sets)) {
+		if _, ok := before.sets[name]; !ok {
+			sets = append(sets, c.affinitySet(name, after.sets[name]))
+		}
+	}
+	var chains []ChainRules
+	for _, name := range slices.Sorted(maps.Keys(after.chains)) {
+		rules := after.chains[name]
+		if prev, ok := before.chains[name]; ok && slices.Equal(prev, rules) {
+			continue
+		}
+		chains = append(chains, ChainRules{Name: name, Rules: rules, MayExist: mayExist(name)})
+	}
+	return sets, chains
+}
+
+// pickChains returns the given pick chains with their rules.
+func (c *compiler) pickChains(names []string, mayExist func(string) bool) ([]ChainRules, error) {
+	out := make([]ChainRules, 0, len(names))
+	for _, name := range names {
+		rules, err := c.pickChainRules(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ChainRules{Name: name, Rules: rules, MayExist: mayExist(name)})
+	}
+	return out, nil
+}
+
+// existing is what a full sync found in the kernel before writing: the chains and sets
+// of the table (nil chains: unknown, any may exist).
+type existing struct {
+	chains []string
+	sets   []string
+	known  bool
+}
+
+// diffOfAll computes the Diff of a full sync of the whole ledger: the skeleton, every
+// per-port object, pick chain and element, and the deletion of the pick and affinity
+// objects an earlier run left in the kernel (in).
+func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate bool) (*Diff, error) {
+	d := &Diff{Recreate: recreate, Skeleton: sk}
+	mayExist := func(string) bool { return true }
+	if in.known {
+		present := make(map[string]bool, len(in.chains))
+		for _, ch := range in.chains {
+			present[ch] = true
+		}
+		mayExist = func(ch string) bool { return present[ch] }
+		for _, ch := range in.chains {
+			if _, own := log.after.chains[ch]; isDynamicChain(ch) && l.pickChains[ch] == 0 && !own {
+				d.FlushChains = append(d.FlushChains, ch)
+			}
+		}
+		for _, st := range in.sets {
+			if _, own := log.after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !own {
+				d.DeleteSets = append(d.DeleteSets, st)
+			}
+		}
+		d.DeleteChains = d.FlushChains
+	}
+	d.AddSets, d.WriteChains = l.c.portObjectChanges(portObjects{}, log.after, mayExist)
+	picks, err := l.c.pickChains(slices.Sorted(maps.Keys(l.pickChains)), mayExist)
+	if err != nil {
+		return nil, err
+	}
+	d.WriteChains = append(d.WriteChains, picks...)
+	d.AddElements = l.elementIDs()
+	return d, nil
+}
