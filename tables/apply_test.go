@@ -1,0 +1,68 @@
+package tables
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
+)
+
+// elementCommand matches one element command of a transaction's text.
+var elementCommand = regexp.MustCompile(`^(add|delete) element (\S+ \S+ \S+) \{ (.*) \}$`)
+
+// elementLines renders d as nft would get it and returns one line per element
+// ("add element ip t set { key : value }"), sorted, splitting commands that carry many.
+func elementLines(t *testing.T, a *NFTApplier, d *Diff) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(a.transaction(d).String(), "\n") {
+		m := elementCommand.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		for _, el := range strings.Split(m[3], ", ") {
+			out = append(out, m[1]+" element "+m[2]+" { "+el+" }")
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestElementsPerCommand: many elements per command say exactly what one per command
+// says, for additions (with values) and deletions (without), across set boundaries and
+// command limits.
+func TestElementsPerCommand(t *testing.T) {
+	s, _ := newFake(t, testConfig(IPv4))
+	d, _, err := s.fullDiff(generated(30), existing{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.AddElements) < 100 {
+		t.Fatalf("only %d elements: nothing to batch", len(d.AddElements))
+	}
+	for _, tc := range []struct {
+		name string
+		diff *Diff
+	}{
+		{"additions", &Diff{AddElements: d.AddElements}},
+		{"deletions", &Diff{DeleteElements: d.AddElements}},
+	} {
+		nft := knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
+		want := elementLines(t, NewNFTApplier(nft, 1), tc.diff)
+		if len(want) != len(d.AddElements) {
+			t.Fatalf("%s: %d element lines one per command, want %d", tc.name, len(want), len(d.AddElements))
+		}
+		for _, per := range []int{2, 7, MaxElementsPerCommand} {
+			a := NewNFTApplier(nft, per)
+			if got := elementLines(t, a, tc.diff); !cmp.Equal(want, got) {
+				t.Errorf("%s, %d per command: (-one per command +batched):\n%s", tc.name, per, cmp.Diff(want, got))
+			}
+			if n, ops := len(d.AddElements), a.transaction(tc.diff).NumOperations(); ops >= n {
+				t.Errorf("%s, %d per command: %d commands for %d elements", tc.name, per, ops, n)
+			}
+		}
+	}
+}
