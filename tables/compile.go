@@ -140,76 +140,173 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 	if !c.cfg.Family.Contains(sp.ClusterIP) || sp.Port == 0 {
 		return out
 	}
-	chains := map[string]bool{}
-	out.shared = append(out.shared, element{set: setClusterIPs, key: []string{sp.ClusterIP.String()}}.id())
-
-	internal := sp.internalEndpoints()
-	external := sp.externalEndpoints()
-	noEndpointVerdict := "goto " + chainReject
+	pc := &portCompiler{c: c, sp: sp, out: out, pick: map[string]bool{}, epStrs: map[string][][]string{},
+		internal: sp.internalEndpoints(), external: sp.externalEndpoints(), noEndpoints: "goto " + chainReject}
 	if sp.HasEndpoints {
 		// Endpoints exist elsewhere, just not for this policy: drop, as upstream does.
-		noEndpointVerdict = "drop"
+		pc.noEndpoints = "drop"
 	}
+	pc.aff = c.newAffinity(sp, out)
+	out.shared = append(out.shared, element{set: setClusterIPs, key: []string{sp.ClusterIP.String()}}.id())
 
+	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
+	if mayTake(pc.entryID(cip)) {
+		pc.clusterIP(cip)
+	}
+	ext, lbs := c.externalEntries(sp)
+	fw := c.firewallFor(sp)
+	for _, en := range ext {
+		// An external address that is also the cluster IP (or a NodePort on a node IP
+		// listed as external, with the same port) is one entry: the first treatment wins,
+		// as the first rule would upstream, and no element is written twice.
+		if en == cip || !mayTake(pc.entryID(en)) {
+			continue
+		}
+		pc.externalEntry(en)
+		if lbs[en.addr] && en.port == sp.Port {
+			pc.firewall(en, fw)
+		}
+	}
+	out.shared = append(out.shared, hairpinIDs(sp)...)
+	for ch := range pc.pick {
+		out.pick = append(out.pick, ch)
+	}
+	slices.Sort(out.pick)
+	if pc.aff != nil {
+		pc.aff.finish()
+	}
+	return out
+}
+
+// portCompiler is the state of compiling one Service port.
+type portCompiler struct {
+	c   *compiler
+	sp  *ServicePort
+	out *compiled
+	aff *affinity
+	// internal and external are the endpoints of the cluster IP's and of the external
+	// entries' traffic policy; noEndpoints the verdict for an entry without any.
+	internal, external []Endpoint
+	noEndpoints        string
+	// pick collects the pick chains the elements jump to.
+	pick map[string]bool
 	// Elements come in runs per entry: its id is made once per run.
-	var lastEntry entry
-	var lastID string
-	entryID := func(en entry) string {
-		if en != lastEntry || lastID == "" {
-			lastEntry, lastID = en, en.String()
-		}
-		return lastID
+	lastEntry entry
+	lastID    string
+	// epStrs holds each class's endpoint strings, made once for all its entries.
+	epStrs map[string][][]string
+}
+
+func (pc *portCompiler) entryID(en entry) string {
+	if en != pc.lastEntry || pc.lastID == "" {
+		pc.lastEntry, pc.lastID = en, en.String()
 	}
-	add := func(en entry, e element) {
-		id := entryID(en)
-		out.entries[id] = append(out.entries[id], e.id())
-	}
-	aff := c.newAffinity(sp, out)
-	// Each class has one endpoint list: its strings are made once for all its entries.
-	epStrs := map[string][][]string{}
-	endpointStrings := func(class string, eps []Endpoint) [][]string {
-		if strs, ok := epStrs[class]; ok {
-			return strs
-		}
-		strs := make([][]string, len(eps))
-		for i, ep := range eps {
-			strs[i] = []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}
-		}
-		epStrs[class] = strs
+	return pc.lastID
+}
+
+// add records an element that exists because of entry en.
+func (pc *portCompiler) add(en entry, e element) {
+	id := pc.entryID(en)
+	pc.out.entries[id] = append(pc.out.entries[id], e.id())
+}
+
+func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string {
+	if strs, ok := pc.epStrs[class]; ok {
 		return strs
 	}
-	// dispatch sends an entry to the endpoints of one policy class.
-	dispatch := func(en entry, eps []Endpoint, class string) {
-		vmap, epMap, chain := mapServiceIPs, mapEndpoints, pickChain(len(eps))
-		if class == classCluster {
-			vmap, epMap, chain = mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(eps))
-		}
-		if aff != nil {
-			add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + aff.chain(class, eps)}})
-			return
-		}
-		key := en.key()
-		add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
-		epSet, strs := endpointsMap(epMap, en.proto), endpointStrings(class, eps)
-		for i := range eps {
-			add(en, element{set: epSet, isMap: true,
-				key:   []string{key[0], key[2], strconv.Itoa(i)},
-				value: strs[i]})
-		}
-		chains[chain] = true
+	strs := make([][]string, len(eps))
+	for i, ep := range eps {
+		strs[i] = []string{ep.IP.String(), strconv.Itoa(int(ep.Port))}
 	}
+	pc.epStrs[class] = strs
+	return strs
+}
 
-	// The cluster IP.
-	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
-	if mayTake(entryID(cip)) {
-		if len(internal) > 0 {
-			dispatch(cip, internal, classInternal)
-		} else {
-			add(cip, element{set: mapNoEndpoints, isMap: true, key: cip.key(), value: []string{noEndpointVerdict}})
+// dispatch sends an entry to the endpoints of one policy class: through the affinity
+// chain of the class, or through the pick chain of its endpoint count.
+func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
+	vmap, epMap, chain := mapServiceIPs, mapEndpoints, pickChain(len(eps))
+	if class == classCluster {
+		vmap, epMap, chain = mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(eps))
+	}
+	key := en.key()
+	if pc.aff != nil {
+		pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + pc.aff.chain(class, eps)}})
+		return
+	}
+	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
+	epSet, strs := endpointsMap(epMap, en.proto), pc.endpointStrings(class, eps)
+	for i := range eps {
+		pc.add(en, element{set: epSet, isMap: true, key: []string{key[0], key[2], strconv.Itoa(i)}, value: strs[i]})
+	}
+	pc.pick[chain] = true
+}
+
+// dispatchOrRefuse dispatches en to eps, or, without any, refuses it.
+func (pc *portCompiler) dispatchOrRefuse(en entry, eps []Endpoint, class string) {
+	if len(eps) > 0 {
+		pc.dispatch(en, eps, class)
+		return
+	}
+	pc.add(en, element{set: mapNoEndpoints, isMap: true, key: en.key(), value: []string{pc.noEndpoints}})
+}
+
+func (pc *portCompiler) clusterIP(en entry) {
+	pc.dispatchOrRefuse(en, pc.internal, classInternal)
+}
+
+// externalEntry compiles an external IP, load-balancer IP or NodePort entry.
+func (pc *portCompiler) externalEntry(en entry) {
+	if pc.sp.ExternalLocal {
+		// Local policy keeps the client IP, except for the node itself, whose source
+		// would be the external address; local pods and the node short-circuit to all
+		// endpoints, as if they had gone out to the load balancer and back.
+		pc.add(en, element{set: setExternalLocal, key: en.key()})
+		if len(pc.sp.ClusterEndpoints) > 0 {
+			pc.dispatch(en, pc.sp.ClusterEndpoints, classCluster)
+		}
+	} else {
+		pc.add(en, element{set: setExternalMasq, key: en.key()})
+	}
+	pc.dispatchOrRefuse(en, pc.external, classExternal)
+}
+
+// firewallRanges are a port's loadBalancerSourceRanges for this family, and whether
+// they let the node itself in.
+type firewallRanges struct {
+	ranges     []netip.Prefix
+	allowLocal bool
+}
+
+func (c *compiler) firewallFor(sp *ServicePort) firewallRanges {
+	fw := firewallRanges{ranges: c.sourceRanges(sp.SourceRanges)}
+	for _, r := range fw.ranges {
+		for _, n := range c.nodeIPs {
+			if r.Contains(n) {
+				fw.allowLocal = true
+			}
 		}
 	}
+	return fw
+}
 
-	// External IPs, load-balancer IPs and NodePorts share one treatment.
+// firewall guards a load-balancer entry with its source ranges, if it has any.
+func (pc *portCompiler) firewall(en entry, fw firewallRanges) {
+	if len(fw.ranges) == 0 {
+		return
+	}
+	pc.add(en, element{set: setFirewallIPs, key: en.key()})
+	for _, r := range fw.ranges {
+		pc.add(en, element{set: setFirewallAllow, key: append(en.key(), r.String())})
+	}
+	if fw.allowLocal {
+		pc.add(en, element{set: setFirewallLocal, key: en.key()})
+	}
+}
+
+// externalEntries returns the external IP, load-balancer IP and NodePort entries of a
+// port in this family, each once, and which addresses are load balancers'.
+func (c *compiler) externalEntries(sp *ServicePort) ([]entry, map[netip.Addr]bool) {
 	var ext []entry
 	seen := map[netip.Addr]bool{}
 	lbs := map[netip.Addr]bool{}
@@ -233,51 +330,13 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 			}
 		}
 	}
-	ranges := c.sourceRanges(sp.SourceRanges)
-	allowLocal := false
-	for _, r := range ranges {
-		for _, n := range c.nodeIPs {
-			if r.Contains(n) {
-				allowLocal = true
-			}
-		}
-	}
-	for _, en := range ext {
-		// An external address that is also the cluster IP (or a NodePort on a node IP
-		// listed as external, with the same port) is one entry: the first treatment wins,
-		// as the first rule would upstream, and no element is written twice.
-		if en == cip || !mayTake(entryID(en)) {
-			continue
-		}
-		if sp.ExternalLocal {
-			// Local policy keeps the client IP, except for the node itself, whose source
-			// would be the external address; local pods and the node short-circuit to all
-			// endpoints, as if they had gone out to the load balancer and back.
-			add(en, element{set: setExternalLocal, key: en.key()})
-			if len(sp.ClusterEndpoints) > 0 {
-				dispatch(en, sp.ClusterEndpoints, classCluster)
-			}
-		} else {
-			add(en, element{set: setExternalMasq, key: en.key()})
-		}
-		if len(external) > 0 {
-			dispatch(en, external, classExternal)
-		} else {
-			add(en, element{set: mapNoEndpoints, isMap: true, key: en.key(), value: []string{noEndpointVerdict}})
-		}
-		if lbs[en.addr] && en.port == sp.Port && len(ranges) > 0 {
-			add(en, element{set: setFirewallIPs, key: en.key()})
-			for _, r := range ranges {
-				add(en, element{set: setFirewallAllow, key: append(en.key(), r.String())})
-			}
-			if allowLocal {
-				add(en, element{set: setFirewallLocal, key: en.key()})
-			}
-		}
-	}
+	return ext, lbs
+}
 
-	// Hairpin: a pod that reaches itself through the Service must be masqueraded.
-	// Each endpoint address once (sorted and compacted: one allocation, unlike a set).
+// hairpinIDs are the hairpin elements of a port: a pod that reaches itself through the
+// Service must be masqueraded. Each endpoint address once (sorted and compacted: one
+// allocation, unlike a set).
+func hairpinIDs(sp *ServicePort) []string {
 	hp := make([]netip.Addr, 0, len(sp.ClusterEndpoints)+len(sp.LocalEndpoints))
 	for _, eps := range [][]Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
 		for _, ep := range eps {
@@ -285,18 +344,13 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 		}
 	}
 	slices.SortFunc(hp, netip.Addr.Compare)
-	for _, a := range slices.Compact(hp) {
+	hp = slices.Compact(hp)
+	ids := make([]string, len(hp))
+	for i, a := range hp {
 		ip := a.String()
-		out.shared = append(out.shared, element{set: setHairpin, key: []string{ip, ip}}.id())
+		ids[i] = element{set: setHairpin, key: []string{ip, ip}}.id()
 	}
-	for ch := range chains {
-		out.pick = append(out.pick, ch)
-	}
-	slices.Sort(out.pick)
-	if aff != nil {
-		aff.finish()
-	}
-	return out
+	return ids
 }
 
 // Endpoint classes of a Service port: which endpoints a way in uses.
