@@ -43,7 +43,8 @@ const (
 	TCP Protocol = "tcp"
 	// UDP needs conntrack cleanup when endpoints change.
 	UDP Protocol = "udp"
-	// SCTP is loaded like TCP and UDP; see DESIGN.md for what can be exercised here.
+	// SCTP is loaded like TCP and UDP. These test machines refuse SCTP sockets, so its
+	// rules are loaded into the kernel and traced, never sent traffic (see README.md).
 	SCTP Protocol = "sctp"
 )
 
