@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // flakyNFT wraps a Fake and fails Run while fail is set.
@@ -213,29 +214,11 @@ func TestRunBatchesChangesWithinMinSyncPeriod(t *testing.T) {
 	}
 }
 
-// fakeClock is a Clock the test moves by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) step(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // TestSyncReportsProgrammingLatency checks a sync reports, for each endpoint change it
 // programmed, the time since the change's trigger, and that a failed sync keeps them for
 // the next one.
 func TestSyncReportsProgrammingLatency(t *testing.T) {
-	clock := &fakeClock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
+	clock := testutil.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
 	nft := &flakyNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
 	p, err := New(Options{
 		Name: "test", Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
@@ -252,15 +235,15 @@ func TestSyncReportsProgrammingLatency(t *testing.T) {
 		t.Fatalf("first sync: %v, latencies %v; want none", err, res.ProgrammingLatencies)
 	}
 
-	clock.step(time.Second)
+	clock.Step(time.Second)
 	p.UpdateEndpointSlice(triggered(v4Slice("web-1", ep("10.244.1.5", thisNodeName)), "2", clock.Now()))
-	clock.step(300 * time.Millisecond)
+	clock.Step(300 * time.Millisecond)
 	nft.fail.Store(true)
 	if _, err := p.Sync(ctx, false); err == nil {
 		t.Fatal("want a failure")
 	}
 	nft.fail.Store(false)
-	clock.step(200 * time.Millisecond)
+	clock.Step(200 * time.Millisecond)
 	res, err := p.Sync(ctx, false)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // Real-kernel tests: the cleanup runs inside the node namespace of a fresh test topology,
@@ -27,11 +27,7 @@ import (
 
 func kernelTopology(t *testing.T) *netns.Topology {
 	t.Helper()
-	for _, tool := range []string{"iptables-restore", "iptables-save", "ip6tables-restore", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("real-kernel test: %s is not installed (hack/install-deps.sh)", tool)
-		}
-	}
+	testutil.RequireTools(t, "iptables-restore", "iptables-save", "ip6tables-restore", "nft")
 	return netns.New(t)
 }
 
@@ -193,19 +189,7 @@ func fakeKubeProxy(t *testing.T, tp *netns.Topology, ns string) *netns.Process {
 		t.Skip("no sleep binary")
 	}
 	bin := filepath.Join(t.TempDir(), "kube-proxy")
-	src, err := os.Open(sleep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	dst.Close()
+	testutil.CopyFile(t, sleep, bin, 0o755)
 	p := tp.Start(ns, bin, "1000")
 	// Start returns before ip netns exec has exec'd the program.
 	deadline := time.Now().Add(10 * time.Second)

@@ -13,6 +13,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 func testRouter(t *testing.T) *Router {
@@ -346,7 +348,7 @@ func TestDispatchShadowMigration(t *testing.T) {
 		t.Errorf("reported as programmed before the sync: %v", got)
 	}
 	f.sinks["team-a"].program(name)
-	eventuallyTrue(t, "the shadow to be reported programmed", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the shadow to be reported programmed", func() bool {
 		return slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name})
 	})
 	f.d.SliceChanged(slice("a1", "web-2", "web"))
@@ -375,7 +377,7 @@ func TestDispatchShadowMigration(t *testing.T) {
 		t.Errorf("team-a stepped back but still owns the Service")
 	}
 	f.sinks["team-a"].program(name)
-	eventuallyTrue(t, "the stepped-back owner to be reported as a shadow", func() bool {
+	testutil.Eventually(t, 5*time.Second, "the stepped-back owner to be reported as a shadow", func() bool {
 		return slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name})
 	})
 	f.d.ServiceChanged(shadowed(service("a1", "web", "legacy"), "team-a"))
@@ -409,18 +411,6 @@ func TestDispatchShadowBesideLocalOwner(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
-}
-
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // syncingSink is a Sink that "syncs" the moment it is given a Service, as a real instance
@@ -470,7 +460,7 @@ func TestDispatchProgrammedIncludesEndpoints(t *testing.T) {
 	if got := syncing["team-a"].atProgram[web]; got != 2 {
 		t.Errorf("the shadow was programmed with %d of its 2 EndpointSlices", got)
 	}
-	eventuallyTrue(t, "the shadow to be reported", func() bool { return len(d.Shadows()["team-a"]) == 1 })
+	testutil.Eventually(t, 5*time.Second, "the shadow to be reported", func() bool { return len(d.Shadows()["team-a"]) == 1 })
 	d.ServiceChanged(service("a1", "web", "team-b"))
 	if got := syncing["team-b"].atProgram[web]; got != 2 {
 		t.Errorf("the new owner was programmed with %d of its 2 EndpointSlices", got)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // nopSink is a selector.Sink that drops everything.
@@ -73,11 +74,11 @@ func TestChangeCounter(t *testing.T) {
 func TestChangeMetricsMove(t *testing.T) {
 	f := startSupervisor(t, "")
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
-	eventually(t, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	testutil.Eventually(t, waitTimeout, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 	series := func(name, inst string) string {
 		return metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_`+name+`{instance="`+inst+`"}`)
 	}
-	eventually(t, "team-a's change counters to move and nothing to be pending", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-a's change counters to move and nothing to be pending", func() bool {
 		return series("service_changes_total", "team-a") != "0" && series("endpoint_changes_total", "team-a") != "0" &&
 			series("service_changes_pending", "team-a") == "0" && series("endpoint_changes_pending", "team-a") == "0"
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 const (
@@ -104,7 +105,7 @@ func (f *fixture) settle(inst, ns, proxyName, clusterIP string) {
 		labels = map[string]string{selector.LabelServiceProxyName: proxyName}
 	}
 	f.createDNS(ns, "settle-"+strings.ReplaceAll(clusterIP, ".", "-"), clusterIP, labels, nil, dnsEndpoint("10.244.9.9", false))
-	eventually(f.t, inst+" programs the settling Service", func() bool { return has(f.tables.dump("ip shardproxy-"+inst), clusterIP) })
+	testutil.Eventually(f.t, waitTimeout, inst+" programs the settling Service", func() bool { return has(f.tables.dump("ip shardproxy-"+inst), clusterIP) })
 }
 
 // TestHandoverKeepsFlowsOfServedService: when one local instance lets go of a UDP
@@ -145,13 +146,13 @@ func TestHandoverKeepsFlowsOfServedService(t *testing.T) {
 			f := startSupervisor(t, "")
 			const vip = "172.30.0.53"
 			f.createDNS("a", "dns", vip, tc.labels, tc.annotations, dnsEndpoint(podA, false), dnsEndpoint(podB, false))
-			eventually(t, "team-a programs dns", func() bool { return f.programsEndpoint("team-a", podA) })
+			testutil.Eventually(t, waitTimeout, "team-a programs dns", func() bool { return f.programsEndpoint("team-a", podA) })
 			flowA, flowB := dnsFlow(vip, podA), dnsFlow(vip, podB)
 			f.ct.Add(flowA, flowB)
 
 			tc.handOver(f)
-			eventually(t, tc.newOwner+" serves dns", func() bool { return f.programsEndpoint(tc.newOwner, podA) })
-			eventually(t, "team-a lets go of dns", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), vip) })
+			testutil.Eventually(t, waitTimeout, tc.newOwner+" serves dns", func() bool { return f.programsEndpoint(tc.newOwner, podA) })
+			testutil.Eventually(t, waitTimeout, "team-a lets go of dns", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), vip) })
 			f.settle("team-a", "a", "team-a", "172.30.0.54")
 			if !f.hasFlow(flowA) || !f.hasFlow(flowB) {
 				t.Errorf("team-a letting go of a Service %s still serves deleted its flows; left: %v", tc.newOwner, flowStrings(f.ct.Flows()))
@@ -161,7 +162,7 @@ func TestHandoverKeepsFlowsOfServedService(t *testing.T) {
 			if err := f.client.CoreV1().Services("a").Delete(context.Background(), "dns", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "the flows of the deleted Service go", func() bool { return !f.hasFlow(flowA) && !f.hasFlow(flowB) })
+			testutil.Eventually(t, waitTimeout, "the flows of the deleted Service go", func() bool { return !f.hasFlow(flowA) && !f.hasFlow(flowB) })
 		})
 	}
 }
@@ -174,21 +175,21 @@ func TestTerminatingEndpointKeepsFlowsWhileServing(t *testing.T) {
 	const vip = "172.30.0.53"
 	teamA := map[string]string{selector.LabelServiceProxyName: "team-a"}
 	f.createDNS("a", "dns", vip, teamA, nil, dnsEndpoint(podA, false), dnsEndpoint(podB, false))
-	eventually(t, "team-a programs both pods", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-a programs both pods", func() bool {
 		return f.programsEndpoint("team-a", podA) && f.programsEndpoint("team-a", podB)
 	})
 	flowA, flowB := dnsFlow(vip, podA), dnsFlow(vip, podB)
 	f.ct.Add(flowA, flowB)
 
 	f.setEndpoints("a", "dns", dnsEndpoint(podA, true), dnsEndpoint(podB, false))
-	eventually(t, "team-a stops sending new flows to the terminating pod", func() bool { return !f.programsEndpoint("team-a", podA) })
+	testutil.Eventually(t, waitTimeout, "team-a stops sending new flows to the terminating pod", func() bool { return !f.programsEndpoint("team-a", podA) })
 	f.settle("team-a", "a", "team-a", "172.30.0.54")
 	if !f.hasFlow(flowA) {
 		t.Errorf("the flow to the terminating, still serving pod was deleted; left: %v", flowStrings(f.ct.Flows()))
 	}
 
 	f.setEndpoints("a", "dns", dnsEndpoint(podB, false))
-	eventually(t, "the flow to the pod that left goes", func() bool { return !f.hasFlow(flowA) })
+	testutil.Eventually(t, waitTimeout, "the flow to the pod that left goes", func() bool { return !f.hasFlow(flowA) })
 	if !f.hasFlow(flowB) {
 		t.Errorf("the flow to the ready pod was deleted")
 	}

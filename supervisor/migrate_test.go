@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestMigrateMoveAndRollback drives `shardproxy migrate` against a supervisor: the node
@@ -25,7 +26,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	var out bytes.Buffer
 	m := &migrate.Mover{Client: f.client, StatusNamespace: "shardproxy-system", Out: &out, BatchSize: 1,
 		Timeout: 10 * time.Second, Poll: 20 * time.Millisecond, LegacyGrace: 50 * time.Millisecond}
-	eventually(t, "the node status to be published", func() bool {
+	testutil.Eventually(t, waitTimeout, "the node status to be published", func() bool {
 		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
 		return err == nil && len(st) == 1 && st[0].Node == "node-1" && len(st[0].Instances) == 3
 	})
@@ -55,7 +56,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	if err != nil || rep.Moved != 1 {
 		t.Fatalf("rollback: %+v %v", rep, err)
 	}
-	eventually(t, "team-a to let go of the rolled-back Service", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-a to let go of the rolled-back Service", func() bool {
 		return !has(f.tables.dump(teamA), "10.96.0.50")
 	})
 	if !has(f.tables.dump(teamA), "10.96.0.51") {
@@ -70,7 +71,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	}
 	// The unlabeled Service now belongs to the default instance, as it would to a legacy
 	// kube-proxy beside an install without one.
-	eventually(t, "the default instance to take the rolled-back Service", func() bool {
+	testutil.Eventually(t, waitTimeout, "the default instance to take the rolled-back Service", func() bool {
 		return has(f.tables.dump("ip shardproxy-default"), "10.96.0.50")
 	})
 }
@@ -82,7 +83,7 @@ func TestMigrateMoveTimesOutWithoutTarget(t *testing.T) {
 	ctx := context.Background()
 	f.createService("shop", "cart", "legacy", "10.96.0.50")
 	m := &migrate.Mover{Client: f.client, StatusNamespace: "shardproxy-system", Timeout: time.Second, Poll: 20 * time.Millisecond}
-	eventually(t, "the node status to be published", func() bool {
+	testutil.Eventually(t, waitTimeout, "the node status to be published", func() bool {
 		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
 		return err == nil && len(st) == 1
 	})

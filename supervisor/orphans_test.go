@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"testing"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // exists reports whether a fake table ("ip name") exists.
@@ -30,7 +32,7 @@ func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
 	}})
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
 	for _, gone := range []string{"ip shardproxy-team-c", "ip6 shardproxy-team-c", "ip6 shardproxy-old"} {
-		eventually(t, gone+" to be deleted", func() bool { return !f.tables.exists(gone) })
+		testutil.Eventually(t, waitTimeout, gone+" to be deleted", func() bool { return !f.tables.exists(gone) })
 	}
 	for _, kept := range []string{"ip other-table", "ip shardproxyx-a", "ip shardproxy-Not_An_Instance",
 		"ip shardproxy-default", "ip6 shardproxy-default", "ip shardproxy-team-b", "ip6 shardproxy-team-b"} {
@@ -38,7 +40,7 @@ func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
 			t.Errorf("%s was deleted", kept)
 		}
 	}
-	eventually(t, "team-a to serve its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	testutil.Eventually(t, waitTimeout, "team-a to serve its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="team-c"}`); got != "" {
 		t.Errorf("cleanup failure counted for team-c: %q", got)
 	}
@@ -50,8 +52,8 @@ func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
 func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-team-b", seed: []string{"ip shardproxy-team-c"}})
 	f.createService("x", "plain", "", "172.30.0.1")
-	eventually(t, "default serves its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
-	eventually(t, "team-b fails twice", func() bool {
+	testutil.Eventually(t, waitTimeout, "default serves its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
+	testutil.Eventually(t, waitTimeout, "team-b fails twice", func() bool {
 		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b"}`)
 		return v != "" && v != "0" && v != "1"
 	})
@@ -65,7 +67,7 @@ func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-stuck", seed: []string{"ip shardproxy-stuck", "ip6 shardproxy-stuck"}})
 	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="stuck"}`
-	eventually(t, "both failures counted", func() bool { return metricValue(t, f.sup, series) == "2" })
+	testutil.Eventually(t, waitTimeout, "both failures counted", func() bool { return metricValue(t, f.sup, series) == "2" })
 	if !f.tables.exists("ip shardproxy-stuck") {
 		t.Error("the table that failed to delete is gone")
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 const testConfigYAML = `
@@ -257,18 +258,8 @@ func (f *fixture) relabel(ns, name, proxyName string) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for: %s", what)
-}
+// waitTimeout bounds how long a test waits for the supervisor to act.
+const waitTimeout = 10 * time.Second
 
 func has(dump, ip string) bool { return strings.Contains(dump, "cluster-ips { "+ip+" }") }
 
@@ -283,7 +274,7 @@ func TestInstancesServeOnlyTheirServices(t *testing.T) {
 	want := map[string]string{"default": "172.30.0.1", "team-a": "172.30.0.2", "team-b": "172.30.0.3"}
 	for inst, ip := range want {
 		key := "ip shardproxy-" + inst
-		eventually(t, inst+" programs its Service", func() bool { return has(f.tables.dump(key), ip) })
+		testutil.Eventually(t, waitTimeout, inst+" programs its Service", func() bool { return has(f.tables.dump(key), ip) })
 	}
 	for inst := range want {
 		d := f.tables.dump("ip shardproxy-" + inst)
@@ -298,7 +289,7 @@ func TestInstancesServeOnlyTheirServices(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, "a rejection event for the intruding Service", func() bool {
+	testutil.Eventually(t, waitTimeout, "a rejection event for the intruding Service", func() bool {
 		return strings.Contains(f.rec.all(), "x/intruder Warning ServiceRejected")
 	})
 	// One watch per resource for the whole node, however many instances run.
@@ -324,21 +315,21 @@ func TestInstancesServeOnlyTheirServices(t *testing.T) {
 func TestRelabelHandsServiceOver(t *testing.T) {
 	f := startSupervisor(t, "")
 	f.createService("a", "web", "team-a", "172.30.0.9")
-	eventually(t, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+	testutil.Eventually(t, waitTimeout, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
 
 	f.relabel("a", "web", "") // to the default instance
-	eventually(t, "default takes web over with its endpoints", func() bool {
+	testutil.Eventually(t, waitTimeout, "default takes web over with its endpoints", func() bool {
 		d := f.tables.dump("ip shardproxy-default")
 		return has(d, "172.30.0.9") && strings.Contains(d, "10.244.1.2 . 8080")
 	})
-	eventually(t, "team-a lets go", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+	testutil.Eventually(t, waitTimeout, "team-a lets go", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
 
 	f.relabel("a", "web", "team-a") // and back
-	eventually(t, "team-a takes it back", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
-	eventually(t, "default lets go", func() bool { return !has(f.tables.dump("ip shardproxy-default"), "172.30.0.9") })
+	testutil.Eventually(t, waitTimeout, "team-a takes it back", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9") })
+	testutil.Eventually(t, waitTimeout, "default lets go", func() bool { return !has(f.tables.dump("ip shardproxy-default"), "172.30.0.9") })
 
 	f.relabel("a", "web", "unknown-proxy") // to nobody here
-	eventually(t, "team-a lets go of a Service no local instance serves", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-a lets go of a Service no local instance serves", func() bool {
 		return !has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.9")
 	})
 	if got := metricValue(t, f.sup, `shardproxy_handovers_total{from="team-a",to="default"}`); got != "1" {
@@ -351,10 +342,10 @@ func TestFailingInstanceIsContained(t *testing.T) {
 	f.createService("x", "plain", "", "172.30.0.1")
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
 	f.createService("b", "web-b", "team-b", "172.30.0.3")
-	eventually(t, "default and team-a keep syncing", func() bool {
+	testutil.Eventually(t, waitTimeout, "default and team-a keep syncing", func() bool {
 		return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") && has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2")
 	})
-	eventually(t, "health names the failing instance", func() bool {
+	testutil.Eventually(t, waitTimeout, "health names the failing instance", func() bool {
 		body := get(t, f.sup, "/status")
 		return strings.Contains(body, `"team-b"`) && strings.Contains(body, "simulated failure")
 	})
@@ -397,7 +388,7 @@ func metricValue(t *testing.T, s *Supervisor, series string) string {
 func TestNetworkProgrammingLatency(t *testing.T) {
 	f := startSupervisor(t, "")
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
-	eventually(t, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	testutil.Eventually(t, waitTimeout, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 
 	ctx := context.Background()
 	sl, err := f.client.DiscoveryV1().EndpointSlices("a").Get(ctx, "web-a-abc", metav1.GetOptions{})
@@ -431,7 +422,7 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 		}
 		return 0, 0
 	}
-	eventually(t, "team-a observes the change's programming latency", func() bool { c, _ := histogram("team-a"); return c == 1 })
+	testutil.Eventually(t, waitTimeout, "team-a observes the change's programming latency", func() bool { c, _ := histogram("team-a"); return c == 1 })
 	if _, sum := histogram("team-a"); sum < 0.3 || sum > 10 {
 		t.Errorf("observed latency %.3fs, want at least the 0.3s between the trigger and the update", sum)
 	}
@@ -446,7 +437,7 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 func TestPanickingInstanceRestarts(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{panicOnEvent: "b/bad"})
 	f.createService("x", "plain", "", "172.30.0.1")
-	eventually(t, "default programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
+	testutil.Eventually(t, waitTimeout, "default programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
 	// A Service with a malformed part makes team-b report an event, which panics.
 	f.createService("b", "bad", "team-b", "172.30.0.3")
 	svc, err := f.client.CoreV1().Services("b").Get(context.Background(), "bad", metav1.GetOptions{})
@@ -457,12 +448,12 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 	if _, err := f.client.CoreV1().Services("b").Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "team-b restarted once", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-b restarted once", func() bool {
 		return metricValue(t, f.sup, `shardproxy_instance_restarts_total{instance="team-b"}`) == "1"
 	})
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
-	eventually(t, "team-a keeps syncing", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
-	eventually(t, "team-b is back with its Service", func() bool {
+	testutil.Eventually(t, waitTimeout, "team-a keeps syncing", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
+	testutil.Eventually(t, waitTimeout, "team-b is back with its Service", func() bool {
 		return f.sup.Health().Healthy("team-b") && has(f.tables.dump("ip shardproxy-team-b"), "172.30.0.3")
 	})
 	for _, inst := range []string{"default", "team-a"} {
@@ -493,7 +484,7 @@ func TestProfilingOnMetricsServer(t *testing.T) {
 		f.sup.cfg.EnableProfiling = enabled
 		srv := httptest.NewServer(f.sup.metricsHandler())
 		// The instances' series exist once they have synced: wait for that, not for time.
-		eventually(t, "/metrics serves the instances' series", func() bool {
+		testutil.Eventually(t, waitTimeout, "/metrics serves the instances' series", func() bool {
 			code, body := get(srv.URL + "/metrics")
 			return code == http.StatusOK && strings.Contains(body, "kubeproxy_")
 		})

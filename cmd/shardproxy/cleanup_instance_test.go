@@ -1,11 +1,11 @@
 package main
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestCleanupUnconfiguredInstanceInNamespace runs `shardproxy cleanup --instance` for real
@@ -13,9 +13,7 @@ import (
 // configuration at all, given the table prefix) loses its ip and ip6 tables, nothing else
 // does, and a name with no tables fails.
 func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("real-kernel test: nft is not installed (hack/install-deps.sh)")
-	}
+	testutil.RequireTools(t, "nft")
 	tp := netns.New(t)
 	if err := tp.NFT(tp.Node, strings.Join([]string{
 		"add table ip shardproxy-old", "add chain ip shardproxy-old services",

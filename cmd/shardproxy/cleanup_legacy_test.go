@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 func TestCleanupFlags(t *testing.T) {
@@ -44,11 +44,7 @@ func TestCleanupFlags(t *testing.T) {
 // a node namespace holding a kube-proxy ruleset and a shardproxy table: it refuses while a
 // process named kube-proxy runs there, and then removes kube-proxy's chains only.
 func TestCleanupLegacyInNamespace(t *testing.T) {
-	for _, tool := range []string{"iptables-restore", "iptables-save", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("real-kernel test: %s is not installed (hack/install-deps.sh)", tool)
-		}
-	}
+	testutil.RequireTools(t, "iptables-restore", "iptables-save", "nft")
 	tp := netns.New(t)
 	fixture, err := os.ReadFile("../../legacy/testdata/iptables.save")
 	if err != nil {
@@ -66,7 +62,7 @@ func TestCleanupLegacyInNamespace(t *testing.T) {
 
 	// A stand-in kube-proxy: sleep under kube-proxy's name.
 	bin := filepath.Join(t.TempDir(), "kube-proxy")
-	copyFile(t, mustLookPath(t, "sleep"), bin)
+	testutil.CopyFile(t, mustLookPath(t, "sleep"), bin, 0o755)
 	proc := tp.Start(tp.Node, bin, "1000")
 	waitExec(t, proc.Pid(), "kube-proxy")
 	_, errOut, code := cli("cleanup", "--legacy", "iptables")
@@ -127,25 +123,6 @@ func mustLookPath(t *testing.T, name string) string {
 		t.Skipf("no %s", name)
 	}
 	return p
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	src, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // runCLIIn is runCLI on a thread switched into network namespace ns of tp: the nft and

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -19,23 +18,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
-
-// requireKernel skips real-kernel tests where they cannot run; CI runs as root.
-func requireKernel(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("real-kernel test: needs root to create network namespaces (CI runs as root)")
-	}
-	if testing.Short() {
-		t.Skip("real-kernel test: skipped with -short")
-	}
-	for _, bin := range []string{"ip", "conntrack"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("real-kernel test: %s not installed (make deps installs it)", bin)
-		}
-	}
-}
 
 // newNetns creates a fresh network namespace, deleted when the test ends, and returns its
 // name and a handle on it.
@@ -175,7 +159,7 @@ func mustPort(s string) uint16 {
 // Cleaner on it through netlink and checks with conntrack -L that exactly the stale
 // flows went, in both families and for both ways of binding to the namespace.
 func TestKernelCleanup(t *testing.T) {
-	requireKernel(t)
+	testutil.RequireKernel(t, "ip", "conntrack")
 
 	for _, bind := range []struct {
 		name string

@@ -9,33 +9,16 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
-// fakeClock is a Clock the test moves by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+var _ Clock = &testutil.Clock{}
 
-var _ Clock = &fakeClock{}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Step(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+func newFakeClock() *testutil.Clock {
+	return testutil.NewClock(time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // response is what a test sees of one HTTP response.
@@ -99,7 +82,7 @@ func TestProxyHealth(t *testing.T) {
 	const timeout = time.Minute
 	tests := []struct {
 		name  string
-		setup func(h *ProxyHealth, clock *fakeClock)
+		setup func(h *ProxyHealth, clock *testutil.Clock)
 		// wantHealthz and wantLivez are the expected status codes.
 		wantHealthz int
 		wantLivez   int
@@ -111,7 +94,7 @@ func TestProxyHealth(t *testing.T) {
 	}{
 		{
 			name:          "no instances is healthy",
-			setup:         func(*ProxyHealth, *fakeClock) {},
+			setup:         func(*ProxyHealth, *testutil.Clock) {},
 			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{},
@@ -119,7 +102,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "instance is healthy at start",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				clock.Step(10 * timeout)
 			},
@@ -130,7 +113,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "queued update within the timeout is healthy",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				clock.Step(timeout - time.Second)
@@ -142,7 +125,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "queued update not applied within the timeout is unhealthy",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				clock.Step(timeout)
@@ -154,7 +137,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "later queued updates do not reset the oldest",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				clock.Step(timeout / 2)
@@ -168,7 +151,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "update applied after going stale is healthy again",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				clock.Step(2 * timeout)
@@ -181,7 +164,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "sync error alone does not make the instance unhealthy",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.SetInstanceError("team-a", errors.New("nft: no such table"))
 			},
@@ -192,7 +175,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "deleting node fails healthz but not livez",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.SetNodeDeleting(true)
 			},
@@ -203,7 +186,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "node no longer deleting is eligible again",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.SetNodeDeleting(true)
 				h.SetNodeDeleting(false)
@@ -215,7 +198,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "one unhealthy instance fails the node",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
 				h.QueuedUpdate("team-a")
@@ -232,7 +215,7 @@ func TestProxyHealth(t *testing.T) {
 		{
 			// The supervisor restarts a down instance; a pod restart would stop the others.
 			name: "down instance fails healthz but not livez",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
 				h.SetInstanceUp("team-b", false, "crashed: exit status 2")
@@ -245,7 +228,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "down instance's stale queued update does not fail livez",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				h.SetInstanceUp("team-a", false, "backing off")
@@ -259,7 +242,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "instance back up has a full timeout for livez",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				h.SetInstanceUp("team-a", false, "backing off")
@@ -275,7 +258,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "instance back up fails livez once its queued update is stale again",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.QueuedUpdate("team-a")
 				h.SetInstanceUp("team-a", false, "backing off")
@@ -290,7 +273,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "instance back up is healthy",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.SetInstanceUp("team-a", false, "restarting")
 				h.SetInstanceUp("team-a", true, "")
@@ -302,7 +285,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "removed instance no longer counts",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
 				h.QueuedUpdate("team-b")
@@ -316,7 +299,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "updates for an untracked instance are ignored",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.QueuedUpdate("gone")
 				h.SetInstanceUp("gone", false, "stopped")
 				clock.Step(timeout)
@@ -328,7 +311,7 @@ func TestProxyHealth(t *testing.T) {
 		},
 		{
 			name: "each instance has its own timeout",
-			setup: func(h *ProxyHealth, clock *fakeClock) {
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("fast")
 				h.QueuedUpdate("team-a")

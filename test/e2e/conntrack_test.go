@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestUDPEndpointReplaced: a client keeps sending datagrams from one source port, so its
@@ -163,12 +164,12 @@ func TestTCPSynBeforeRules(t *testing.T) {
 	if err := e.Relabel(ctx, ns, "early", "team-a"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "team-a to program "+clusterIP, 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, "team-a to program "+clusterIP, func() bool {
 		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "map", "ip", "shardproxy-team-a", "service-ips")
 		return err == nil && strings.Contains(out, clusterIP+" . tcp . 80")
 	})
 	// The cleanup follows the sync that programmed the Service.
-	eventually(t, "the untranslated entry to go", 10*time.Second, func() bool { return !stale() })
+	testutil.Eventually(t, 10*time.Second, "the untranslated entry to go", func() bool { return !stale() })
 	r, err := dial()
 	if err != nil {
 		t.Fatalf("SYN from the same client port after team-a programmed %s: %v", clusterIP, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // tableHas reports whether instance's ip table holds addr (as a map or set element).
@@ -55,7 +56,7 @@ func TestHandover(t *testing.T) {
 		if err := e.Relabel(ctx, "handover", "moving", mv.label); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, fmt.Sprintf("%s to own %s and %s to let go", mv.owner, ip, prev), 40*time.Second, func() bool {
+		testutil.Eventually(t, 40*time.Second, fmt.Sprintf("%s to own %s and %s to let go", mv.owner, ip, prev), func() bool {
 			return tableHas(e, mv.owner, ip) && !tableHas(e, prev, ip)
 		})
 		t.Logf("moved %s -> %s in %v", prev, mv.owner, time.Since(start).Round(time.Millisecond))
@@ -160,7 +161,7 @@ func TestTableDeletedFromOutside(t *testing.T) {
 	if _, err := e.TP.Exec(e.TP.Node, "nft", "delete", "table", "ip", "shardproxy-team-a"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "team-a's table to come back", 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, "team-a's table to come back", func() bool {
 		return tableHas(e, "team-a", victim.Spec.ClusterIP)
 	})
 	recovered := time.Since(start)
@@ -264,7 +265,7 @@ func TestCleanupInstance(t *testing.T) {
 	if err := e.WaitHealthy(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "team-a's tables to be rebuilt", 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, "team-a's tables to be rebuilt", func() bool {
 		return tableExists(e, "ip", "team-a") && tableExists(e, "ip6", "team-a")
 	})
 }

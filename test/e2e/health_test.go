@@ -13,6 +13,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestHealthCheckNodePort: a LoadBalancer Service with externalTrafficPolicy Local gets an
@@ -72,7 +73,7 @@ func TestHealthCheckNodePort(t *testing.T) {
 	if err := e.DeleteService(ctx, ns, name); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the health-check port to close", 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, "the health-check port to close", func() bool {
 		_, _, err := e.HTTPGetFrom(ctx, e.TP.Client, url)
 		return err != nil
 	})
@@ -110,7 +111,7 @@ func TestSupervisorEndpoints(t *testing.T) {
 	}
 
 	var status healthcheck.StatusResponse
-	eventually(t, "/status to count team-b's Service", 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, "/status to count team-b's Service", func() bool {
 		code, body, err := e.HTTPGetFrom(ctx, e.TP.Client, base+"/status")
 		if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
 			return false

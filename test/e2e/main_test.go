@@ -118,19 +118,6 @@ func reach(t *testing.T, e *env.Env, from, proto, addr string, port int, want ..
 	return seen
 }
 
-// eventually polls cond until it is true.
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s", timeout, what)
-}
-
 // servers starts identity servers on every pod for the given protocols and port.
 func servers(t *testing.T, e *env.Env, port int, protos ...string) {
 	t.Helper()

@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // Addresses of the standard topology. They exist only inside the test's own namespaces.
@@ -154,15 +156,7 @@ type Topology struct {
 // or when ip is missing.
 func New(t testing.TB) *Topology {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("real-kernel test: creating network namespaces needs root (CI runs as root)")
-	}
-	if testing.Short() {
-		t.Skip("real-kernel test: skipped with -short")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("real-kernel test: ip (iproute2) is not installed")
-	}
+	testutil.RequireKernel(t, "ip")
 	tp, err := Build()
 	if tp != nil {
 		tp.t = t

@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// TestEachProxyServesItsOwnServices: kube-proxy (iptables) serves the unlabeled Service,
+// testEachProxyServesItsOwnServices: kube-proxy (iptables) serves the unlabeled Service,
 // team-a and team-b the Services labeled for them, from a pod and from the node itself,
 // and each proxy's rules hold only its own Services.
-func TestEachProxyServesItsOwnServices(t *testing.T) {
+func testEachProxyServesItsOwnServices(t *testing.T) {
 	e, _ := environment(t)
 	servers(t, e)
 	plain := service(t, e, "plain", "")
@@ -55,11 +55,11 @@ func TestEachProxyServesItsOwnServices(t *testing.T) {
 	}
 }
 
-// TestKubeProxyRestartLeavesShardproxyAlone: kube-proxy stopped and started again (its
+// testKubeProxyRestartLeavesShardproxyAlone: kube-proxy stopped and started again (its
 // start-up deletes nftables-mode leftovers, the "kube-proxy" tables) never touches a
 // shardproxy table: team-a's Service keeps answering throughout, and both tables keep
 // their kernel handle (never deleted and recreated) and their rules.
-func TestKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
+func testKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
 	e, kp := environment(t)
 	ctx := context.Background()
 	servers(t, e)
@@ -109,10 +109,10 @@ func TestKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
 	reach(t, e, e.TP.Pod2, webA)
 }
 
-// TestShardproxyRestartLeavesKubeProxyAlone: the supervisor stopped (SIGTERM) and started
+// testShardproxyRestartLeavesKubeProxyAlone: the supervisor stopped (SIGTERM) and started
 // again never touches iptables: kube-proxy's Service keeps answering throughout and
 // iptables-save is the same line for line.
-func TestShardproxyRestartLeavesKubeProxyAlone(t *testing.T) {
+func testShardproxyRestartLeavesKubeProxyAlone(t *testing.T) {
 	e, _ := environment(t)
 	ctx := context.Background()
 	servers(t, e)

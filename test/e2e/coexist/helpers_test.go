@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 var tcp80 = []env.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: 8080}}
@@ -65,7 +66,7 @@ func service(t *testing.T, e *env.Env, name, proxyName string) string {
 // would count kube-proxy's failures as the migration's.
 func reach(t *testing.T, e *env.Env, from, addr string) {
 	t.Helper()
-	eventually(t, "a proxy to program "+addr, func() bool {
+	testutil.Eventually(t, waitTimeout, "a proxy to program "+addr, func() bool {
 		out, err := e.TP.ListRuleset(e.TP.Node)
 		return err == nil && strings.Contains(out, addr+" ")
 	})

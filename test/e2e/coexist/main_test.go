@@ -120,6 +120,27 @@ func runMain(m *testing.M) int {
 	return code
 }
 
+// TestCoexist runs the suite against the one shared environment in a fixed order, written
+// here rather than left to file and declaration order: the legacy cleanup stops
+// kube-proxy for good, so it runs last.
+func TestCoexist(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"EachProxyServesItsOwnServices", testEachProxyServesItsOwnServices},
+		{"KubeProxyRestartLeavesShardproxyAlone", testKubeProxyRestartLeavesShardproxyAlone},
+		{"ShardproxyRestartLeavesKubeProxyAlone", testShardproxyRestartLeavesKubeProxyAlone},
+		{"MigrateMoveAndRollback", testMigrateMoveAndRollback},
+		{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy},
+	} {
+		t.Run(tc.name, tc.run)
+	}
+}
+
+// waitTimeout bounds how long a test waits for a proxy to act.
+const waitTimeout = 30 * time.Second
+
 // environment returns the shared environment, skipping when there is none (not root,
 // or -short).
 func environment(t *testing.T) (*env.Env, *env.KubeProxy) {

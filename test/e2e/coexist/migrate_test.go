@@ -12,16 +12,17 @@ import (
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
-// TestMigrateMoveAndRollback moves Services from the real kube-proxy to team-a with
+// testMigrateMoveAndRollback moves Services from the real kube-proxy to team-a with
 // `shardproxy migrate move` and back with `migrate rollback`, each Service under a client
 // loop, and counts the failed connections (target 0). The move waits for the node status
 // to confirm team-a programmed them in shadow before the label changes; the rollback has
 // team-a step back to a shadow first (freeing the health-check node port, which kube-proxy
 // only tries to bind when it syncs), and keeps team-a's copy until kube-proxy has its
 // rules again.
-func TestMigrateMoveAndRollback(t *testing.T) {
+func testMigrateMoveAndRollback(t *testing.T) {
 	e, kp := environment(t)
 	ctx := context.Background()
 	servers(t, e)
@@ -44,7 +45,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	args = append(args, "coexist/mig-lb")
 	reach(t, e, e.TP.Pod2, lb.Spec.ClusterIP)
 	hcPort := int(lb.Spec.HealthCheckNodePort)
-	eventually(t, "kube-proxy to serve the health-check node port", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
+	testutil.Eventually(t, waitTimeout, "kube-proxy to serve the health-check node port", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
 	kc := e.CP.Kubeconfig
 	migrate := func(sub string, flags ...string) string {
 		t.Helper()
@@ -96,7 +97,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 			t.Errorf("%s after the move: labels %v, annotations %v", n, svc.Labels, svc.Annotations)
 		}
 	}
-	eventually(t, "kube-proxy to let go and team-a to own them", func() bool {
+	testutil.Eventually(t, waitTimeout, "kube-proxy to let go and team-a to own them", func() bool {
 		save := strings.Join(iptablesSave(t, e), "\n")
 		for _, ip := range ips {
 			if strings.Contains(save, ip) || !teamAHas(e, ip) {
@@ -105,7 +106,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		}
 		return true
 	})
-	eventually(t, "shardproxy to take over the health-check node port", func() bool { return hcHolder(e, hcPort) == "shardproxy" })
+	testutil.Eventually(t, waitTimeout, "shardproxy to take over the health-check node port", func() bool { return hcHolder(e, hcPort) == "shardproxy" })
 	time.Sleep(time.Second)
 
 	start = time.Now()
@@ -114,7 +115,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 	if !strings.Contains(rollback, "team-a stepped back to a shadow on 1 node(s) (node-1)") {
 		t.Errorf("the rollback handed the Services back without the node confirming team-a stepped back:\n%s", rollback)
 	}
-	eventually(t, "kube-proxy to serve them again and team-a to let go", func() bool {
+	testutil.Eventually(t, waitTimeout, "kube-proxy to serve them again and team-a to let go", func() bool {
 		save := strings.Join(iptablesSave(t, e), "\n")
 		for _, ip := range ips {
 			if !strings.Contains(save, ip) || teamAHas(e, ip) {
@@ -123,7 +124,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 		}
 		return true
 	})
-	eventually(t, "kube-proxy to take the health-check node port back", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
+	testutil.Eventually(t, waitTimeout, "kube-proxy to take the health-check node port back", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
 	// kube-proxy binds a health-check node port only when it syncs: had team-a still held
 	// it, kube-proxy would have failed once and waited for a later sync (up to its 30s
 	// sync period) to try again.
@@ -169,16 +170,4 @@ func hcHolder(e *env.Env, port int) string {
 func teamAHas(e *env.Env, ip string) bool {
 	out, err := e.TP.Exec(e.TP.Node, "nft", "list", "table", "ip", "shardproxy-team-a")
 	return err == nil && strings.Contains(out, ip+" . tcp . 80")
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }

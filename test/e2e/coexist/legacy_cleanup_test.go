@@ -13,12 +13,12 @@ import (
 	"github.com/shardproxy/shardproxy/test/netns"
 )
 
-// TestLegacyCleanupAfterRealKubeProxy (last: it stops kube-proxy for good) runs
+// testLegacyCleanupAfterRealKubeProxy (last in TestCoexist: it stops kube-proxy for good) runs
 // `shardproxy cleanup --legacy iptables` in the node namespace against the rules the
 // real kube-proxy wrote: refused while kube-proxy runs, naming its pid; once it is
 // stopped, every kube-proxy chain goes while shardproxy's tables and traffic are
 // untouched; the unlabeled Service then moves to team-a by relabeling.
-func TestLegacyCleanupAfterRealKubeProxy(t *testing.T) {
+func testLegacyCleanupAfterRealKubeProxy(t *testing.T) {
 	e, kp := environment(t)
 	ctx := context.Background()
 	servers(t, e)
