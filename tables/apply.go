@@ -133,8 +133,7 @@ func idSet(id string) string {
 
 // multiElement returns one knftables element that stands for the elements of ids, all
 // of one set, built straight from the ids (which hold the key and value parts already
-// joined by " . "): at 10,000 Services, going through element structs cost 90 MB of
-// garbage per full sync. knftables writes `add element <family> <table> <set> { KEY :
+// joined by " . "): going through element structs made most of a full sync's garbage. knftables writes `add element <family> <table> <set> { KEY :
 // VALUE }` (no value for delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value
 // vn adds all n in one command.
 func multiElement(ids []string, del bool) *knftables.Element {

@@ -92,7 +92,7 @@ func (en entry) String() string {
 type compiled struct {
 	// entries maps each entry this port reaches to the ids of the elements that exist
 	// because of it. Ids, not elements: elements are built and turned into ids at once,
-	// so they never reach the heap (a full sync at 10,000 Services makes 300,000).
+	// so they never reach the heap (there are hundreds of thousands at scale).
 	entries map[string][]string
 	// shared are ids of elements several ports may want (cluster IPs, hairpin pairs):
 	// refcounted.
@@ -423,9 +423,8 @@ func (a *affinity) finish() {
 // affinitySet is the set object of an affinity endpoint.
 //
 // It has no size: the kernel bounds every set a rule updates to 65535 elements anyway,
-// while an explicit size is also the hash table's initial sizing hint, about 2 MB of kernel
-// memory per set allocated up front: 200 such sets took 400 MB and 0.9 s to create,
-// against nothing measurable without (at 10,000 Services the bench mix has 2,000).
+// while an explicit size is also the hash table's initial sizing hint, allocated up front
+// per set (tables/README.md, "Rule shape", has the measured cost).
 func (c *compiler) affinitySet(name string, timeout time.Duration) *knftables.Set {
 	return &knftables.Set{
 		Name:    name,
