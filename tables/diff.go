@@ -198,12 +198,12 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 		}
 		mayExist = func(ch string) bool { return present[ch] }
 		for _, ch := range in.chains {
-			if _, own := log.after.chains[ch]; isDynamicChain(ch) && l.pickChains[ch] == 0 && !own {
+			if _, wanted := log.after.chains[ch]; isDynamicChain(ch) && l.pickChains[ch] == 0 && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
 		}
 		for _, st := range in.sets {
-			if _, own := log.after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !own {
+			if _, wanted := log.after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !wanted {
 				d.DeleteSets = append(d.DeleteSets, st)
 			}
 		}

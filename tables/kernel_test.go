@@ -179,7 +179,7 @@ func TestKernelAcceptsRules(t *testing.T) {
 				t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
 			}
 
-			// The real nft gets elements batched per set; knftables' Fake one by one. The
+			X
 			// same syncs must leave every set and map with the same elements in both.
 			fake := knftables.NewFake(KnftFamily(fam), cfg.TableName())
 			fs, err := NewSyncer(cfg, fake)

@@ -265,10 +265,10 @@ func kernelContent(t *testing.T, ns string, fam Family, table string) []string {
 	return lines
 }
 
-// TestLargeRemovalsGoThroughNft: a partial sync whose netlink batch would take more
+// TestLargeRemovalsGoThroughNft: a partial sync whose netlink transaction would take more
 // messages than the socket can acknowledge (deleting a ClientIP-affinity Service with
 // 100 endpoints: a flush and a delete per chain, a delete per set) goes through nft; a
-// small one goes through the batch writer.
+// small one goes through the direct applier.
 func TestLargeRemovalsGoThroughNft(t *testing.T) {
 	for _, tc := range []struct {
 		endpoints int

@@ -356,7 +356,7 @@ func TestConflictLoserRegainsEntries(t *testing.T) {
 				"map endpoints-tcp 192.168.200.1 . 80 . 1 : 10.244.2.1 . 8080"},
 		},
 		{
-			name:    "winner deleted and loser changed in one batch",
+			name:    "winner deleted and loser changed in one sync",
 			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2))},
 			steps:   []map[ServiceName][]*ServicePort{{name("a"): nil, name("b"): svc(port("b", 2, endpoints(2)))}},
 			want:    []string{"map endpoints-tcp 192.168.200.1 . 80 . 1 : 10.244.2.1 . 8080"},
