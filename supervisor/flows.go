@@ -165,15 +165,15 @@ func servingEndpoints(slicesOf selector.SliceLister, name types.NamespacedName) 
 // it has not programmed it yet). applied caches the instances' programmed models for
 // one cleanup, since reading them copies the whole set.
 func (o *observer) servedElsewhere(inst string, name types.NamespacedName, applied map[string]map[types.NamespacedName]*instance.ServiceModel) (*instance.ServiceModel, bool) {
-	d := o.s.dispatcher
-	if d == nil {
+	owner, known := o.services.serviceOwner(name)
+	if !known {
 		return nil, false
 	}
 	var others []string
-	if owner := d.Owner(name); owner != "" && owner != inst {
+	if owner != "" && owner != inst {
 		others = append(others, owner)
 	}
-	for shadow, names := range d.Shadows() {
+	for shadow, names := range o.services.serviceShadows() {
 		if shadow != inst && slices.Contains(names, name) {
 			others = append(others, shadow)
 		}
@@ -181,9 +181,7 @@ func (o *observer) servedElsewhere(inst string, name types.NamespacedName, appli
 	for _, other := range others {
 		models, ok := applied[other]
 		if !ok {
-			if p := o.s.instances[other]; p != nil {
-				models = p.Applied()
-			}
+			models = o.services.appliedBy(other)
 			applied[other] = models
 		}
 		if m := models[name]; m != nil {
@@ -205,10 +203,10 @@ func (o *observer) servedElsewhere(inst string, name types.NamespacedName, appli
 // A full sync reports only Services whose model changed, so after one every Service with
 // kept endpoints is looked at again.
 func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService, full bool) {
-	if o.s.cleaner == nil {
+	if o.cleaner == nil {
 		return
 	}
-	slicesOf := o.s.slicesOf
+	slicesOf := o.services.endpointSlicesOf
 	type item struct {
 		before, after       *instance.ServiceModel
 		wasServing, serving conntrack.Serving
@@ -218,12 +216,12 @@ func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService
 	applied := map[string]map[types.NamespacedName]*instance.ServiceModel{}
 	for _, c := range changed {
 		seen[c.Name] = true
-		was := o.s.kept.take(inst, c.Name)
+		was := o.kept.take(inst, c.Name)
 		after := c.After
 		if after == nil {
 			if other, elsewhere := o.servedElsewhere(inst, c.Name, applied); elsewhere {
 				if other == nil {
-					o.s.logger.V(4).Info("Service handed to an instance that has not programmed it yet; keeping its flows",
+					o.logger.V(4).Info("Service handed to an instance that has not programmed it yet; keeping its flows",
 						"instance", inst, "service", c.Name)
 					continue
 				}
@@ -234,17 +232,17 @@ func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService
 		if after != nil {
 			serving = servingEndpoints(slicesOf, c.Name)
 		}
-		o.s.kept.put(inst, c.Name, c.After, serving)
+		o.kept.put(inst, c.Name, c.After, serving)
 		items = append(items, item{before: c.Before, after: after, wasServing: was, serving: serving})
 	}
 	if full {
-		for name, k := range o.s.kept.all(inst) {
+		for name, k := range o.kept.all(inst) {
 			if seen[name] {
 				continue
 			}
-			o.s.kept.take(inst, name)
+			o.kept.take(inst, name)
 			serving := servingEndpoints(slicesOf, name)
-			o.s.kept.put(inst, name, k.model, serving)
+			o.kept.put(inst, name, k.model, serving)
 			items = append(items, item{before: k.model, after: k.model, wasServing: k.serving, serving: serving})
 		}
 	}
@@ -271,13 +269,13 @@ func (o *observer) cleanConntrack(inst string, changed []instance.ChangedService
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		n, err := o.s.cleaner.CleanupChange(ctx, ch)
+		n, err := o.cleaner.CleanupChange(ctx, ch)
 		cancel()
 		if err != nil {
-			o.s.logger.Error(err, "Conntrack cleanup failed", "instance", inst, "family", fam)
+			o.logger.Error(err, "Conntrack cleanup failed", "instance", inst, "family", fam)
 		}
 		if n > 0 {
-			o.s.metrics.ConntrackDeleted(inst, fam.String(), n)
+			o.metrics.ConntrackDeleted(inst, fam.String(), n)
 		}
 	}
 }

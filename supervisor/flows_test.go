@@ -215,7 +215,7 @@ func TestFullSyncRevisitsKeptEndpoints(t *testing.T) {
 		logger: klog.Background(), metrics: metrics.New(), cleaner: conntrack.NewCleaner(ct), changes: newChangeCounter(metrics.New()),
 		slicesOf: func(ns, name string) []*discoveryv1.EndpointSlice { return current },
 	}
-	o := &observer{s: s}
+	o := s.newObserver()
 	name := types.NamespacedName{Namespace: "a", Name: "dns"}
 	node := instance.NodeInfo{Name: "node-1"}
 	both := instance.Build(svc, current, node)

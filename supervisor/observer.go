@@ -7,52 +7,120 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/supervisor/conntrack"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
 // observer does the node-wide work after each instance sync: health, metrics,
-// health-check node ports, conntrack cleanup and events.
+// health-check node ports, conntrack cleanup and events. It is given what it writes to,
+// and reads the rest of the node through localServices; it never reads the Supervisor.
 type observer struct {
-	s *Supervisor
+	health    *healthcheck.ProxyHealth
+	metrics   *metrics.Metrics
+	svcHC     *healthcheck.ServiceHealth
+	changes   *changeCounter
+	fullSyncs *firstFullSyncs
+	recorder  Recorder
+	logger    klog.Logger
+	// cleaner deletes stale conntrack flows; nil: conntrack cleanup is disabled.
+	cleaner *conntrack.Cleaner
+	// kept is shared by every instance's observer.
+	kept     *keptFlows
+	services localServices
 }
 
 var _ instance.Observer = &observer{}
 
+// localServices is what the observer reads of the rest of the node: who serves a Service
+// now, what the other instances have programmed, and the EndpointSlices the watch holds.
+// The Supervisor implements it.
+type localServices interface {
+	// serviceOwner is the instance that serves name by label ("": none); known is false
+	// before the dispatcher runs, when nothing is known about owners.
+	serviceOwner(name types.NamespacedName) (owner string, known bool)
+	// serviceShadows lists, per instance, the Services it programs as migration shadows.
+	serviceShadows() map[string][]types.NamespacedName
+	// appliedBy is what inst has programmed (nil: no such instance).
+	appliedBy(inst string) map[types.NamespacedName]*instance.ServiceModel
+	// endpointSlicesOf lists a Service's EndpointSlices as the watch holds them now.
+	endpointSlicesOf(namespace, service string) []*discoveryv1.EndpointSlice
+}
+
+// newObserver returns the observer of s's instances.
+func (s *Supervisor) newObserver() *observer {
+	return &observer{
+		health: s.health, metrics: s.metrics, svcHC: s.svcHC, changes: s.changes,
+		fullSyncs: &s.fullSyncs, recorder: s.deps.Recorder, logger: s.logger,
+		cleaner: s.cleaner, kept: &s.kept, services: s,
+	}
+}
+
+func (s *Supervisor) serviceOwner(name types.NamespacedName) (string, bool) {
+	if s.dispatcher == nil {
+		return "", false
+	}
+	return s.dispatcher.Owner(name), true
+}
+
+func (s *Supervisor) serviceShadows() map[string][]types.NamespacedName {
+	if s.dispatcher == nil {
+		return nil
+	}
+	return s.dispatcher.Shadows()
+}
+
+func (s *Supervisor) appliedBy(inst string) map[types.NamespacedName]*instance.ServiceModel {
+	if p := s.instances[inst]; p != nil {
+		return p.Applied()
+	}
+	return nil
+}
+
+func (s *Supervisor) endpointSlicesOf(namespace, service string) []*discoveryv1.EndpointSlice {
+	if s.slicesOf == nil {
+		return nil
+	}
+	return s.slicesOf(namespace, service)
+}
+
 func (o *observer) Queued(inst string) {
-	o.s.health.QueuedUpdate(inst)
-	o.s.metrics.SetLastQueued(inst, time.Now())
+	o.health.QueuedUpdate(inst)
+	o.metrics.SetLastQueued(inst, time.Now())
 }
 
 func (o *observer) SyncFailed(inst string, err error) {
-	o.s.health.SetInstanceError(inst, err)
-	o.s.metrics.SyncFailed(inst)
+	o.health.SetInstanceError(inst, err)
+	o.metrics.SyncFailed(inst)
 }
 
 func (o *observer) Synced(res *instance.SyncResult) {
-	s := o.s
 	inst := res.Instance
-	s.health.Updated(inst)
-	s.health.SetInstanceError(inst, nil)
-	s.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
-	s.changes.synced(inst)
+	o.health.Updated(inst)
+	o.health.SetInstanceError(inst, nil)
+	o.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
+	o.changes.synced(inst)
 	ops := 0
 	for _, st := range res.Stats {
 		ops += st.Operations
 	}
-	s.metrics.ObserveSync(inst, res.Full, res.Elapsed, ops)
-	s.metrics.SetLastSync(inst, time.Now())
+	o.metrics.ObserveSync(inst, res.Full, res.Elapsed, ops)
+	o.metrics.SetLastSync(inst, time.Now())
 	for _, d := range res.ProgrammingLatencies {
-		s.metrics.ObserveNetworkProgramming(inst, d)
+		o.metrics.ObserveNetworkProgramming(inst, d)
 	}
-	s.metrics.SetOwned(inst, res.Services, res.Endpoints)
-	s.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
-	s.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
-	s.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
+	o.metrics.SetOwned(inst, res.Services, res.Endpoints)
+	o.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
+	o.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
+	o.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
 	o.cleanConntrack(inst, res.Changed, res.Full)
 	if res.Full {
-		s.fullSyncs.fullSynced(inst)
+		o.fullSyncs.fullSynced(inst)
 	}
 	for _, c := range res.Changed {
 		if c.After == nil || len(c.After.Problems) == 0 {
@@ -61,7 +129,7 @@ func (o *observer) Synced(res *instance.SyncResult) {
 		if c.Before != nil && slices.Equal(c.Before.Problems, c.After.Problems) {
 			continue
 		}
-		s.deps.Recorder.Eventf(c.Name, corev1.EventTypeWarning, "InvalidServiceParts",
+		o.recorder.Eventf(c.Name, corev1.EventTypeWarning, "InvalidServiceParts",
 			"instance %s skipped parts of the Service: %s", inst, strings.Join(c.After.Problems, "; "))
 	}
 }
@@ -70,13 +138,11 @@ func (o *observer) Synced(res *instance.SyncResult) {
 // label: a Service it only shadows during a migration keeps its health check where it is
 // (on the legacy proxy or the owning instance) until the label moves.
 func (o *observer) ownedHealthChecks(inst string, ports map[types.NamespacedName]int32) map[types.NamespacedName]int32 {
-	d := o.s.dispatcher
-	if d == nil {
-		return ports
-	}
 	var out map[types.NamespacedName]int32
 	for name := range ports {
-		if d.Owner(name) != inst {
+		if owner, known := o.services.serviceOwner(name); !known {
+			return ports
+		} else if owner != inst {
 			if out == nil {
 				out = maps.Clone(ports)
 			}

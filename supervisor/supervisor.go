@@ -373,7 +373,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		SyncPeriod:         spec.SyncPeriod.Duration,
 		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
 		Node:               nodeInfo(s.cfg.NodeName, node),
-		Observer:           &observer{s: s},
+		Observer:           s.newObserver(),
 	})
 }
 
