@@ -2,9 +2,8 @@ package tables
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
+	"github.com/shardproxy/shardproxy/test/testutil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,30 +19,13 @@ import (
 // requireRoot skips real-kernel tests where they cannot run; CI runs as root.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("real-kernel test: needs root (CI runs as root)")
-	}
-	if testing.Short() {
-		t.Skip("real-kernel test: skipped with -short")
-	}
-	for _, bin := range []string{"nft", "ip"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("real-kernel test: %s not installed (make deps installs it)", bin)
-		}
-	}
+	testutil.RequireKernel(t, "nft", "ip")
 }
 
 // newNetns creates a fresh network namespace, deleted when the test ends.
 func newNetns(t *testing.T) string {
 	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "sptab-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return name
+	return testutil.NewNetns(t, "sptab-")
 }
 
 // kernelNFT returns a knftables.Interface whose nft runs inside namespace ns: New looks
@@ -179,7 +161,7 @@ func TestKernelAcceptsRules(t *testing.T) {
 				t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
 			}
 
-			X
+			// The real nft gets many elements per command; knftables' Fake one by one. The
 			// same syncs must leave every set and map with the same elements in both.
 			fake := knftables.NewFake(KnftFamily(fam), cfg.TableName())
 			fs, err := NewSyncer(cfg, fake)
