@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -294,7 +295,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
-	for _, name := range sortedKeys(s.instances) {
+	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -473,15 +474,6 @@ func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
 		return err
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // metricsHandler serves /metrics and, with enableProfiling, Go's pprof handlers.
