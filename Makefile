@@ -7,7 +7,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build test test-unit fuzz deps vet fmt clean demo bench bench-compare
+.PHONY: all build test test-unit flakes fuzz deps vet fmt clean demo bench bench-compare
 
 all: build
 
@@ -31,6 +31,14 @@ vet:
 # real traffic) and the demo in --once mode. Root only; CI is root.
 test: deps vet
 	hack/test.sh
+
+# flakes runs the unit and real-kernel layers COUNT times (default 10) and the e2e layer
+# E2E_COUNT times (default 3), and lists every test that failed at least once
+# (hack/flakes.sh). Root only; about an hour with the defaults on two cores.
+COUNT     ?= 10
+E2E_COUNT ?= 3
+flakes: deps
+	COUNT=$(COUNT) E2E_COUNT=$(E2E_COUNT) hack/flakes.sh
 
 # demo is the README's main job: a local control plane, a node namespace running three
 # instances, sample Services, real traffic and a table of who served what. It stays up

@@ -19,16 +19,7 @@ cd "${root}"
 go="${GO:-go}"
 flags=(-count=1)
 
-module="$(${go} list -m)"
-kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|legacy|cmd/shardproxy)(/.*)?$"
-integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
-e2e_re="^${module}/test/e2e(/.*)?$"
-
-all="$(${go} list ./...)"
-kernel="$(grep -E "${kernel_re}" <<<"${all}" || true)"
-integration="$(grep -E "${integration_re}" <<<"${all}" || true)"
-e2e="$(grep -E "${e2e_re}" <<<"${all}" || true)"
-unit="$(grep -vE "${kernel_re}|${integration_re}|${e2e_re}" <<<"${all}" || true)"
+source "${root}/hack/layers.sh"
 
 ${go} build -o "${root}/bin/testsum" ./hack/testsum || exit 1
 

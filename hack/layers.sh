@@ -1,0 +1,14 @@
+# layers.sh is sourced by test.sh and flakes.sh: it sets unit, kernel, integration and
+# e2e to the packages of each test layer. Every package lands in exactly one layer:
+# anything not listed as kernel, integration or e2e is unit. Needs ${go}.
+
+module="$(${go} list -m)"
+kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|legacy|cmd/shardproxy)(/.*)?$"
+integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
+e2e_re="^${module}/test/e2e(/.*)?$"
+
+all="$(${go} list ./...)"
+kernel="$(grep -E "${kernel_re}" <<<"${all}" || true)"
+integration="$(grep -E "${integration_re}" <<<"${all}" || true)"
+e2e="$(grep -E "${e2e_re}" <<<"${all}" || true)"
+unit="$(grep -vE "${kernel_re}|${integration_re}|${e2e_re}" <<<"${all}" || true)"
