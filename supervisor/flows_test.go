@@ -3,7 +3,6 @@ package supervisor
 import (
 	"context"
 	"net/netip"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -12,11 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 
-	"github.com/shardproxy/shardproxy/instance"
-	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/tables"
@@ -86,8 +81,7 @@ func dnsFlow(clusterIP, pod string) *netlink.ConntrackFlow {
 
 // hasFlow reports whether the fake conntrack table still holds flow.
 func (f *fixture) hasFlow(flow *netlink.ConntrackFlow) bool {
-	want := conntrack.FlowString(flow)
-	return slices.ContainsFunc(f.ct.Flows(), func(fl *netlink.ConntrackFlow) bool { return conntrack.FlowString(fl) == want })
+	return slices.Contains(f.ct.FlowStrings(), conntrack.FlowString(flow))
 }
 
 // programsEndpoint reports whether an instance's IPv4 table DNATs to pod:5353.
@@ -155,7 +149,7 @@ func TestHandoverKeepsFlowsOfServedService(t *testing.T) {
 			testutil.Eventually(t, waitTimeout, "team-a lets go of dns", func() bool { return !has(f.tables.dump("ip shardproxy-team-a"), vip) })
 			f.settle("team-a", "a", "team-a", "172.30.0.54")
 			if !f.hasFlow(flowA) || !f.hasFlow(flowB) {
-				t.Errorf("team-a letting go of a Service %s still serves deleted its flows; left: %v", tc.newOwner, flowStrings(f.ct.Flows()))
+				t.Errorf("team-a letting go of a Service %s still serves deleted its flows; left: %v", tc.newOwner, f.ct.FlowStrings())
 			}
 
 			// Once no local instance serves it, its flows are stale.
@@ -185,85 +179,12 @@ func TestTerminatingEndpointKeepsFlowsWhileServing(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "team-a stops sending new flows to the terminating pod", func() bool { return !f.programsEndpoint("team-a", podA) })
 	f.settle("team-a", "a", "team-a", "172.30.0.54")
 	if !f.hasFlow(flowA) {
-		t.Errorf("the flow to the terminating, still serving pod was deleted; left: %v", flowStrings(f.ct.Flows()))
+		t.Errorf("the flow to the terminating, still serving pod was deleted; left: %v", f.ct.FlowStrings())
 	}
 
 	f.setEndpoints("a", "dns", dnsEndpoint(podB, false))
 	testutil.Eventually(t, waitTimeout, "the flow to the pod that left goes", func() bool { return !f.hasFlow(flowA) })
 	if !f.hasFlow(flowB) {
 		t.Errorf("the flow to the ready pod was deleted")
-	}
-}
-
-func flowStrings(flows []*netlink.ConntrackFlow) []string {
-	var out []string
-	for _, fl := range flows {
-		out = append(out, conntrack.FlowString(fl))
-	}
-	return out
-}
-
-// TestFullSyncRevisitsKeptEndpoints: a full sync reports only Services whose model
-// changed; a terminating pod leaving the EndpointSlice does not change it, and its flows
-// still go.
-func TestFullSyncRevisitsKeptEndpoints(t *testing.T) {
-	const vip = "172.30.0.53"
-	svc, sl := dnsObjects("a", "dns", vip, nil, nil, dnsEndpoint(podA, false), dnsEndpoint(podB, false))
-	current := []*discoveryv1.EndpointSlice{sl}
-	ct := conntrack.NewFake()
-	s := &Supervisor{
-		logger: klog.Background(), metrics: metrics.New(), cleaner: conntrack.NewCleaner(ct), changes: newChangeCounter(metrics.New()),
-		slicesOf: func(ns, name string) []*discoveryv1.EndpointSlice { return current },
-	}
-	o := s.newObserver()
-	name := types.NamespacedName{Namespace: "a", Name: "dns"}
-	node := instance.NodeInfo{Name: "node-1"}
-	both := instance.Build(svc, current, node)
-
-	flowA, flowB := dnsFlow(vip, podA), dnsFlow(vip, podB)
-	ct.Add(flowA, flowB)
-	terminating := sl.DeepCopy()
-	terminating.Endpoints = []discoveryv1.Endpoint{dnsEndpoint(podA, true), dnsEndpoint(podB, false)}
-	current = []*discoveryv1.EndpointSlice{terminating}
-	onlyB := instance.Build(svc, current, node)
-	o.cleanConntrack("team-a", []instance.ChangedService{{Name: name, Before: both, After: onlyB}}, false)
-	if got := flowStrings(ct.Flows()); len(got) != 2 {
-		t.Fatalf("pod A started terminating: flows left %v, want both", got)
-	}
-
-	gone := sl.DeepCopy()
-	gone.Endpoints = []discoveryv1.Endpoint{dnsEndpoint(podB, false)}
-	current = []*discoveryv1.EndpointSlice{gone}
-	if m := instance.Build(svc, current, node); !reflect.DeepEqual(m, onlyB) {
-		t.Fatal("the test expects pod A leaving not to change the model")
-	}
-	o.cleanConntrack("team-a", nil, true)
-	if got, want := flowStrings(ct.Flows()), flowStrings([]*netlink.ConntrackFlow{flowB}); !slices.Equal(got, want) {
-		t.Errorf("after a full sync that did not report the Service: flows %v, want %v", got, want)
-	}
-	if n := len(s.kept.all("team-a")); n != 0 {
-		t.Errorf("%d Services still remembered after their kept endpoints went", n)
-	}
-}
-
-func TestServingEndpoints(t *testing.T) {
-	notServing, terminating := false, true
-	name := types.NamespacedName{Namespace: "a", Name: "dns"}
-	_, sl := dnsObjects("a", "dns", "172.30.0.53", nil, nil,
-		dnsEndpoint(podA, false),
-		dnsEndpoint(podB, true),
-		discoveryv1.Endpoint{Addresses: []string{"10.244.3.2"}, Conditions: discoveryv1.EndpointConditions{Serving: &notServing, Terminating: &terminating}},
-		discoveryv1.Endpoint{Addresses: []string{"10.244.4.2"}}, // conditions unset: serving, as upstream
-	)
-	tcpPort, tcpName, tcp := int32(8080), "http", corev1.ProtocolTCP
-	sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: &tcpName, Port: &tcpPort, Protocol: &tcp})
-	got := servingEndpoints(func(string, string) []*discoveryv1.EndpointSlice { return []*discoveryv1.EndpointSlice{sl} }, name)
-	key := tables.ServicePortName{Namespace: "a", Name: "dns", Port: "dns", Protocol: tables.UDP}
-	var eps []string
-	for _, ep := range got[key] {
-		eps = append(eps, ep.String())
-	}
-	if want := []string{podA + ":5353", podB + ":5353", "10.244.4.2:5353"}; !slices.Equal(eps, want) || len(got) != 1 {
-		t.Errorf("serving endpoints %v (all: %v), want only the UDP port's %v", eps, got, want)
 	}
 }

@@ -28,18 +28,17 @@ type observer struct {
 	fullSyncs *firstFullSyncs
 	recorder  Recorder
 	logger    klog.Logger
-	// cleaner deletes stale conntrack flows; nil: conntrack cleanup is disabled.
-	cleaner *conntrack.Cleaner
-	// kept is shared by every instance's observer.
-	kept     *keptFlows
-	services localServices
+	// conntrack cleans up conntrack flows after syncs; shared by every instance's
+	// observer. Nil: conntrack cleanup is disabled.
+	conntrack *conntrack.Sweeper
+	services  localServices
 }
 
 var _ instance.Observer = &observer{}
 
-// localServices is what the observer reads of the rest of the node: who serves a Service
-// now, what the other instances have programmed, and the EndpointSlices the watch holds.
-// The Supervisor implements it.
+// localServices is what the observer and conntrack cleanup (through conntrackNode) read
+// of the rest of the node: who serves a Service now, what the other instances have
+// programmed, and the EndpointSlices the watch holds. The Supervisor implements it.
 type localServices interface {
 	// serviceOwner is the instance that serves name by label ("": none); known is false
 	// before the dispatcher runs, when nothing is known about owners.
@@ -57,7 +56,7 @@ func (s *Supervisor) newObserver() *observer {
 	return &observer{
 		health: s.health, metrics: s.metrics, svcHC: s.svcHC, changes: s.changes,
 		fullSyncs: &s.fullSyncs, recorder: s.deps.Recorder, logger: s.logger,
-		cleaner: s.cleaner, kept: &s.kept, services: s,
+		conntrack: s.conntrack, services: s,
 	}
 }
 
@@ -118,7 +117,9 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	o.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
 	o.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
 	o.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
-	o.cleanConntrack(inst, res.Changed, res.Full)
+	if o.conntrack != nil {
+		o.conntrack.Synced(inst, res.Changed, res.Full)
+	}
 	if res.Full {
 		o.fullSyncs.fullSynced(inst)
 	}

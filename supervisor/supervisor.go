@@ -77,7 +77,6 @@ type Supervisor struct {
 	metrics *metrics.Metrics
 	health  *healthcheck.ProxyHealth
 	svcHC   *healthcheck.ServiceHealth
-	cleaner *conntrack.Cleaner
 	router  *selector.Router
 	watches *Watches
 	// tableConfigs maps the configuration to the instances' tables.
@@ -90,8 +89,8 @@ type Supervisor struct {
 	instances map[string]*instance.Proxy
 	specs     map[string]config.Instance
 
-	// kept remembers the serving endpoints conntrack cleanup kept outside the rules.
-	kept keptFlows
+	// conntrack cleans up conntrack flows after the instances' syncs; nil: disabled.
+	conntrack *conntrack.Sweeper
 	// changes counts the Service and EndpointSlice changes handed to each instance.
 	changes *changeCounter
 	// fullSyncs tracks the instances' first successful full syncs; once every instance
@@ -167,7 +166,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		}
 	}
 	if deps.Conntrack != nil {
-		s.cleaner = conntrack.NewCleaner(deps.Conntrack)
+		s.conntrack = conntrack.NewSweeper(conntrack.NewCleaner(deps.Conntrack), conntrackNode{services: s}, s.metrics, s.logger)
 	}
 	s.deps = deps
 

@@ -10,6 +10,12 @@
 // upstream, it also removes the unanswered TCP entries of SYNs that reached a Service
 // address before any rule did, which would otherwise turn away every SYN of that tuple
 // for two minutes.
+//
+// The whole decision lives here: the Sweeper works out, after each sync of an instance,
+// what changed and which endpoints still serve besides the rules (terminating pods, the
+// model of a Service another local instance took over), and the Cleaner turns that into
+// the stale flows and deletes them. The supervisor only answers the Sweeper's questions
+// about the node (Node).
 package conntrack
 
 import (

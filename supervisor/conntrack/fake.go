@@ -49,6 +49,16 @@ func (f *Fake) Flows() []*netlink.ConntrackFlow {
 	return slices.Clone(f.flows)
 }
 
+// FlowStrings returns the flows left in the table as FlowString spells them, in
+// insertion order.
+func (f *Fake) FlowStrings() []string {
+	var out []string
+	for _, flow := range f.Flows() {
+		out = append(out, FlowString(flow))
+	}
+	return out
+}
+
 // Calls returns every call made so far, in order, as "ListEntries IPv4" or
 // "DeleteFilters IPv6".
 func (f *Fake) Calls() []string {

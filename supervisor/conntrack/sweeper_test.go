@@ -1,0 +1,115 @@
+package conntrack
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/tables"
+)
+
+// sliceEndpoint is an EndpointSlice endpoint with the address of ep (as epA, whose port
+// is the EndpointSlice's): ready, or serving and terminating.
+func sliceEndpoint(ep string, terminating bool) discoveryv1.Endpoint {
+	ready, serving := !terminating, true
+	return discoveryv1.Endpoint{Addresses: []string{ap(ep).Addr().String()},
+		Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating}}
+}
+
+// dnsService returns the UDP Service a/dns on clusterIP:53 and its EndpointSlice, port
+// 5353, holding eps.
+func dnsService(eps ...discoveryv1.Endpoint) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	port, portName, udp := int32(5353), "dns", corev1.ProtocolUDP
+	return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "dns"},
+			Spec: corev1.ServiceSpec{ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
+				Ports: []corev1.ServicePort{{Name: portName, Port: 53, Protocol: udp}}},
+		}, &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "a", Name: "dns-abc", Labels: map[string]string{discoveryv1.LabelServiceName: "dns"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   eps,
+			Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &udp}},
+		}
+}
+
+// fakeNode is a Node whose EndpointSlices are slices and where no other instance
+// serves anything.
+type fakeNode struct {
+	slices func() []*discoveryv1.EndpointSlice
+}
+
+func (n fakeNode) EndpointSlicesOf(types.NamespacedName) []*discoveryv1.EndpointSlice {
+	return n.slices()
+}
+
+func (fakeNode) ServedElsewhere(string, []types.NamespacedName) map[types.NamespacedName]*instance.ServiceModel {
+	return nil
+}
+
+// TestFullSyncRevisitsKeptEndpoints: a full sync reports only Services whose model
+// changed; a terminating pod leaving the EndpointSlice does not change it, and its flows
+// still go.
+func TestFullSyncRevisitsKeptEndpoints(t *testing.T) {
+	svc, sl := dnsService(sliceEndpoint(epA, false), sliceEndpoint(epB, false))
+	current := []*discoveryv1.EndpointSlice{sl}
+	ct := NewFake()
+	s := NewSweeper(NewCleaner(ct), fakeNode{slices: func() []*discoveryv1.EndpointSlice { return current }}, metrics.New(), klog.Background())
+	name := types.NamespacedName{Namespace: "a", Name: "dns"}
+	node := instance.NodeInfo{Name: "node-1"}
+	both := instance.Build(svc, current, node)
+
+	flowA, flowB := udp(hostPort(clusterIP, "53"), epA), udp(hostPort(clusterIP, "53"), epB)
+	ct.Add(flowA, flowB)
+	terminating := sl.DeepCopy()
+	terminating.Endpoints = []discoveryv1.Endpoint{sliceEndpoint(epA, true), sliceEndpoint(epB, false)}
+	current = []*discoveryv1.EndpointSlice{terminating}
+	onlyB := instance.Build(svc, current, node)
+	s.Synced("team-a", []instance.ChangedService{{Name: name, Before: both, After: onlyB}}, false)
+	if got := ct.FlowStrings(); len(got) != 2 {
+		t.Fatalf("pod A started terminating: flows left %v, want both", got)
+	}
+
+	gone := sl.DeepCopy()
+	gone.Endpoints = []discoveryv1.Endpoint{sliceEndpoint(epB, false)}
+	current = []*discoveryv1.EndpointSlice{gone}
+	if m := instance.Build(svc, current, node); !reflect.DeepEqual(m, onlyB) {
+		t.Fatal("the test expects pod A leaving not to change the model")
+	}
+	s.Synced("team-a", nil, true)
+	if got, want := ct.FlowStrings(), []string{FlowString(flowB)}; !slices.Equal(got, want) {
+		t.Errorf("after a full sync that did not report the Service: flows %v, want %v", got, want)
+	}
+	if n := len(s.kept.all("team-a")); n != 0 {
+		t.Errorf("%d Services still remembered after their kept endpoints went", n)
+	}
+}
+
+func TestServingEndpoints(t *testing.T) {
+	notServing, terminating := false, true
+	name := types.NamespacedName{Namespace: "a", Name: "dns"}
+	_, sl := dnsService(
+		sliceEndpoint(epA, false),
+		sliceEndpoint(epB, true),
+		discoveryv1.Endpoint{Addresses: []string{"10.244.3.2"}, Conditions: discoveryv1.EndpointConditions{Serving: &notServing, Terminating: &terminating}},
+		discoveryv1.Endpoint{Addresses: []string{"10.244.4.2"}}, // conditions unset: serving, as upstream
+	)
+	tcpPort, tcpName, tcp := int32(8080), "http", corev1.ProtocolTCP
+	sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: &tcpName, Port: &tcpPort, Protocol: &tcp})
+	got := servingEndpoints([]*discoveryv1.EndpointSlice{sl}, name)
+	key := tables.ServicePortName{Namespace: "a", Name: "dns", Port: "dns", Protocol: tables.UDP}
+	var eps []string
+	for _, ep := range got[key] {
+		eps = append(eps, ep.String())
+	}
+	if want := []string{epA, epB, "10.244.4.2:5353"}; !slices.Equal(eps, want) || len(got) != 1 {
+		t.Errorf("serving endpoints %v (all: %v), want only the UDP port's %v", eps, got, want)
+	}
+}
