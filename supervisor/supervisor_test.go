@@ -173,6 +173,8 @@ type fixtureOptions struct {
 	seed []string
 	// panicOnEvent is a Service (namespace/name) whose first event panics.
 	panicOnEvent string
+	// enableProfiling sets the configuration's enableProfiling.
+	enableProfiling bool
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -188,6 +190,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	}
 	// Any free ports: the tests talk to the handlers directly.
 	cfg.HealthzBindAddress, cfg.MetricsBindAddress = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.EnableProfiling = opts.enableProfiling
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
 	f := &fixture{t: t, client: fake.NewClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
@@ -480,8 +483,7 @@ func TestProfilingOnMetricsServer(t *testing.T) {
 		return resp.StatusCode, string(body)
 	}
 	for _, enabled := range []bool{false, true} {
-		f := startSupervisor(t, "")
-		f.sup.cfg.EnableProfiling = enabled
+		f := startSupervisorWith(t, fixtureOptions{enableProfiling: enabled})
 		srv := httptest.NewServer(f.sup.metricsHandler())
 		// The instances' series exist once they have synced: wait for that, not for time.
 		testutil.Eventually(t, waitTimeout, "/metrics serves the instances' series", func() bool {
