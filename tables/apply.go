@@ -133,9 +133,10 @@ func idSet(id string) string {
 
 // multiElement returns one knftables element that stands for the elements of ids, all
 // of one set, built straight from the ids (which hold the key and value parts already
-// joined by " . "): going through element structs made most of a full sync's garbage. knftables writes `add element <family> <table> <set> { KEY :
-// VALUE }` (no value for delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value
-// vn adds all n in one command.
+// joined by " . "): going through element structs made most of a full sync's garbage.
+// knftables writes `add element <family> <table> <set> { KEY : VALUE }` (no value for
+// delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value vn adds all n in one
+// command.
 func multiElement(ids []string, del bool) *knftables.Element {
 	el := elementFromID(ids[len(ids)-1]).object()
 	if len(ids) == 1 {

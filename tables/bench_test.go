@@ -127,6 +127,10 @@ func benchSyncer(b *testing.B, nft knftables.Interface) *Syncer {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if _, ok := nft.(*renderOnly); ok {
+		// Rendered as for the nft binary; the Fake variants need one per command.
+		s.SetElementsPerCommand(MaxElementsPerCommand)
+	}
 	return s
 }
 

@@ -424,7 +424,7 @@ func (a *affinity) finish() {
 //
 // It has no size: the kernel bounds every set a rule updates to 65535 elements anyway,
 // while an explicit size is also the hash table's initial sizing hint, allocated up front
-// per set (tables/README.md, "Rule shape", has the measured cost).
+// per set (tables/README.md, "Sync", has the measured cost).
 func (c *compiler) affinitySet(name string, timeout time.Duration) *knftables.Set {
 	return &knftables.Set{
 		Name:    name,
@@ -536,13 +536,21 @@ func (c *compiler) entryKey() string {
 
 // skeleton returns the table with its fixed sets, maps and chains and their rules.
 func (c *compiler) skeleton(prio Priorities) *Skeleton {
+	sets, maps := c.fixedSetsAndMaps()
+	var chains []*knftables.Chain
+	for _, b := range baseChains(prio) {
+		chains = append(chains, b.chain())
+	}
+	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
+		chains = append(chains, &knftables.Chain{Name: name})
+	}
+	table := &knftables.Table{Comment: ptr("shardproxy instance " + c.cfg.Instance)}
+	return &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: c.fixedRules()}
+}
+
+// fixedSetsAndMaps returns the sets and maps every table has.
+func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.Map) {
 	ip, at := c.ip, c.addrTyp
-	var (
-		sets   []*knftables.Set
-		maps   []*knftables.Map
-		chains []*knftables.Chain
-		rules  []*knftables.Rule
-	)
 	entryType := at + " . inet_proto . inet_service"
 	sets = []*knftables.Set{
 		{Name: setClusterIPs, Type: at, Comment: ptr("cluster IPs of this instance's Services")},
@@ -565,13 +573,13 @@ func (c *compiler) skeleton(prio Priorities) *Skeleton {
 			&knftables.Map{Name: endpointsMap(mapEndpoints, proto), TypeOf: typeOf, Comment: ptr("address . port . index -> endpoint")},
 			&knftables.Map{Name: endpointsMap(mapClusterEndpoints, proto), TypeOf: typeOf, Comment: ptr("address . port . index -> cluster-policy endpoint")})
 	}
-	for _, b := range baseChains(prio) {
-		chains = append(chains, b.chain())
-	}
-	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
-		chains = append(chains, &knftables.Chain{Name: name})
-	}
+	return sets, maps
+}
 
+// fixedRules returns the rules of the skeleton's chains.
+func (c *compiler) fixedRules() []*knftables.Rule {
+	ip := c.ip
+	var rules []*knftables.Rule
 	rule := func(chain string, parts ...string) {
 		var nonEmpty []string
 		for _, p := range parts {
@@ -622,8 +630,7 @@ func (c *compiler) skeleton(prio Priorities) *Skeleton {
 	m := c.masqMark()
 	rule(chainNATPostrouting, "meta mark &", m, "!= 0 meta mark set meta mark xor", m, "masquerade fully-random")
 	rule(chainNATPostrouting, "ct status dnat", ip, "saddr .", ip, "daddr", "@"+setHairpin, "masquerade fully-random")
-	table := &knftables.Table{Comment: ptr("shardproxy instance " + c.cfg.Instance)}
-	return &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: rules}
+	return rules
 }
 
 func ptr[T any](v T) *T { return &v }

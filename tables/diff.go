@@ -40,16 +40,22 @@ type Diff struct {
 
 // Skeleton is the fixed part of a table, the same whatever Services it serves.
 type Skeleton struct {
-	Table  *knftables.Table
+	// Table carries the instance in its comment.
+	Table *knftables.Table
+	// Chains are the base chains and the fixed regular chains (names.go).
 	Chains []*knftables.Chain
-	Sets   []*knftables.Set
-	Maps   []*knftables.Map
-	Rules  []*knftables.Rule
+	// Sets and Maps are the fixed sets and maps, whose elements the Services bring.
+	Sets []*knftables.Set
+	Maps []*knftables.Map
+	// Rules are the rules of Chains.
+	Rules []*knftables.Rule
 }
 
 // ChainRules is a chain with all its rules.
 type ChainRules struct {
-	Name  string
+	// Name is the chain's name (a pick or affinity chain).
+	Name string
+	// Rules are the chain's rules, in order.
 	Rules []string
 	// MayExist is false when the chain is known not to be in the kernel, so it needs no
 	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
@@ -101,11 +107,11 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	slices.Sort(d.AddElements)
 	slices.Sort(d.DeleteElements)
 
-	newPicks, gonePicks := countChanges(log.pickBefore, l.pickChains)
+	newPicks, gonePicks := countChanges(log.pickBefore, l.pickRefs)
 	slices.Sort(newPicks)
 	slices.Sort(gonePicks)
 	d.FlushChains = append(gonePicks, goneKeys(log.before.chains, log.after.chains)...)
-	d.DeleteChains = d.FlushChains
+	d.DeleteChains = slices.Clone(d.FlushChains)
 	d.DeleteSets = goneKeys(log.before.sets, log.after.sets)
 
 	d.AddSets, d.WriteChains = l.c.portObjectChanges(log.before, log.after, func(string) bool { return true })
@@ -177,8 +183,9 @@ func (c *compiler) pickChains(names []string, mayExist func(string) bool) ([]Cha
 	return out, nil
 }
 
-// existing is what a full sync found in the kernel before writing: the chains and sets
-// of the table (nil chains: unknown, any may exist).
+// existing is what a full sync found in the kernel before writing. known false: nothing
+// was listed, any chain may exist; known true: exactly chains and sets exist (none for a
+// missing table, or one about to be recreated).
 type existing struct {
 	chains []string
 	sets   []string
@@ -198,7 +205,7 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 		}
 		mayExist = func(ch string) bool { return present[ch] }
 		for _, ch := range in.chains {
-			if _, wanted := log.after.chains[ch]; isDynamicChain(ch) && l.pickChains[ch] == 0 && !wanted {
+			if _, wanted := log.after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
 		}
@@ -207,10 +214,10 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 				d.DeleteSets = append(d.DeleteSets, st)
 			}
 		}
-		d.DeleteChains = d.FlushChains
+		d.DeleteChains = slices.Clone(d.FlushChains)
 	}
 	d.AddSets, d.WriteChains = l.c.portObjectChanges(portObjects{}, log.after, mayExist)
-	picks, err := l.c.pickChains(slices.Sorted(maps.Keys(l.pickChains)), mayExist)
+	picks, err := l.c.pickChains(slices.Sorted(maps.Keys(l.pickRefs)), mayExist)
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,8 @@ const (
 	// UDP needs conntrack cleanup when endpoints change.
 	UDP Protocol = "udp"
 	// SCTP is loaded like TCP and UDP. These test machines refuse SCTP sockets, so its
-	// rules are loaded into the kernel and traced, never sent traffic (see README.md).
+	// rules are loaded into the kernel and traced, never sent traffic (see the top-level
+	// README.md, "Tests").
 	SCTP Protocol = "sctp"
 )
 

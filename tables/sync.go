@@ -100,7 +100,6 @@ func (s *Syncer) NeedsFull() bool { return !s.synced }
 // remembered for ClientIP affinity survive.
 func (s *Syncer) Full(ctx context.Context, services map[ServiceName][]*ServicePort) (Stats, error) {
 	start := time.Now()
-	s.synced = false
 	in, err := s.listExisting(ctx)
 	if err != nil {
 		return Stats{Full: true}, err

@@ -741,3 +741,29 @@ func TestEntryListedTwiceInOnePort(t *testing.T) {
 	s, _ := newFake(t, cfg)
 	fullSync(t, s, services(p))
 }
+
+// TestPanicInPartialForcesFullSync: a partial sync that panics half way (the instance
+// recovers it) leaves a ledger that may not match the kernel; the next sync must be a
+// full one, and it brings the table back to what the Services say.
+func TestPanicInPartialForcesFullSync(t *testing.T) {
+	s, fake := newFake(t, testConfig(IPv4))
+	state := generated(10)
+	fullSync(t, s, state)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("a nil ServicePort did not panic: the test proves nothing")
+			}
+		}()
+		// svc-1 is released from the ledger, then compiling the nil port panics.
+		_, _ = s.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-1"}: {nil}})
+	}()
+	if !s.NeedsFull() {
+		t.Fatal("after a panic in a partial sync the Syncer does not ask for a full sync")
+	}
+	if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-2"}: nil}); !errors.Is(err, ErrNeedFullSync) {
+		t.Fatalf("partial sync after the panic: %v, want ErrNeedFullSync", err)
+	}
+	fullSync(t, s, state)
+	assertEqualsFull(t, fake, state)
+}

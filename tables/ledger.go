@@ -23,8 +23,8 @@ type ledger struct {
 	shared map[string]int
 	// entryOwner maps each entry to the port that serves it.
 	entryOwner map[string]ServicePortName
-	// pickChains counts the ports using each pick chain.
-	pickChains map[string]int
+	// pickRefs counts the ports using each pick chain.
+	pickRefs map[string]int
 	// losers maps a contested entry to the Services that wanted it but found it taken;
 	// lost holds what those Services were given, so that a partial sync freeing the
 	// entry hands it to one of them at once instead of at the next full sync.
@@ -99,7 +99,7 @@ func newLedger(c *compiler, entries int) *ledger {
 		ports:      map[ServiceName]map[ServicePortName]portState{},
 		shared:     map[string]int{},
 		entryOwner: make(map[string]ServicePortName, entries),
-		pickChains: map[string]int{},
+		pickRefs:   map[string]int{},
 		losers:     map[string]map[ServiceName]bool{},
 		lost:       map[ServiceName]lostEntries{},
 	}
@@ -138,7 +138,7 @@ func (l *ledger) release(log *changeLog, svc ServiceName) {
 			count(l.shared, log.sharedBefore, id, -1)
 		}
 		for _, ch := range st.pick {
-			count(l.pickChains, log.pickBefore, ch, -1)
+			count(l.pickRefs, log.pickBefore, ch, -1)
 		}
 	}
 	delete(l.ports, svc)
@@ -197,7 +197,7 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 		count(l.shared, log.sharedBefore, id, +1)
 	}
 	for _, ch := range comp.pick {
-		count(l.pickChains, log.pickBefore, ch, +1)
+		count(l.pickRefs, log.pickBefore, ch, +1)
 	}
 	log.after.addAll(comp.objects)
 	return portState{entryIDs: comp.entries, sharedIDs: comp.shared, pick: comp.pick, objects: comp.objects}
