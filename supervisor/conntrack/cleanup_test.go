@@ -3,6 +3,7 @@ package conntrack
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -459,15 +460,6 @@ func TestCleanup(t *testing.T) {
 	}
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 func TestCleanupErrors(t *testing.T) {
 	errBoom := errors.New("boom")
 	before := []*tables.ServicePort{dnsPort(), dnsPort6()}
@@ -670,7 +662,7 @@ func checkCleanup(t *testing.T, flows map[string]*netlink.ConntrackFlow, gone, w
 	t.Helper()
 	names := make(map[*netlink.ConntrackFlow]string, len(flows))
 	var initial []*netlink.ConntrackFlow
-	for _, name := range sortedKeys(flows) {
+	for _, name := range slices.Sorted(maps.Keys(flows)) {
 		names[flows[name]] = name
 		initial = append(initial, flows[name])
 	}

@@ -2,8 +2,6 @@ package conntrack
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -25,17 +23,7 @@ import (
 // name and a handle on it.
 func newNetns(t *testing.T) (string, netns.NsHandle) {
 	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "spct-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
+	name := testutil.NewNetns(t, "spct-")
 	h, err := netns.GetFromName(name)
 	if err != nil {
 		t.Fatalf("opening namespace %s: %v", name, err)

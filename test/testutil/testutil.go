@@ -89,7 +89,7 @@ func CopyFile(t testing.TB, from, to string, perm os.FileMode) {
 		t.Fatalf("copying %s: %v", from, err)
 	}
 	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY, perm)
+	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, perm)
 	if err != nil {
 		t.Fatalf("copying %s: %v", from, err)
 	}

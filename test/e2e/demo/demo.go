@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
 )
@@ -194,7 +195,7 @@ func (d *Demo) Report(ctx context.Context) error {
 func (d *Demo) owner(clusterIP string) string {
 	var owners []string
 	for _, inst := range []string{"default", "team-a", "team-b"} {
-		out, err := d.Env.TP.Exec(d.Env.TP.Node, "nft", "list", "set", "ip", "shardproxy-"+inst, "cluster-ips")
+		out, err := d.Env.TP.Exec(d.Env.TP.Node, "nft", "list", "set", "ip", tables.TableName("shardproxy", inst), "cluster-ips")
 		if err != nil {
 			continue
 		}
