@@ -1,6 +1,7 @@
 package selector
 
 import (
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -30,7 +31,8 @@ type Events struct {
 	Handover func(svc types.NamespacedName, from, to string)
 	// Rejected: the instance named by the label refused the Service.
 	Rejected func(svc *corev1.Service, why string)
-	// Guarded: the owner dropped parts of the Service (tenant guard).
+	// Guarded: the owner dropped parts of the Service: user addresses outside its
+	// tenant ranges or refused by the node-wide address precedence.
 	Guarded func(svc *corev1.Service, instance string, problems []string)
 }
 
@@ -48,6 +50,12 @@ type Dispatcher struct {
 	// HandoverTimeout bounds how long the old owner keeps a Service whose new owner has
 	// not programmed it yet.
 	HandoverTimeout time.Duration
+
+	// addresses arbitrates the user-set addresses of every Service the node sees.
+	addresses *addressBook
+	// dispatchMu serializes the handling of Services, so that a Service re-dispatched
+	// because another one changed (address precedence) never overtakes a newer version.
+	dispatchMu sync.Mutex
 
 	mu     sync.Mutex
 	owners map[types.NamespacedName]ownership
@@ -73,6 +81,7 @@ func NewDispatcher(router *Router, sinks map[string]Sink, slices SliceLister, ev
 	return &Dispatcher{
 		router: router, sinks: sinks, slices: slices, events: events,
 		HandoverTimeout: 30 * time.Second,
+		addresses:       newAddressBook(),
 		owners:          map[types.NamespacedName]ownership{},
 		shadows:         map[types.NamespacedName]*shadowState{},
 	}
@@ -98,8 +107,34 @@ func (d *Dispatcher) Shadows() map[string][]types.NamespacedName {
 	return out
 }
 
-// ServiceChanged handles an added or updated Service.
+// ServiceChanged handles an added or updated Service, and then the Services whose user
+// addresses it wins or gives back.
 func (d *Dispatcher) ServiceChanged(svc *corev1.Service) {
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	affected := d.addresses.observe(svc)
+	d.serviceChanged(svc)
+	d.redispatch(affected)
+}
+
+// SetReserved tells the Dispatcher this node's addresses and the cluster's Service CIDRs,
+// which no Service's user addresses may take; the Services that write user addresses
+// are re-dispatched when they change.
+func (d *Dispatcher) SetReserved(nodeIPs []netip.Addr, serviceCIDRs []netip.Prefix) {
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	d.redispatch(d.addresses.setReserved(nodeIPs, serviceCIDRs))
+}
+
+// redispatch hands Services again to their instances, with their user addresses as the
+// address book now rules. Their own records are unchanged, so this goes no deeper.
+func (d *Dispatcher) redispatch(svcs []*corev1.Service) {
+	for _, svc := range svcs {
+		d.serviceChanged(svc)
+	}
+}
+
+func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	dec := d.router.Route(svc)
 	if dec.Instance != "" && d.sinks[dec.Instance] == nil {
@@ -132,9 +167,10 @@ func (d *Dispatcher) ServiceChanged(svc *corev1.Service) {
 	d.mu.Unlock()
 
 	var added []<-chan struct{}
+	arbitrated, refusals := withoutRefused(svc, d.addresses.refused(name))
 	for _, inst := range want {
-		guarded, problems := d.router.Guard(inst, svc)
-		if len(problems) > 0 && d.events.Guarded != nil {
+		guarded, problems := d.router.Guard(inst, arbitrated)
+		if problems = append(slices.Clip(refusals), problems...); len(problems) > 0 && d.events.Guarded != nil {
 			d.events.Guarded(svc, inst, problems)
 		}
 		sink := d.sinks[inst]
@@ -214,6 +250,9 @@ wait:
 // ServiceDeleted handles a deleted Service.
 func (d *Dispatcher) ServiceDeleted(svc *corev1.Service) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	defer d.redispatch(d.addresses.forget(name))
 	d.mu.Lock()
 	old := d.owners[name]
 	delete(d.owners, name)

@@ -40,9 +40,12 @@ type Spec struct {
 	// Namespaces, when not empty, are the only namespaces the instance accepts Services
 	// from (a tenant guard).
 	Namespaces []string
-	// ExternalIPCIDRs, when not empty, are the only ranges externalIPs may come from;
-	// others are dropped from the Service (a tenant guard).
+	// ExternalIPCIDRs are the only ranges spec.externalIPs may come from; others are
+	// dropped from the Service (a tenant guard). Empty: no external IPs.
 	ExternalIPCIDRs []netip.Prefix
+	// LoadBalancerCIDRs are the only ranges load-balancer ingress IPs may come from;
+	// others are dropped. Empty: no load-balancer IPs.
+	LoadBalancerCIDRs []netip.Prefix
 }
 
 // Router maps Services to instances. It is immutable once built, so it is safe for
@@ -144,38 +147,38 @@ func (r *Router) Route(svc *corev1.Service) Decision {
 	return dec
 }
 
-// Guard applies the instance's tenant guards to a Service it owns. It returns the
-// Service to program (a copy when something was removed) and one line per item it
-// removed, for logs and events.
+// Guard applies the instance's tenant guards to a Service it owns: externalIPs outside
+// its ExternalIPCIDRs and load-balancer IPs outside its LoadBalancerCIDRs are dropped
+// (none are allowed where the list is empty). It returns the Service to program (a
+// copy when something was removed) and one line per item it removed, for logs and
+// events.
 func (r *Router) Guard(instance string, svc *corev1.Service) (*corev1.Service, []string) {
-	spec, ok := r.specs[instance]
-	if !ok || len(spec.ExternalIPCIDRs) == 0 || len(svc.Spec.ExternalIPs) == 0 {
-		return svc, nil
-	}
-	var kept []string
+	spec := r.specs[instance]
 	var problems []string
-	for _, s := range svc.Spec.ExternalIPs {
-		a, err := netip.ParseAddr(s)
-		allowed := false
-		if err == nil {
-			for _, p := range spec.ExternalIPCIDRs {
-				if p.Contains(a.Unmap()) {
-					allowed = true
-					break
-				}
-			}
+	allowed := func(s, what string, cidrs []netip.Prefix, field string) bool {
+		if a, err := netip.ParseAddr(s); err == nil && slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) }) {
+			return true
 		}
-		if allowed {
-			kept = append(kept, s)
-		} else {
-			problems = append(problems, fmt.Sprintf("externalIP %q is outside the ranges instance %q allows; ignored", s, instance))
+		problems = append(problems, fmt.Sprintf("%s %q is outside the ranges instance %q allows (tenant.%s); ignored", what, s, instance, field))
+		return false
+	}
+	var ext []string
+	for _, s := range svc.Spec.ExternalIPs {
+		if allowed(s, "externalIP", spec.ExternalIPCIDRs, "externalIPCIDRs") {
+			ext = append(ext, s)
+		}
+	}
+	var ing []corev1.LoadBalancerIngress
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if in.IP == "" || allowed(in.IP, "load-balancer IP", spec.LoadBalancerCIDRs, "loadBalancerCIDRs") {
+			ing = append(ing, in)
 		}
 	}
 	if len(problems) == 0 {
 		return svc, nil
 	}
 	out := svc.DeepCopy()
-	out.Spec.ExternalIPs = kept
+	out.Spec.ExternalIPs, out.Status.LoadBalancer.Ingress = ext, ing
 	return out, problems
 }
 

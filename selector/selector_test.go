@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -22,7 +23,8 @@ func testRouter(t *testing.T) *Router {
 	r, err := NewRouter([]Spec{
 		{Name: "default", Default: true},
 		{Name: "team-a", ProxyNames: []string{"team-a", "a-legacy"}, Namespaces: []string{"a1", "a2"}},
-		{Name: "team-b", ProxyNames: []string{"team-b"}, ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}},
+		{Name: "team-b", ProxyNames: []string{"team-b"}, ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+			LoadBalancerCIDRs: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -117,22 +119,52 @@ func TestNewRouterRejectsAmbiguity(t *testing.T) {
 	}
 }
 
-func TestGuardDropsExternalIPsOutsideTheTenantRanges(t *testing.T) {
+// TestGuardKeepsOnlyAddressesInsideTheTenantRanges: externalIPs and load-balancer IPs
+// pass only inside the instance's ranges; an empty list admits none (closed by default).
+func TestGuardKeepsOnlyAddressesInsideTheTenantRanges(t *testing.T) {
 	r := testRouter(t)
-	svc := service("x", "s", "team-b")
-	svc.Spec.ExternalIPs = []string{"192.0.2.10", "198.51.100.1", "not-an-ip"}
-	got, problems := r.Guard("team-b", svc)
-	if !slices.Equal(got.Spec.ExternalIPs, []string{"192.0.2.10"}) {
-		t.Errorf("kept %v", got.Spec.ExternalIPs)
+	withAddrs := func(ext []string, lb ...string) *corev1.Service {
+		svc := service("x", "s", "team-b")
+		svc.Spec.ExternalIPs = ext
+		for _, ip := range lb {
+			svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+		return svc
 	}
-	if len(problems) != 2 {
-		t.Errorf("want 2 problems, got %q", problems)
-	}
-	if len(svc.Spec.ExternalIPs) != 3 {
-		t.Error("Guard must not modify the informer's object")
-	}
-	if same, p := r.Guard("default", svc); same != svc || p != nil {
-		t.Error("an instance without the guard keeps the Service as it is")
+	for _, tc := range []struct {
+		name     string
+		instance string
+		svc      *corev1.Service
+		wantExt  []string
+		wantLB   []string
+		problems int
+	}{
+		{"inside and outside the externalIP ranges", "team-b", withAddrs([]string{"192.0.2.10", "198.51.100.1", "not-an-ip"}), []string{"192.0.2.10"}, nil, 2},
+		{"no externalIP ranges: none pass", "default", withAddrs([]string{"192.0.2.10"}), nil, nil, 1},
+		{"load-balancer IPs inside and outside", "team-b", withAddrs(nil, "203.0.113.7", "198.51.100.9"), nil, []string{"203.0.113.7"}, 1},
+		{"no load-balancer ranges: none pass", "default", withAddrs(nil, "203.0.113.7"), nil, nil, 1},
+		{"nothing user-set: kept as is", "default", withAddrs(nil), nil, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.svc.DeepCopy()
+			got, problems := r.Guard(tc.instance, tc.svc)
+			var lb []string
+			for _, in := range got.Status.LoadBalancer.Ingress {
+				lb = append(lb, in.IP)
+			}
+			if !slices.Equal(got.Spec.ExternalIPs, tc.wantExt) || !slices.Equal(lb, tc.wantLB) {
+				t.Errorf("kept externalIPs %v, LB IPs %v; want %v, %v", got.Spec.ExternalIPs, lb, tc.wantExt, tc.wantLB)
+			}
+			if len(problems) != tc.problems {
+				t.Errorf("want %d problems, got %q", tc.problems, problems)
+			}
+			if !equality.Semantic.DeepEqual(before, tc.svc) {
+				t.Error("Guard must not modify the informer's object")
+			}
+			if tc.problems == 0 && got != tc.svc {
+				t.Error("a Service with nothing to drop must be passed on as it is")
+			}
+		})
 	}
 }
 
