@@ -41,6 +41,8 @@ instances:
   slot: 1
   minSyncPeriod: 0s
   syncPeriod: 30s
+  tenant:
+    namespaces: [a, shop]
 - name: team-b
   proxyNames: [team-b]
   slot: 2

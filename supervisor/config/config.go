@@ -45,6 +45,10 @@ const (
 // InternalIPs". It must be the only entry when used; it is the default.
 const NodePortAddressesPrimary = "primary"
 
+// TablePrefixStart is how every tablePrefix begins: table names of other components
+// (kube-proxy, CNI plugins, firewalls) never start with it.
+const TablePrefixStart = "shardproxy"
+
 // MaxTableNameLength bounds "<tablePrefix>-<name>" so table names stay readable in
 // `nft list tables` and leave room for anything derived from them.
 const MaxTableNameLength = 63
@@ -71,7 +75,10 @@ type Config struct {
 	// every instance. A pointer so that an explicit 0 survives Default. Default 14.
 	MasqueradeBit *int `yaml:"masqueradeBit"`
 	// TablePrefix starts every instance's table name ("<prefix>-<instance>").
-	// Default "shardproxy".
+	// Default "shardproxy". It must start with "shardproxy" (TablePrefixStart), so that
+	// no table name the supervisor manages can be another component's (kube-proxy's
+	// "kube-proxy", a CNI plugin's): the supervisor deletes tables of its prefix that no
+	// instance has.
 	TablePrefix string `yaml:"tablePrefix"`
 	// StatusNamespace holds this node's status ConfigMap ("shardproxy-node-<node>"),
 	// which `shardproxy migrate` reads to confirm Services are programmed in shadow.
@@ -136,13 +143,20 @@ type Instance struct {
 	FullSyncPeriod Duration `yaml:"fullSyncPeriod"`
 }
 
-// Tenant restricts an instance to part of what its Services ask for.
+// Tenant restricts an instance to part of what its Services ask for. Every guard is
+// closed unless configured: a Service user cannot widen it.
 type Tenant struct {
-	// Namespaces, when set, are the only namespaces whose Services are served.
+	// Namespaces are the only namespaces whose Services are served. Required for an
+	// instance that is not the default; empty on the default instance means every
+	// namespace (the default instance serves unlabeled Services, as kube-proxy does).
 	Namespaces []string `yaml:"namespaces"`
-	// ExternalIPCIDRs, when set, are the only ranges externalIPs are accepted from;
-	// externalIPs outside them are ignored.
+	// ExternalIPCIDRs are the only ranges spec.externalIPs are accepted from; the others
+	// are ignored. Empty means no external IPs are served.
 	ExternalIPCIDRs []string `yaml:"externalIPCIDRs"`
+	// LoadBalancerCIDRs are the only ranges status.loadBalancer.ingress IPs are
+	// accepted from; the others are ignored. Empty means no load-balancer ingress IPs
+	// are served.
+	LoadBalancerCIDRs []string `yaml:"loadBalancerCIDRs"`
 }
 
 // DetectLocal configures local-traffic detection. Mode is one of the tables.LocalMode

@@ -224,6 +224,25 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			yaml:    minimal + "tablePrefix: Shard_Proxy\n",
 			wantErr: []string{`tablePrefix: "Shard_Proxy" is not valid`},
 		},
+		// The supervisor deletes "<tablePrefix>-<name>" tables no instance has: a prefix
+		// must not reach another component's tables.
+		{
+			name:    "table prefix of kube-proxy",
+			yaml:    minimal + "tablePrefix: kube\n",
+			wantErr: []string{`tablePrefix: "kube" does not start with "shardproxy"`},
+		},
+		{
+			name:    "table prefix of a CNI plugin",
+			yaml:    minimal + "tablePrefix: cilium\n",
+			wantErr: []string{`tablePrefix: "cilium" does not start with "shardproxy"`},
+		},
+		{
+			name:    "table prefix that merely contains shardproxy",
+			yaml:    minimal + "tablePrefix: calico-shardproxy\n",
+			wantErr: []string{`tablePrefix: "calico-shardproxy" does not start with "shardproxy"`},
+		},
+		{name: "table prefix of a second supervisor", yaml: minimal + "tablePrefix: shardproxy-blue\n"},
+		{name: "table prefix with a suffix", yaml: minimal + "tablePrefix: shardproxy2\n"},
 		{
 			name:    "invalid status namespace",
 			yaml:    minimal + "statusNamespace: Kube_System\n",
@@ -333,6 +352,22 @@ instances:
 			wantErr: []string{"instances[0]: serves nothing: set default: true or proxyNames"},
 		},
 		{name: "default instance with proxy names", yaml: header + "nodeName: n\ninstances:\n- {name: a, default: true, proxyNames: [a], slot: 0}\n"},
+		{
+			name: "instance that is not the default without namespaces",
+			yaml: minimal + "- {name: team-a, proxyNames: [team-a], slot: 1}\n- {name: team-b, proxyNames: [team-b], slot: 2, tenant: {namespaces: []}}\n",
+			wantErr: []string{
+				"instances[1].tenant.namespaces: required for an instance that is not the default",
+				"instances[2].tenant.namespaces: required for an instance that is not the default",
+			},
+		},
+		{
+			name: "instance that is not the default with namespaces",
+			yaml: minimal + "- {name: team-a, proxyNames: [team-a], slot: 1, tenant: {namespaces: [team-a]}}\n",
+		},
+		{
+			name: "default instance with namespaces",
+			yaml: minimal + "  tenant: {namespaces: [shop]}\n",
+		},
 
 		// Tenant.
 		{
@@ -340,13 +375,22 @@ instances:
 			yaml: minimal + `  tenant:
     namespaces: [team-a, Team-B, team-a]
     externalIPCIDRs: [192.0.2.0/24, 192.0.2.1, 192.0.2.0/24]
+    loadBalancerCIDRs: [198.51.100.0/24, 198.51.100.7/24, "", 198.51.100.0/24, "::ffff:198.51.100.0/120"]
 `,
 			wantErr: []string{
 				`instances[0].tenant.namespaces[1]: "Team-B" is not a valid namespace name`,
 				`instances[0].tenant.namespaces[2]: "team-a" is listed twice`,
 				`instances[0].tenant.externalIPCIDRs[1]: "192.0.2.1" is not a CIDR`,
 				`instances[0].tenant.externalIPCIDRs[2]: "192.0.2.0/24" is listed twice`,
+				`instances[0].tenant.loadBalancerCIDRs[1]: "198.51.100.7/24" has host bits set: did you mean "198.51.100.0/24"?`,
+				`instances[0].tenant.loadBalancerCIDRs[2]: must not be empty`,
+				`instances[0].tenant.loadBalancerCIDRs[3]: "198.51.100.0/24" is listed twice`,
+				`instances[0].tenant.loadBalancerCIDRs[4]: "::ffff:198.51.100.0/120" is an IPv4-mapped IPv6 CIDR`,
 			},
+		},
+		{
+			name: "tenant CIDRs of both families",
+			yaml: minimal + "  tenant: {externalIPCIDRs: [192.0.2.0/24, '2001:db8:a::/48'], loadBalancerCIDRs: [198.51.100.0/24, '2001:db8:b::/48']}\n",
 		},
 
 		// nodePortAddresses.
@@ -523,7 +567,7 @@ conntrack:
   syncPeriod: 2m
   fullSyncPeriod: 10m
 masqueradeBit: 3
-tablePrefix: sp
+tablePrefix: shardproxy-blue
 healthzBindAddress: 127.0.0.1:1
 metricsBindAddress: 127.0.0.1:2
 conntrack:
@@ -534,7 +578,7 @@ conntrack:
 				c.Instances[0].SyncPeriod = Duration{2 * time.Minute}
 				c.Instances[0].FullSyncPeriod = Duration{10 * time.Minute}
 				c.MasqueradeBit = ptr(3)
-				c.TablePrefix = "sp"
+				c.TablePrefix = "shardproxy-blue"
 				c.HealthzBindAddress = "127.0.0.1:1"
 				c.MetricsBindAddress = "127.0.0.1:2"
 				c.Conntrack.UDPTimeout = &Duration{30 * time.Second}
@@ -658,7 +702,7 @@ func TestLoadExample(t *testing.T) {
 
 func TestLoadNamesTheFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "supervisor.yaml")
-	data := header + "nodeName: n\nmasqueradeBit: 99\ninstances:\n- {name: a, slot: 0}\n"
+	data := header + "nodeName: n\nmasqueradeBit: 99\ninstances:\n- {name: a, proxyNames: [a], slot: 0}\n"
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
 	}

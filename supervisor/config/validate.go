@@ -56,6 +56,10 @@ func (c *Config) Validate() error {
 		if msgs := content.IsDNS1123Label(c.TablePrefix); len(msgs) > 0 {
 			p.add("tablePrefix", "%q is not valid: %s", c.TablePrefix, strings.Join(msgs, "; "))
 			prefixOK = false
+		} else if !strings.HasPrefix(c.TablePrefix, TablePrefixStart) {
+			p.add("tablePrefix", "%q does not start with %q: table names of other components (kube-proxy, CNI plugins) must be out of reach of the supervisor's cleanup of unconfigured tables",
+				c.TablePrefix, TablePrefixStart)
+			prefixOK = false
 		}
 	}
 
@@ -161,6 +165,9 @@ func (c *Config) validateInstances(p *problems, prefixOK bool) {
 		if !in.Default && len(in.ProxyNames) == 0 {
 			p.add(path, "serves nothing: set default: true or proxyNames")
 		}
+		if !in.Default && len(in.Tenant.Namespaces) == 0 {
+			p.add(path+".tenant.namespaces", "required for an instance that is not the default: list the namespaces whose Services it may serve")
+		}
 
 		in.validate(p, path)
 	}
@@ -184,6 +191,7 @@ func (in *Instance) validate(p *problems, path string) {
 		seen[ns] = true
 	}
 	p.cidrList(path+".tenant.externalIPCIDRs", in.Tenant.ExternalIPCIDRs)
+	p.cidrList(path+".tenant.loadBalancerCIDRs", in.Tenant.LoadBalancerCIDRs)
 
 	cidrs := map[netip.Prefix]bool{}
 	for j, a := range in.NodePortAddresses {
