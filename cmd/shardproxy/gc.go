@@ -5,9 +5,9 @@ package main
 // Its heap is mostly long-lived (the API caches, the instances' models, the syncers'
 // memory of every element), and its peak comes during full syncs, when the Go default
 // (100: collect when the heap has doubled since the last collection) lets it grow to
-// twice that. Measured with bench-compare at 10,000 Services × 10 endpoints: peak RSS
-// 332–358 MB at 100, 321 MB at 50, for a first full sync 0.1–0.2 s longer (2.8 s).
-// A node daemon's memory limit matters more than that CPU.
+// twice that. 50 trades a little CPU per full sync for a lower peak (README.md,
+// "Performance", has the measured figures); a node daemon's memory limit matters more
+// than that CPU.
 const defaultGCPercent = 50
 
 // tuneGC sets defaultGCPercent through setGCPercent unless the operator chose a value
