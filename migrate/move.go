@@ -41,16 +41,20 @@ type Mover struct {
 	BatchSize int
 	// Timeout bounds the wait for every node to confirm a batch; default 2m.
 	Timeout time.Duration
-	// StaleAfter: node statuses whose heartbeat is older are ignored (the node is gone);
-	// default 3 × HeartbeatInterval.
+	// StaleAfter: node statuses the API server stored longer ago than this, by its own
+	// clock, are ignored (the node is gone); default 3 × HeartbeatInterval.
 	StaleAfter time.Duration
+	// Clock is the API server's clock, which liveness is judged on; the CLI passes an
+	// APIServerClock. Default: LocalClock(Now), right only for an API server on this
+	// machine's clock (a fake clientset).
+	Clock ServerClock
 	// LegacyGrace is how long a rollback keeps the shadow after handing Services back, so
 	// the legacy proxy (which reports nothing) has programmed them; default 10s. It counts
 	// from the hand-back, which comes only after every node confirmed the shadow.
 	LegacyGrace time.Duration
 	// Poll is how often node statuses are read; default 250ms.
 	Poll time.Duration
-	// Now is the clock; default time.Now.
+	// Now is the local clock, for deadlines and durations; default time.Now.
 	Now func() time.Time
 }
 
@@ -72,6 +76,9 @@ func (m *Mover) defaults() {
 	}
 	if m.Now == nil {
 		m.Now = time.Now
+	}
+	if m.Clock == nil {
+		m.Clock = LocalClock(m.Now)
 	}
 	if m.StatusNamespace == "" {
 		m.StatusNamespace = DefaultNamespace
@@ -147,7 +154,7 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
 		start := m.Now()
-		before, err := readPublished(ctx, m.Client, m.StatusNamespace)
+		before, _, err := m.readStatuses(ctx)
 		if err != nil {
 			return rep, err
 		}
@@ -218,14 +225,14 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 		rep.Batches++
 		start := m.Now()
 		stepped := ""
-		before, err := readPublished(ctx, m.Client, m.StatusNamespace)
+		before, serverNow, err := m.readStatuses(ctx)
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
 				return rep, ctx.Err()
 			}
 			fmt.Fprintf(m.Out, "batch %d: warning: %v; handing back without confirming %s stepped back\n", rep.Batches, err, from)
-		case len(m.liveNodes(before, from)) == 0:
+		case len(m.liveNodes(before, from, serverNow)) == 0:
 			fmt.Fprintf(m.Out, "batch %d: warning: no live node reports an instance serving %q; handing back without confirming it stepped back\n",
 				rep.Batches, from)
 		default:
@@ -279,12 +286,32 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 // an instance for the proxy name).
 var errNotConfirmed = errors.New("not programmed in shadow")
 
-// liveNodes returns the nodes of statuses whose heartbeat is recent and that run an
+// readStatuses lists the node statuses and then asks the API server for its time, so
+// that every status was written no later than the time returned.
+func (m *Mover) readStatuses(ctx context.Context) ([]publishedStatus, time.Time, error) {
+	statuses, err := readPublished(ctx, m.Client, m.StatusNamespace)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	now, err := m.Clock.ServerNow(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return statuses, now, nil
+}
+
+// live tells whether the API server stored st within StaleAfter of serverNow. Neither
+// the node's clock (the heartbeat) nor this machine's takes part.
+func (m *Mover) live(st publishedStatus, serverNow time.Time) bool {
+	return !st.written.IsZero() && serverNow.Sub(st.written) <= m.StaleAfter
+}
+
+// liveNodes returns the nodes of statuses that are live at serverNow and run an
 // instance serving proxyName.
-func (m *Mover) liveNodes(statuses []publishedStatus, proxyName string) []string {
+func (m *Mover) liveNodes(statuses []publishedStatus, proxyName string, serverNow time.Time) []string {
 	var nodes []string
 	for _, st := range statuses {
-		if m.Now().Sub(st.Heartbeat) > m.StaleAfter {
+		if !m.live(st, serverNow) {
 			continue
 		}
 		if _, ok := st.ServesProxyName(proxyName); ok {
@@ -310,14 +337,14 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 	}
 	var missing []string
 	for {
-		statuses, err := readPublished(ctx, m.Client, m.StatusNamespace)
+		statuses, serverNow, err := m.readStatuses(ctx)
 		if err != nil {
 			return nil, err
 		}
 		var nodes []string
 		missing = missing[:0]
 		for _, st := range statuses {
-			if m.Now().Sub(st.Heartbeat) > m.StaleAfter {
+			if !m.live(st, serverNow) {
 				continue
 			}
 			inst, ok := st.ServesProxyName(proxyName)

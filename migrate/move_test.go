@@ -3,7 +3,10 @@ package migrate
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/shardproxy/shardproxy/selector"
@@ -42,7 +46,9 @@ func newCluster(t *testing.T, svcs ...*corev1.Service) *cluster {
 	for _, s := range svcs {
 		objs = append(objs, s)
 	}
-	c := &cluster{client: fake.NewSimpleClientset(objs...)}
+	// NewClientset, not NewSimpleClientset: it records managedFields, with their times,
+	// as an API server does; liveness is judged on them.
+	c := &cluster{client: fake.NewClientset(objs...)}
 	bump := func(action k8stesting.Action) (bool, runtime.Object, error) {
 		var obj runtime.Object
 		switch a := action.(type) {
@@ -290,5 +296,129 @@ func TestMoveIgnoresStaleShadow(t *testing.T) {
 		if labelPatch(p) && p.at.Before(listed) {
 			t.Errorf("the label moved at %v on a stale status; the node reported the shadow at %v", p.at, listed)
 		}
+	}
+}
+
+// TestLivenessIsJudgedOnServerTime: whether a node is live depends only on when the API
+// server stored its status, by the server's clock: a node's clock hours off neither
+// keeps a gone node alive nor makes a live one look gone, and neither does the CLI's.
+func TestLivenessIsJudgedOnServerTime(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// nodeClock and cliClock are how far the node's and the CLI's clocks are off.
+		nodeClock, cliClock time.Duration
+		// sinceWrite is how long ago, by the server's clock, the status was stored.
+		sinceWrite time.Duration
+		wantLive   bool
+	}{
+		{name: "clocks agree, stored a minute ago", sinceWrite: time.Minute, wantLive: true},
+		{name: "clocks agree, stored five minutes ago", sinceWrite: 5 * time.Minute},
+		{name: "node clock three hours behind, stored just now", nodeClock: -3 * time.Hour, wantLive: true},
+		{name: "node clock three hours ahead, gone for five minutes", nodeClock: 3 * time.Hour, sinceWrite: 5 * time.Minute},
+		{name: "CLI clock an hour ahead, stored just now", cliClock: time.Hour, wantLive: true},
+		{name: "CLI clock an hour behind, gone for five minutes", cliClock: -time.Hour, sinceWrite: 5 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t)
+			ctx := context.Background()
+			nodeNow := func() time.Time { return time.Now().Add(tc.nodeClock) }
+			pub := &Publisher{Client: c.client, Namespace: statusNS, Node: "node-1", Now: nodeNow}
+			st := NodeStatus{Node: "node-1", Heartbeat: nodeNow().UTC(),
+				Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}}}}
+			if err := pub.write(ctx, st); err != nil {
+				t.Fatal(err)
+			}
+			// The fake API server stamps managedFields with time.Now: its clock is the
+			// true time, and sinceWrite has passed on it since the write.
+			server := LocalClock(func() time.Time { return time.Now().Add(tc.sinceWrite) })
+			m := &Mover{Client: c.client, StatusNamespace: statusNS, Clock: server,
+				Now: func() time.Time { return time.Now().Add(tc.cliClock) }}
+			m.defaults()
+			statuses, serverNow, err := m.readStatuses(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := len(m.liveNodes(statuses, "team-a", serverNow)) == 1
+			if got != tc.wantLive {
+				t.Errorf("live = %v, want %v (heartbeat %v, stored %v, server now %v, CLI now %v)",
+					got, tc.wantLive, st.Heartbeat, statuses[0].written, serverNow, m.Now())
+			}
+		})
+	}
+}
+
+// TestStatusNodeIsTheConfigMapsName: the node a status speaks for is the one its
+// ConfigMap's name names (the admission policy ties that name to the writer), not the
+// node the JSON claims; a labeled ConfigMap of another name is no status.
+func TestStatusNodeIsTheConfigMapsName(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	forged := NodeStatus{Node: "node-2", Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}}}}
+	if err := (&Publisher{Client: c.client, Namespace: statusNS, Node: "node-1"}).write(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.client.CoreV1().ConfigMaps(statusNS).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "not-a-status", Namespace: statusNS,
+			Labels: map[string]string{LabelComponent: ComponentNodeStatus}},
+		Data: map[string]string{StatusKey: string(data)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	statuses, err := ReadStatuses(ctx, c.client, statusNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, st := range statuses {
+		nodes = append(nodes, st.Node)
+	}
+	if len(nodes) != 1 || nodes[0] != "node-1" {
+		t.Errorf("statuses speak for %v, want [node-1]: the name of shardproxy-node-node-1, not its JSON's node-2", nodes)
+	}
+}
+
+// TestAPIServerClock reads the server's time from the Date header of GET /version and
+// reports a failed request rather than a zero time.
+func TestAPIServerClock(t *testing.T) {
+	serverTime := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		status  int
+		date    string
+		want    time.Time
+		wantErr string
+	}{
+		{name: "Date header", status: http.StatusOK, date: serverTime.Format(http.TimeFormat), want: serverTime},
+		{name: "refused", status: http.StatusForbidden, date: serverTime.Format(http.TimeFormat), wantErr: "403 Forbidden"},
+		{name: "no usable Date header", status: http.StatusOK, date: "yesterday", wantErr: `Date header "yesterday"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/version" {
+					http.NotFound(w, r)
+					return
+				}
+				w.Header().Set("Date", tc.date)
+				w.WriteHeader(tc.status)
+			}))
+			defer srv.Close()
+			clock, err := NewAPIServerClock(&rest.Config{Host: srv.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := clock.ServerNow(context.Background())
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("ServerNow() = %v, %v; want an error with %q", got, err, tc.wantErr)
+				}
+			case err != nil || !got.Equal(tc.want):
+				t.Errorf("ServerNow() = %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }

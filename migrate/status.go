@@ -7,19 +7,31 @@
 // supervisor keeps current: its instances, the proxy names they serve, and the Services
 // each has programmed in shadow. `shardproxy migrate` reads them to know which nodes run
 // the target and whether they are ready.
+//
+// Readers trust a status only as far as the API server vouches for it. The node is the
+// one the ConfigMap's name names (deploy/base/node-status-policy.yaml lets a node's
+// supervisor write only its own), never the JSON's claim; and a node is live when the API
+// server last stored its status less than StaleAfter ago by the API server's own clock
+// (the ConfigMap's managedFields time against the server's Date header), so neither the
+// node's clock nor the reader's decides.
 package migrate
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"path"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 )
 
@@ -42,7 +54,9 @@ const (
 type NodeStatus struct {
 	// Node is the Node object's name.
 	Node string `json:"node"`
-	// Heartbeat is when the supervisor last wrote the status.
+	// Heartbeat is when the supervisor last wrote the status, by the node's clock. It is
+	// for people; readers judge liveness by the API server's time of the write. Every
+	// write changes it, so every write moves that time.
 	Heartbeat time.Time `json:"heartbeat"`
 	// Instances are the node's proxy instances by name.
 	Instances map[string]InstanceStatus `json:"instances"`
@@ -68,8 +82,11 @@ func (s NodeStatus) ServesProxyName(proxyName string) (string, bool) {
 	return "", false
 }
 
+// ConfigMapPrefix starts every node status ConfigMap's name; the node's name follows.
+const ConfigMapPrefix = "shardproxy-node-"
+
 // ConfigMapName is the name of a node's status ConfigMap.
-func ConfigMapName(node string) string { return "shardproxy-node-" + node }
+func ConfigMapName(node string) string { return ConfigMapPrefix + node }
 
 // sameContent compares two statuses ignoring the heartbeat.
 func sameContent(a, b NodeStatus) bool {
@@ -167,12 +184,17 @@ func ReadStatuses(ctx context.Context, client kubernetes.Interface, namespace st
 }
 
 // publishedStatus is a node status with the resourceVersion of its ConfigMap, which
-// changes whenever the supervisor writes it.
+// changes whenever the supervisor writes it, and when the API server stored the status,
+// by the server's clock (zero if the server recorded no time).
 type publishedStatus struct {
 	NodeStatus
 	version string
+	written time.Time
 }
 
+// readPublished lists the node statuses in namespace. Node is taken from each
+// ConfigMap's name, which the admission policy ties to the writer; a labeled ConfigMap
+// whose name is not a node status's is skipped.
 func readPublished(ctx context.Context, client kubernetes.Interface, namespace string) ([]publishedStatus, error) {
 	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: LabelComponent + "=" + ComponentNodeStatus})
@@ -181,11 +203,97 @@ func readPublished(ctx context.Context, client kubernetes.Interface, namespace s
 	}
 	var out []publishedStatus
 	for _, cm := range list.Items {
+		node, ok := strings.CutPrefix(cm.Name, ConfigMapPrefix)
+		if !ok || node == "" {
+			continue
+		}
 		var st NodeStatus
 		if err := json.Unmarshal([]byte(cm.Data[StatusKey]), &st); err != nil {
 			return nil, fmt.Errorf("node status %s/%s: %w", cm.Namespace, cm.Name, err)
 		}
-		out = append(out, publishedStatus{NodeStatus: st, version: cm.ResourceVersion})
+		st.Node = node
+		out = append(out, publishedStatus{NodeStatus: st, version: cm.ResourceVersion, written: statusWritten(&cm)})
 	}
 	return out, nil
+}
+
+// statusWritten is when the API server last stored a change of the status key: the
+// time of the managedFields entry that owns data[StatusKey]. The server sets it on every
+// write that changes the value, by its own clock; zero when no entry owns the key.
+func statusWritten(cm *corev1.ConfigMap) time.Time {
+	var latest time.Time
+	for _, mf := range cm.ManagedFields {
+		if mf.Time == nil || mf.FieldsV1 == nil {
+			continue
+		}
+		var fields map[string]map[string]json.RawMessage
+		if err := json.Unmarshal(mf.FieldsV1.Raw, &fields); err != nil {
+			continue
+		}
+		if _, owns := fields["f:data"]["f:"+StatusKey]; owns && mf.Time.After(latest) {
+			latest = mf.Time.Time
+		}
+	}
+	return latest
+}
+
+// ServerClock tells the API server's current time, the clock node statuses' write times
+// are on.
+type ServerClock interface {
+	ServerNow(ctx context.Context) (time.Time, error)
+}
+
+// LocalClock is a ServerClock for an API server on this machine's clock: a fake
+// clientset, whose managedFields times are this process's time.Now.
+type LocalClock func() time.Time
+
+// ServerNow returns the local time.
+func (c LocalClock) ServerNow(context.Context) (time.Time, error) { return c(), nil }
+
+// APIServerClock reads the API server's time from the Date header of GET /version,
+// which every authenticated user may read. The header has one-second resolution, as do
+// the managedFields times it is compared with.
+type APIServerClock struct {
+	Client *http.Client
+	// URL is the API server's /version URL.
+	URL string
+}
+
+var _ ServerClock = &APIServerClock{}
+
+// NewAPIServerClock returns the clock of the API server cfg talks to, with cfg's
+// credentials and TLS settings.
+func NewAPIServerClock(cfg *rest.Config) (*APIServerClock, error) {
+	client, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building an HTTP client for the API server's clock: %w", err)
+	}
+	u, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("the API server's URL: %w", err)
+	}
+	u.Path = path.Join(u.Path, "/version")
+	return &APIServerClock{Client: client, URL: u.String()}, nil
+}
+
+// ServerNow asks the API server for its time.
+func (c *APIServerClock) ServerNow(ctx context.Context) (time.Time, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	resp, err := c.Client.Do(req)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("asking the API server for its time: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode != http.StatusOK {
+		return time.Time{}, fmt.Errorf("asking the API server for its time: GET %s: %s", c.URL, resp.Status)
+	}
+	t, err := http.ParseTime(resp.Header.Get("Date"))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("asking the API server for its time: Date header %q: %w", resp.Header.Get("Date"), err)
+	}
+	return t, nil
 }

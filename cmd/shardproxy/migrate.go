@@ -35,7 +35,12 @@ func migrateCommand() *cli.Command {
 		if err != nil {
 			return nil, migrate.Selection{}, err
 		}
-		m := &migrate.Mover{Client: client, StatusNamespace: c.String("status-namespace"), Out: c.App.Writer,
+		// Node liveness is judged on the API server's clock, never on this machine's.
+		clock, err := migrate.NewAPIServerClock(rc)
+		if err != nil {
+			return nil, migrate.Selection{}, err
+		}
+		m := &migrate.Mover{Client: client, Clock: clock, StatusNamespace: c.String("status-namespace"), Out: c.App.Writer,
 			BatchSize: c.Int("batch-size"), Timeout: c.Duration("timeout"), LegacyGrace: c.Duration("legacy-grace")}
 		return m, migrate.Selection{Namespace: c.String("namespace"), LabelSelector: c.String("selector"), Names: c.Args().Slice()}, nil
 	}

@@ -29,11 +29,13 @@ const instances = `
   slot: 1
   minSyncPeriod: 100ms
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
+  tenant: {namespaces: [coexist]}
 - name: team-b
   proxyNames: [team-b]
   slot: 2
   minSyncPeriod: 100ms
   detectLocal: {mode: InterfaceNamePrefix, interfaceNamePrefix: vpod}
+  tenant: {namespaces: [coexist]}
 `
 
 var (

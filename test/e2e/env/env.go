@@ -71,23 +71,35 @@ type Options struct {
 	ExtraConfig string
 }
 
-// DefaultInstances are three instances: the default one and two teams.
+// DefaultInstances are three instances: the default one and two teams. The teams serve
+// the namespaces the e2e tests and the demo create their labeled Services in; external
+// IPs come from 192.168.201.0/24 and load-balancer IPs from 192.168.200.0/24, the
+// ranges the tests hand out.
 const DefaultInstances = `
 - name: default
   default: true
   slot: 0
   minSyncPeriod: 100ms
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
+  tenant: {externalIPCIDRs: [192.168.201.0/24], loadBalancerCIDRs: [192.168.200.0/24]}
 - name: team-a
   proxyNames: [team-a]
   slot: 1
   minSyncPeriod: 100ms
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
+  tenant:
+    namespaces: [team-a, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel]
+    externalIPCIDRs: [192.168.201.0/24]
+    loadBalancerCIDRs: [192.168.200.0/24]
 - name: team-b
   proxyNames: [team-b]
   slot: 2
   minSyncPeriod: 100ms
   detectLocal: {mode: InterfaceNamePrefix, interfaceNamePrefix: vpod}
+  tenant:
+    namespaces: [team-b, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel]
+    externalIPCIDRs: [192.168.201.0/24]
+    loadBalancerCIDRs: [192.168.200.0/24]
 `
 
 // Env is a running environment.
