@@ -365,7 +365,9 @@ func TestFailingInstanceIsContained(t *testing.T) {
 func get(t *testing.T, s *Supervisor, path string) string {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	s.countedHealth().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.RemoteAddr = "127.0.0.1:40000" // /status answers loopback only
+	s.countedHealth().ServeHTTP(rec, req)
 	return rec.Body.String()
 }
 

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -78,7 +80,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 				Usage: "validate the configuration, probe the host, and print each instance's tables and priorities",
 				Flags: []cli.Flag{configFlag, &cli.BoolFlag{Name: "skip-probe", Usage: "do not ask the kernel whether it accepts the rules"}},
 				Action: func(c *cli.Context) error {
-					return check(c.Context, c.App.Writer, c.String("config"), !c.Bool("skip-probe"))
+					return check(c.Context, c.App.Writer, c.App.ErrWriter, c.String("config"), !c.Bool("skip-probe"))
 				},
 			},
 			{
@@ -207,12 +209,15 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rc, nil
 }
 
-func check(ctx context.Context, w io.Writer, path string, probe bool) error {
+func check(ctx context.Context, w, ew io.Writer, path string, probe bool) error {
 	cfg, err := config.Load(path)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "%s: configuration is valid (node %q, %d instances)\n\n", path, cfg.NodeName, len(cfg.Instances))
+	for _, warning := range checkWarnings(cfg) {
+		fmt.Fprintln(ew, "warning:", warning)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tSERVES\tTABLES\tSLOT\tFIREWALL\tDNAT\tFILTER\tSNAT")
 	for _, inst := range cfg.Instances {
@@ -236,6 +241,28 @@ func check(ctx context.Context, w io.Writer, path string, probe bool) error {
 	}
 	fmt.Fprintln(w, "\nhost probe: nft and the kernel accept every rule shape (IPv4 and IPv6)")
 	return nil
+}
+
+// checkWarnings lists what a valid configuration exposes that it probably should not.
+func checkWarnings(cfg *config.Config) []string {
+	var warnings []string
+	if cfg.EnableProfiling && !loopbackOnly(cfg.MetricsBindAddress) {
+		warnings = append(warnings, fmt.Sprintf("enableProfiling serves pprof (heap, goroutine stacks, command line, CPU profiles on demand) "+
+			"without authentication on metricsBindAddress %s, which is not a loopback address: anyone who can reach it can read "+
+			"them and make the supervisor spend CPU; bind metricsBindAddress to 127.0.0.1 or turn enableProfiling off", cfg.MetricsBindAddress))
+	}
+	return warnings
+}
+
+// loopbackOnly reports whether a listener on hostport (ip:port, as validated) is reachable
+// only from the node itself; an empty or unspecified host listens on every address.
+func loopbackOnly(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // cleanupOptions say which of shardproxy's tables cleanup deletes.
@@ -346,6 +373,11 @@ func status(ctx context.Context, w io.Writer, addr string) error {
 		return fmt.Errorf("reading status from %s (is the supervisor running?): %w", addr, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("reading status from %s: %s: %s (the supervisor answers /status only on loopback: "+
+			"run this on the node, with --address 127.0.0.1:<healthz port>)", addr, resp.Status, strings.TrimSpace(string(body)))
+	}
 	var st healthcheck.StatusResponse
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return fmt.Errorf("decoding status: %w", err)

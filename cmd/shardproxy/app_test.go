@@ -2,8 +2,16 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
 func runCLI(args ...string) (string, string, int) {
@@ -65,5 +73,95 @@ func TestVersion(t *testing.T) {
 	out, _, code := runCLI("version")
 	if code != 0 || !strings.HasPrefix(out, "shardproxy ") {
 		t.Errorf("version: %q (%d)", out, code)
+	}
+}
+
+// TestCheckWarnsAboutProfilingOffLoopback: check warns when pprof shares a metrics
+// address other hosts can reach, and only then.
+func TestCheckWarnsAboutProfilingOffLoopback(t *testing.T) {
+	base, err := os.ReadFile("testdata/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		metrics   string
+		profiling bool
+		wantWarn  bool
+	}{
+		{"profiling on every address", "0.0.0.0:10249", true, true},
+		{"profiling on every address, host omitted", ":10249", true, true},
+		{"profiling on every IPv6 address", "[::]:10249", true, true},
+		{"profiling on a node address", "10.0.0.5:10249", true, true},
+		{"profiling on IPv4 loopback", "127.0.0.1:10249", true, false},
+		{"profiling on IPv6 loopback", "[::1]:10249", true, false},
+		{"no profiling on every address", "0.0.0.0:10249", false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			extra := fmt.Sprintf("metricsBindAddress: %q\nenableProfiling: %v\n", tc.metrics, tc.profiling)
+			if err := os.WriteFile(path, append([]byte(extra), base...), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, errOut, code := runCLI("check", "--skip-probe", "--config", path)
+			if code != 0 {
+				t.Fatalf("check failed (%d): %s", code, errOut)
+			}
+			warned := strings.Contains(errOut, "warning: enableProfiling") && strings.Contains(errOut, tc.metrics)
+			if warned != tc.wantWarn {
+				t.Errorf("warned %v, want %v; stderr %q", warned, tc.wantWarn, errOut)
+			}
+			if !strings.Contains(out, "configuration is valid") {
+				t.Errorf("stdout %q", out)
+			}
+		})
+	}
+}
+
+// TestStatusCommand: `shardproxy status` prints each instance's status, last error
+// included, from a supervisor's /status on loopback, and fails clearly where the
+// supervisor refuses (a client not on loopback).
+func TestStatusCommand(t *testing.T) {
+	h := healthcheck.NewProxyHealth(nil, nil)
+	h.AddInstance("team-a")
+	h.SetInstanceCounts("team-a", 3, 7)
+	h.SetInstanceError("team-a", errors.New("nft: transaction failed"))
+	tests := []struct {
+		name    string
+		client  string // the peer address the supervisor sees; "" keeps the real one
+		wantOut []string
+		wantErr []string
+	}{
+		{name: "on loopback", wantOut: []string{"team-a", "true", "3", "7", "nft: transaction failed"}},
+		{name: "not on loopback", client: "10.0.0.7:40000", wantErr: []string{"403", "loopback", "run this on the node"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.client != "" {
+					r.RemoteAddr = tc.client
+				}
+				h.Handler().ServeHTTP(w, r)
+			}))
+			defer srv.Close()
+			out, errOut, code := runCLI("status", "--address", strings.TrimPrefix(srv.URL, "http://"))
+			if (code == 0) != (tc.wantErr == nil) {
+				t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+			}
+			for _, want := range tc.wantOut {
+				if !strings.Contains(out, want) {
+					t.Errorf("stdout lacks %q:\n%s", want, out)
+				}
+			}
+			for _, want := range tc.wantErr {
+				if !strings.Contains(errOut, want) {
+					t.Errorf("stderr lacks %q: %s", want, errOut)
+				}
+			}
+			if tc.wantErr != nil && strings.Contains(out+errOut, "transaction failed") {
+				t.Errorf("the refused status leaked the error: %q %q", out, errOut)
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package healthcheck
 import (
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -36,4 +37,17 @@ func statusCode(healthy bool) int {
 		return http.StatusOK
 	}
 	return http.StatusServiceUnavailable
+}
+
+// statusForbidden is the body of /status for a client not on loopback.
+const statusForbidden = "/status is served only to clients on loopback: run `shardproxy status` on the node"
+
+// fromLoopback reports whether the request's client is on loopback (127.0.0.0/8, ::1, or
+// 127.0.0.0/8 mapped into IPv6): a process on the node, in its network namespace. A
+// client elsewhere cannot pose as one: the kernel drops loopback sources arriving on other
+// interfaces as martians, and a TCP handshake from such an address would be answered to
+// the node itself. Forwarded-for headers, which anyone can write, are ignored.
+func fromLoopback(r *http.Request) bool {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
 }

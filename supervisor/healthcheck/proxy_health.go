@@ -42,11 +42,21 @@ func (RealClock) Now() time.Time { return time.Now() }
 // ProxyHealth tracks the sync health of every proxy instance on the node and serves it over
 // HTTP. Following upstream, an instance is healthy unless an update was queued and has not
 // been applied within its health timeout, and, beyond upstream, unless the supervisor has
-// marked it down; /healthz fails on any unhealthy instance and while the Node is being
-// deleted. /livez, which the kubelet restarts the pod on, fails only on a stale queued
-// update of an instance that is up: the supervisor restarts a down instance itself (with
-// a backoff of up to a minute), and killing the pod for it would stop every other
-// instance too. It is safe for concurrent use.
+// marked it down.
+//
+// /healthz is what load balancers read, for every tenant's traffic at once, so it fails
+// only for what is node-wide: while the Node is being deleted (as upstream), or when no
+// instance is healthy (nothing on the node proxies). One unhealthy instance among healthy
+// ones shows in its entry, in /status and in the metrics, and, for its Local-policy
+// LoadBalancer Services, on their health-check node ports; draining the node for it would
+// move every other tenant's traffic too. /livez, which the kubelet restarts the pod on,
+// fails only on a stale queued update of an instance that is up: the supervisor restarts
+// a down instance itself (with a backoff of up to a minute), and killing the pod for it
+// would stop every other instance too.
+//
+// /status adds each instance's last error and why it is down (which may hold a panic's
+// stack) and its counts; it answers only clients on loopback. It is safe for concurrent
+// use.
 type ProxyHealth struct {
 	clock   Clock
 	timeout func(instance string) time.Duration
@@ -133,7 +143,7 @@ func (h *ProxyHealth) Updated(instance string) {
 	})
 }
 
-// SetInstanceError records the instance's last sync error for /healthz and /status; nil
+// SetInstanceError records the instance's last sync error for /status; nil
 // clears it. An error does not by itself make the instance unhealthy: as upstream, a failing
 // sync shows up as a queued update that goes stale.
 func (h *ProxyHealth) SetInstanceError(instance string, err error) {
@@ -154,10 +164,10 @@ func (h *ProxyHealth) SetInstanceCounts(instance string, services, endpoints int
 	})
 }
 
-// SetInstanceUp records whether the instance is running, and reason why it is down. A
-// down instance (crashed, restarting) fails /healthz whatever its sync state, but not
-// /livez: the supervisor restarts it, and once it is back up its pending update has a
-// whole timeout again before /livez counts it as stale.
+// SetInstanceUp records whether the instance is running, and reason why it is down (shown
+// only on /status). A down instance (crashed, restarting) is unhealthy whatever its sync
+// state, but not dead for /livez: the supervisor restarts it, and once it is back up its
+// pending update has a whole timeout again before /livez counts it as stale.
 func (h *ProxyHealth) SetInstanceUp(instance string, up bool, reason string) {
 	h.update(instance, func(st *instanceState) {
 		if st.up != up {
@@ -247,10 +257,12 @@ func (h *ProxyHealth) liveLocked(instance string, st *instanceState, now time.Ti
 }
 
 // HealthResponse is the body of /healthz and /livez: upstream's fields plus the state of
-// each instance.
+// each instance. It is served on every address the health server listens on, so it holds
+// verdicts and times only, never error text.
 type HealthResponse struct {
 	// LastUpdated is, as upstream, the current time when healthy (older clients read a
-	// recent value as "synced") and otherwise the last sync of the stalest unhealthy instance.
+	// recent value as "synced") and otherwise the last sync of the stalest unhealthy
+	// instance (the newest sync of all when only the node's deletion fails /healthz).
 	LastUpdated time.Time `json:"lastUpdated"`
 	// CurrentTime is when the response was built.
 	CurrentTime time.Time `json:"currentTime"`
@@ -262,20 +274,16 @@ type HealthResponse struct {
 
 // InstanceHealth is the health of one instance as /healthz, /livez and /status report it.
 type InstanceHealth struct {
-	// Healthy is the instance's verdict; any unhealthy instance fails the node. /livez
-	// gives its own verdict, which ignores whether the instance is up; /healthz and
-	// /status give the full one.
+	// Healthy is the instance's verdict. /livez gives its own verdict, which ignores
+	// whether the instance is up, and fails on any instance that is not live; /healthz
+	// and /status give the full one, and /healthz fails only when no instance is healthy.
 	Healthy bool `json:"healthy"`
 	// LastUpdated is when the last successful sync finished; absent before the first.
 	LastUpdated time.Time `json:"lastUpdated,omitzero"`
 	// LastQueued is when the oldest update not yet applied was queued; absent when none is.
 	LastQueued time.Time `json:"lastQueued,omitzero"`
-	// LastError is the last sync error, empty when the last sync succeeded.
-	LastError string `json:"lastError"`
 	// Up is false while the instance is crashed or restarting.
 	Up bool `json:"up"`
-	// DownReason says why the instance is down.
-	DownReason string `json:"downReason,omitempty"`
 }
 
 // StatusResponse is the body of /status.
@@ -288,9 +296,14 @@ type StatusResponse struct {
 	Instances map[string]InstanceStatus `json:"instances"`
 }
 
-// InstanceStatus is the state of one instance as /status reports it.
+// InstanceStatus is the state of one instance as /status reports it: its health plus the
+// details that stay on loopback.
 type InstanceStatus struct {
 	InstanceHealth
+	// LastError is the last sync error, empty when the last sync succeeded.
+	LastError string `json:"lastError"`
+	// DownReason says why the instance is down; after a panic, it holds the stack.
+	DownReason string `json:"downReason,omitempty"`
 	// Services is how many Services the instance programmed in its last sync.
 	Services int `json:"services"`
 	// Endpoints is how many endpoints the instance programmed in its last sync.
@@ -323,25 +336,26 @@ func (h *ProxyHealth) snapshot() snapshot {
 				Healthy:     h.healthyLocked(name, st, s.now),
 				LastUpdated: st.lastUpdated,
 				LastQueued:  st.oldestQueued,
-				LastError:   st.lastError,
 				Up:          st.up,
-				DownReason:  st.downReason,
 			},
-			Services:  st.services,
-			Endpoints: st.endpoints,
+			LastError:  st.lastError,
+			DownReason: st.downReason,
+			Services:   st.services,
+			Endpoints:  st.endpoints,
 		}
 	}
 	return s
 }
 
 // healthResponse builds the /healthz body and verdict (withNode), or the /livez ones,
-// where each instance's verdict is its live one.
+// where each instance's verdict is its live one. /healthz fails on the instances only
+// when none is healthy; /livez fails on any instance that is not live.
 func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	resp := HealthResponse{
 		CurrentTime: s.now,
 		Instances:   make(map[string]InstanceHealth, len(s.instances)),
 	}
-	instancesHealthy := true
+	healthyCount, unhealthyCount := 0, 0
 	var stalest, newest time.Time
 	for name, status := range s.instances {
 		st := status.InstanceHealth
@@ -353,12 +367,17 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 			newest = st.LastUpdated
 		}
 		if st.Healthy {
+			healthyCount++
 			continue
 		}
-		if instancesHealthy || st.LastUpdated.Before(stalest) {
+		if unhealthyCount == 0 || st.LastUpdated.Before(stalest) {
 			stalest = st.LastUpdated
 		}
-		instancesHealthy = false
+		unhealthyCount++
+	}
+	instancesHealthy := unhealthyCount == 0
+	if withNode {
+		instancesHealthy = instancesHealthy || healthyCount > 0
 	}
 	healthy := instancesHealthy
 	if withNode {
@@ -377,7 +396,9 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	return resp, healthy
 }
 
-// Handler returns the handler for /healthz, /livez and /status.
+// Handler returns the handler for /healthz, /livez and /status. /status answers 403 to
+// clients that are not on loopback: its errors and stacks are for the node's operator
+// (`shardproxy status` on the node), not for whoever can reach the health port.
 func (h *ProxyHealth) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -388,7 +409,12 @@ func (h *ProxyHealth) Handler() http.Handler {
 		resp, healthy := h.snapshot().healthResponse(false)
 		writeJSON(h.logger, w, statusCode(healthy), resp)
 	})
-	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		if !fromLoopback(r) {
+			h.logger.V(4).Info("Refused /status to a client not on loopback", "client", r.RemoteAddr)
+			http.Error(w, statusForbidden, http.StatusForbidden)
+			return
+		}
 		s := h.snapshot()
 		writeJSON(h.logger, w, http.StatusOK, StatusResponse{
 			CurrentTime:  s.now,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -197,7 +198,8 @@ func TestProxyHealth(t *testing.T) {
 			wantEligible:  true,
 		},
 		{
-			name: "one unhealthy instance fails the node",
+			// A load balancer reading /healthz would drain the node for every tenant.
+			name: "one stale instance beside a healthy one fails livez but not healthz",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
@@ -207,24 +209,66 @@ func TestProxyHealth(t *testing.T) {
 				h.Updated("team-a")
 				clock.Step(timeout / 2)
 			},
-			wantHealthz:   http.StatusServiceUnavailable,
+			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusServiceUnavailable,
 			wantInstances: map[string]bool{"team-a": true, "team-b": false},
 			wantEligible:  true,
 		},
 		{
+			name: "every instance stale fails the node",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.QueuedUpdate("team-a")
+				h.QueuedUpdate("team-b")
+				clock.Step(timeout)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": false, "team-b": false},
+			wantEligible:  true,
+		},
+		{
 			// The supervisor restarts a down instance; a pod restart would stop the others.
-			name: "down instance fails healthz but not livez",
+			name: "down instance beside a healthy one fails neither healthz nor livez",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
 				h.SetInstanceUp("team-b", false, "crashed: exit status 2")
 			},
-			wantHealthz:   http.StatusServiceUnavailable,
+			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{"team-a": true, "team-b": false},
 			wantLive:      map[string]bool{"team-a": true, "team-b": true},
 			wantEligible:  true,
+		},
+		{
+			name: "every instance down fails healthz but not livez",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.SetInstanceUp("team-a", false, "crashed: exit status 2")
+				h.SetInstanceUp("team-b", false, "backing off")
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": false, "team-b": false},
+			wantLive:      map[string]bool{"team-a": true, "team-b": true},
+			wantEligible:  true,
+		},
+		{
+			name: "deleting node fails healthz although an instance is healthy",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				h.SetInstanceUp("team-b", false, "backing off")
+				h.SetNodeDeleting(true)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true, "team-b": false},
+			wantLive:      map[string]bool{"team-a": true, "team-b": true},
+			wantEligible:  false,
 		},
 		{
 			name: "down instance's stale queued update does not fail livez",
@@ -318,7 +362,7 @@ func TestProxyHealth(t *testing.T) {
 				h.QueuedUpdate("fast")
 				clock.Step(timeout / 2)
 			},
-			wantHealthz:   http.StatusServiceUnavailable,
+			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusServiceUnavailable,
 			wantInstances: map[string]bool{"team-a": true, "fast": false},
 			wantEligible:  true,
@@ -389,18 +433,23 @@ func TestProxyHealthBody(t *testing.T) {
 	h := NewProxyHealth(clock, nil)
 	h.AddInstance("team-a")
 	h.AddInstance("team-b")
-	h.Updated("team-a")
-	synced := clock.Now()
 	h.Updated("team-b")
+	syncedB := clock.Now()
 	h.QueuedUpdate("team-b")
-	queued := clock.Now()
+	queuedB := clock.Now()
 	h.SetInstanceError("team-b", errors.New("nft: transaction failed"))
+	h.SetInstanceUp("team-b", false, "panic: boom\ngoroutine 1 [running]")
+	clock.Step(time.Second)
+	h.Updated("team-a")
+	syncedA := clock.Now()
+	h.QueuedUpdate("team-a")
+	queuedA := clock.Now()
 	clock.Step(DefaultHealthTimeout)
 	url := serveProxyHealth(t, h)
 
 	r := get(t, url+"/healthz")
 	if r.code != http.StatusServiceUnavailable {
-		t.Fatalf("status %d, want 503", r.code)
+		t.Fatalf("status %d with no healthy instance, want 503", r.code)
 	}
 	// The field names are the contract with probes and operators, so check them on the
 	// raw JSON rather than through the Go types.
@@ -416,26 +465,37 @@ func TestProxyHealthBody(t *testing.T) {
 	if !strings.Contains(string(r.body), `"team-b":{"healthy":false`) {
 		t.Errorf("body does not name team-b as unhealthy: %s", r.body)
 	}
+	// /healthz is served on every address: errors and stacks stay on /status.
+	for _, secret := range []string{"lastError", "downReason", "transaction failed", "panic", "goroutine"} {
+		if strings.Contains(string(r.body), secret) {
+			t.Errorf("/healthz body holds %q: %s", secret, r.body)
+		}
+	}
 
 	got := decodeHealth(t, r)
 	want := HealthResponse{
-		// Unhealthy: the last sync of the stale instance, as upstream.
-		LastUpdated:  synced,
+		// Unhealthy: the last sync of the stalest instance, as upstream.
+		LastUpdated:  syncedB,
 		CurrentTime:  clock.Now(),
 		NodeEligible: got.NodeEligible,
 		Instances: map[string]InstanceHealth{
-			"team-a": {Healthy: true, LastUpdated: synced, Up: true},
-			"team-b": {LastUpdated: synced, LastQueued: queued, LastError: "nft: transaction failed", Up: true},
+			"team-a": {LastUpdated: syncedA, LastQueued: queuedA, Up: true},
+			"team-b": {LastUpdated: syncedB, LastQueued: queuedB},
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("body\n got %+v\nwant %+v", got, want)
 	}
 
-	h.Updated("team-b")
-	got = decodeHealth(t, get(t, url+"/healthz"))
-	if !got.LastUpdated.Equal(clock.Now()) {
-		t.Errorf("healthy lastUpdated %v, want the current time %v as upstream", got.LastUpdated, clock.Now())
+	h.Updated("team-a")
+	r = get(t, url+"/healthz")
+	got = decodeHealth(t, r)
+	if r.code != http.StatusOK || !got.LastUpdated.Equal(clock.Now()) {
+		t.Errorf("with team-a healthy again: status %d, lastUpdated %v; want 200 and the current time %v as upstream",
+			r.code, got.LastUpdated, clock.Now())
+	}
+	if got.Instances["team-b"].Healthy {
+		t.Errorf("team-b shows healthy: %s", r.body)
 	}
 }
 
@@ -473,9 +533,10 @@ func TestProxyHealthStatus(t *testing.T) {
 				Endpoints:      40,
 			},
 			"team-b": {
-				InstanceHealth: InstanceHealth{LastError: "nft: transaction failed", DownReason: "crashed"},
-				Services:       3,
-				Endpoints:      7,
+				LastError:  "nft: transaction failed",
+				DownReason: "crashed",
+				Services:   3,
+				Endpoints:  7,
 			},
 		},
 	}
@@ -557,9 +618,78 @@ func TestProxyHealthDownInstanceBodies(t *testing.T) {
 		if r.code != tc.wantCode {
 			t.Errorf("GET %s: status %d, want %d; body %s", tc.path, r.code, tc.wantCode, r.body)
 		}
-		want := InstanceHealth{Healthy: tc.healthy, LastQueued: queued, DownReason: "panic: boom"}
+		want := InstanceHealth{Healthy: tc.healthy, LastQueued: queued}
 		if got := decodeHealth(t, r).Instances["team-a"]; !reflect.DeepEqual(got, want) {
 			t.Errorf("GET %s: team-a\n got %+v\nwant %+v", tc.path, got, want)
 		}
+		if strings.Contains(string(r.body), "boom") {
+			t.Errorf("GET %s: body holds the down reason: %s", tc.path, r.body)
+		}
+	}
+	var status StatusResponse
+	if err := json.Unmarshal(get(t, url+"/status").body, &status); err != nil {
+		t.Fatal(err)
+	}
+	if got := status.Instances["team-a"].DownReason; got != "panic: boom" {
+		t.Errorf("/status downReason %q, want the reason", got)
+	}
+}
+
+// TestProxyHealthStatusOnlyOnLoopback: /status, with its errors and stacks, answers only
+// clients on loopback; /healthz and /livez answer everyone, without them.
+func TestProxyHealthStatusOnlyOnLoopback(t *testing.T) {
+	h := NewProxyHealth(newFakeClock(), nil)
+	h.AddInstance("team-a")
+	h.SetInstanceError("team-a", errors.New("nft: secret detail"))
+	h.SetInstanceUp("team-a", false, "panic: boom\ngoroutine 7 [running]")
+	tests := []struct {
+		client     string
+		wantStatus int
+	}{
+		{"127.0.0.1:40000", http.StatusOK},
+		{"127.3.2.1:40000", http.StatusOK},
+		{"[::1]:40000", http.StatusOK},
+		{"[::ffff:127.0.0.1]:40000", http.StatusOK},
+		{"10.0.0.7:40000", http.StatusForbidden},
+		{"192.168.1.10:40000", http.StatusForbidden},
+		{"[fd00::7]:40000", http.StatusForbidden},
+		{"[::ffff:10.0.0.7]:40000", http.StatusForbidden},
+		{"0.0.0.0:40000", http.StatusForbidden},
+		{"not-an-address", http.StatusForbidden},
+		{"", http.StatusForbidden},
+	}
+	for _, tc := range tests {
+		t.Run(tc.client, func(t *testing.T) {
+			get := func(path string) *httptest.ResponseRecorder {
+				req := httptest.NewRequest(http.MethodGet, path, nil)
+				req.RemoteAddr = tc.client
+				// A client may claim anything in headers; only the peer address counts.
+				req.Header.Set("X-Forwarded-For", "127.0.0.1")
+				req.Header.Set("X-Real-Ip", "127.0.0.1")
+				w := httptest.NewRecorder()
+				h.Handler().ServeHTTP(w, req)
+				return w
+			}
+			r := get("/status")
+			if r.Code != tc.wantStatus {
+				t.Fatalf("GET /status from %s: %d, want %d; body %s", tc.client, r.Code, tc.wantStatus, r.Body)
+			}
+			if tc.wantStatus == http.StatusOK {
+				if !strings.Contains(r.Body.String(), "secret detail") || !strings.Contains(r.Body.String(), "goroutine 7") {
+					t.Errorf("GET /status from %s: no details in %s", tc.client, r.Body)
+				}
+			} else if strings.Contains(r.Body.String(), "secret") || strings.Contains(r.Body.String(), "goroutine") {
+				t.Errorf("GET /status from %s: refused, but the body holds details: %s", tc.client, r.Body)
+			}
+			for _, path := range []string{"/healthz", "/livez"} {
+				r := get(path)
+				if r.Code != http.StatusServiceUnavailable && r.Code != http.StatusOK {
+					t.Errorf("GET %s from %s: %d", path, tc.client, r.Code)
+				}
+				if b := r.Body.String(); strings.Contains(b, "secret") || strings.Contains(b, "goroutine") || !strings.Contains(b, `"team-a"`) {
+					t.Errorf("GET %s from %s: %s", path, tc.client, b)
+				}
+			}
+		})
 	}
 }

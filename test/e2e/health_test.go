@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,8 +80,9 @@ func TestHealthCheckNodePort(t *testing.T) {
 	})
 }
 
-// TestSupervisorEndpoints: /healthz, /livez and /status on the healthz port and the
-// kube-proxy metric names with an instance label on /metrics.
+// TestSupervisorEndpoints: /healthz and /livez on the healthz port from anywhere, /status
+// only from the node itself (loopback), and the kube-proxy metric names with an instance
+// label on /metrics.
 func TestSupervisorEndpoints(t *testing.T) {
 	e := environment(t)
 	ctx := context.Background()
@@ -110,9 +112,14 @@ func TestSupervisorEndpoints(t *testing.T) {
 		t.Logf("GET %s: %d, instances %d", path, code, len(h.Instances))
 	}
 
+	// /status, with errors and stacks, answers the node itself only.
+	code, body, err := e.HTTPGetFrom(ctx, e.TP.Client, base+"/status")
+	if err != nil || code != http.StatusForbidden || strings.Contains(body, "instances") {
+		t.Errorf("GET /status from the client: %d %q %v, want 403 without the status", code, body, err)
+	}
 	var status healthcheck.StatusResponse
-	testutil.Eventually(t, 20*time.Second, "/status to count team-b's Service", func() bool {
-		code, body, err := e.HTTPGetFrom(ctx, e.TP.Client, base+"/status")
+	testutil.Eventually(t, 20*time.Second, "/status on loopback to count team-b's Service", func() bool {
+		code, body, err := e.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", env.HealthzPort))
 		if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
 			return false
 		}
