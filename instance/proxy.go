@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"reflect"
 	"runtime/debug"
 	"slices"
@@ -58,6 +59,12 @@ type Options struct {
 	TableCheckPeriod time.Duration
 	// Node is this node, for local endpoints and topology.
 	Node NodeInfo
+	// MaxServiceElements bounds the nftables elements one Service may bring into a
+	// family's table: about ports × dispatch addresses (cluster IP, external IPs,
+	// load-balancer IPs, NodePort addresses) × endpoints. A Service over it is refused:
+	// not programmed, its model's Refused says why, and every other Service is
+	// programmed. 0 is DefaultMaxServiceElements; negative is no limit.
+	MaxServiceElements int
 	// Observer hears about every sync; may be nil.
 	Observer Observer
 	// Clock defaults to the real clock.
@@ -111,16 +118,30 @@ type Proxy struct {
 	logger  klog.Logger
 	syncers map[tables.Family]*tables.Syncer
 
+	// mu guards what the event handlers (the selector.Sink methods, SetNode,
+	// Reconfigure) write. It is held only to record an event or to take a sync's inputs
+	// (references, no model building, no I/O): the handlers are shared by every instance
+	// on the node and must never wait for a sync.
 	mu      sync.Mutex
 	tracker *Tracker
 	// waiting are the channels to close once the given Service is programmed.
 	waiting map[types.NamespacedName][]chan struct{}
-	trigger chan struct{}
+	// wantTables are the table settings Reconfigure asked for; reconfigured says the
+	// syncers do not have them yet. reconfigMu serializes Reconfigure calls.
+	reconfigMu   sync.Mutex
+	wantTables   tables.Config
+	reconfigured bool
+	trigger      chan struct{}
 
-	// syncMu serializes syncs with reconfiguration; it guards the syncers and below.
-	syncMu   sync.Mutex
-	applied  map[types.NamespacedName]*ServiceModel
-	lastFull time.Time
+	// syncMu serializes syncs; it guards the syncers and below.
+	syncMu sync.Mutex
+	// cfg is the table settings the syncers have.
+	cfg tables.Config
+	// appliedMu guards applied against Applied, which other instances' observers call:
+	// it is held to record a sync's outcome, never across model building or nft.
+	appliedMu sync.Mutex
+	applied   map[types.NamespacedName]*ServiceModel
+	lastFull  time.Time
 	// The per-Service figures of applied and their totals, kept as applied changes so a
 	// partial sync's SyncResult costs what changed, not what exists.
 	sums     map[types.NamespacedName]summary
@@ -143,17 +164,22 @@ func New(opts Options) (*Proxy, error) {
 	if len(opts.Families) == 0 {
 		opts.Families = []tables.Family{tables.IPv4, tables.IPv6}
 	}
+	if opts.MaxServiceElements == 0 {
+		opts.MaxServiceElements = DefaultMaxServiceElements
+	}
 	p := &Proxy{
-		opts:     opts,
-		logger:   klog.Background().WithValues("instance", opts.Name),
-		syncers:  map[tables.Family]*tables.Syncer{},
-		tracker:  NewTracker(opts.Node),
-		waiting:  map[types.NamespacedName][]chan struct{}{},
-		trigger:  make(chan struct{}, 1),
-		applied:  map[types.NamespacedName]*ServiceModel{},
-		sums:     map[types.NamespacedName]summary{},
-		hcPorts:  map[types.NamespacedName]int32{},
-		localEps: map[types.NamespacedName]int{},
+		opts:       opts,
+		logger:     klog.Background().WithValues("instance", opts.Name),
+		syncers:    map[tables.Family]*tables.Syncer{},
+		tracker:    NewTracker(opts.Node),
+		waiting:    map[types.NamespacedName][]chan struct{}{},
+		wantTables: opts.Tables,
+		trigger:    make(chan struct{}, 1),
+		cfg:        opts.Tables,
+		applied:    map[types.NamespacedName]*ServiceModel{},
+		sums:       map[types.NamespacedName]summary{},
+		hcPorts:    map[types.NamespacedName]int32{},
+		localEps:   map[types.NamespacedName]int{},
 	}
 	p.tracker.SetClock(opts.Clock.Now)
 	for _, fam := range opts.Families {
@@ -339,26 +365,41 @@ func (p *Proxy) tablesMissing(ctx context.Context) bool {
 }
 
 // Sync runs one sync now: partial when possible, full when forced, after a failure,
-// or when FullSyncPeriod has passed. Each step is its own function: take the changes
-// (under p.mu), program every family's tables, then, only if all succeeded, record
-// what is now applied and answer the waiters. A failed sync records nothing and puts
-// its waiters back for the next successful sync to answer.
+// after Reconfigure, or when FullSyncPeriod has passed. Each step is its own function:
+// take the changes (the only step under p.mu), build their models, program every
+// family's tables, then, only if all succeeded, record what is now applied and answer
+// the waiters. A failed sync records nothing and puts its waiters back for the next
+// successful sync to answer.
 func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	p.syncMu.Lock()
 	defer p.syncMu.Unlock()
 	start := p.opts.Clock.Now()
 	plan := p.takeChanges(start, forceFull)
+	answered := false
+	defer func() {
+		// Also on a panic: the supervisor restarts the instance, whose first sync
+		// answers them.
+		if !answered {
+			p.putWaitersBack(plan.waiting)
+		}
+	}()
+	if plan.reconfig != nil {
+		p.applyTables(*plan.reconfig)
+	}
+	p.buildModels(&plan)
 	stats, err := p.syncFamilies(ctx, plan)
 	if err != nil {
-		p.putWaitersBack(plan.waiting)
 		return nil, err
 	}
+	answered = true
 	res := &SyncResult{Instance: p.opts.Name, Full: plan.full, Stats: stats}
+	p.appliedMu.Lock()
 	if plan.full {
 		p.recordFull(plan.all, start, res)
 	} else {
 		p.recordPartial(plan.changed, res)
 	}
+	p.appliedMu.Unlock()
 	slices.SortFunc(res.Changed, func(a, b ChangedService) int { return compareNames(a.Name, b.Name) })
 	p.summarize(res)
 	for _, chs := range plan.waiting {
@@ -373,7 +414,13 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 // syncPlan is what one sync programs, taken from the tracker by takeChanges.
 type syncPlan struct {
 	full bool
-	// changed are the models of the Services changed since the last sync (nil: gone).
+	// dirty are the Services changed since the last sync; snap holds their inputs (all
+	// Services' when full).
+	dirty []types.NamespacedName
+	snap  *Snapshot
+	// reconfig are the table settings Reconfigure asked for since the last sync (nil: none).
+	reconfig *tables.Config
+	// changed are the models of the dirty Services (nil: gone).
 	changed map[types.NamespacedName]*ServiceModel
 	// all are the models of every Service the instance owns; set only when full.
 	all map[types.NamespacedName]*ServiceModel
@@ -381,19 +428,27 @@ type syncPlan struct {
 	waiting map[types.NamespacedName][]chan struct{}
 }
 
-// takeChanges takes the tracker's changes and builds the models this sync programs. It
-// holds p.mu, released by a defer: were it left locked by a panic (the supervisor
-// restarts a panicking instance), the restarted Sync and the next event handler would
-// block for good, and the handler is shared by every instance on the node.
+// takeChanges takes the tracker's changes and a snapshot of what their models are
+// built from (of every Service when the sync is full). It holds p.mu, which the event
+// handlers need, so it copies references and builds nothing. The lock is released by a
+// defer: were it left locked by a panic (the supervisor restarts a panicking instance),
+// the restarted Sync and the next event handler would block for good, and the handler is
+// shared by every instance on the node.
 func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	dirty := p.tracker.TakeDirty()
+	plan := syncPlan{dirty: p.tracker.TakeDirty()}
 	p.triggers = append(p.triggers, p.tracker.TakeTriggerTimes()...)
-	plan := syncPlan{changed: p.changedModels(dirty)}
-	plan.full = p.fullDue(start, forceFull)
+	if p.reconfigured {
+		cfg := p.wantTables
+		plan.reconfig = &cfg
+		p.reconfigured = false
+	}
+	plan.full = plan.reconfig != nil || p.fullDue(start, forceFull)
 	if plan.full {
-		plan.all = p.allModels(plan.changed)
+		plan.snap = p.tracker.SnapshotAll()
+	} else {
+		plan.snap = p.tracker.Snapshot(plan.dirty)
 	}
 	// Channels to close after this sync: only those registered before it started.
 	plan.waiting = p.waiting
@@ -401,14 +456,42 @@ func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
 	return plan
 }
 
-// changedModels builds the models of the dirty Services; p.mu must be held. Their
-// problems are logged here, as soon as a changed model is built: the sync may fail, and
-// its full retry rebuilds the model without it counting as changed.
-func (p *Proxy) changedModels(dirty []types.NamespacedName) map[types.NamespacedName]*ServiceModel {
+// buildModels builds the models plan programs from its snapshot, without p.mu.
+func (p *Proxy) buildModels(plan *syncPlan) {
+	npAddrs := p.nodePortAddrs()
+	plan.changed = p.changedModels(plan.snap, plan.dirty, npAddrs)
+	if plan.full {
+		plan.all = p.allModels(plan.snap, plan.changed, npAddrs)
+	}
+}
+
+// nodePortAddrs counts the NodePort addresses of each family, as the compiler serves
+// them (never loopback or unspecified): the dispatch entries one node port brings.
+func (p *Proxy) nodePortAddrs() map[tables.Family]int {
+	out := map[tables.Family]int{}
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		var seen []netip.Addr
+		for _, a := range p.cfg.NodePortIPs {
+			if fam.Contains(a) && !a.IsLoopback() && !a.IsUnspecified() && !slices.Contains(seen, a) {
+				seen = append(seen, a)
+			}
+		}
+		out[fam] = len(seen)
+	}
+	return out
+}
+
+// changedModels builds the models of the dirty Services. Their problems are logged
+// here, as soon as a changed model is built: the sync may fail, and its full retry
+// rebuilds the model without it counting as changed.
+func (p *Proxy) changedModels(snap *Snapshot, dirty []types.NamespacedName, npAddrs map[tables.Family]int) map[types.NamespacedName]*ServiceModel {
 	models := make(map[types.NamespacedName]*ServiceModel, len(dirty))
 	for _, n := range dirty {
-		m := p.model(n)
+		m := p.model(snap, n, npAddrs)
 		models[n] = m
+		if m != nil && m.Refused != "" {
+			p.logger.Info("Refused a Service", "service", n, "reason", m.Refused)
+		}
 		if m != nil && len(m.Problems) > 0 {
 			p.logger.Info("Skipped parts of a Service", "service", n, "problems", m.Problems)
 		}
@@ -434,14 +517,14 @@ func (p *Proxy) fullDue(start time.Time, forceFull bool) bool {
 	return false
 }
 
-// allModels returns the models of every Service the tracker knows that has one, reusing
-// those changedModels just built; p.mu must be held.
-func (p *Proxy) allModels(changed map[types.NamespacedName]*ServiceModel) map[types.NamespacedName]*ServiceModel {
+// allModels returns the models of every Service of the snapshot that has one, reusing
+// those changedModels just built.
+func (p *Proxy) allModels(snap *Snapshot, changed map[types.NamespacedName]*ServiceModel, npAddrs map[tables.Family]int) map[types.NamespacedName]*ServiceModel {
 	all := map[types.NamespacedName]*ServiceModel{}
-	for _, n := range p.tracker.Services() {
+	for _, n := range snap.Services() {
 		m, built := changed[n]
 		if !built {
-			m = p.model(n)
+			m = p.model(snap, n, npAddrs)
 		}
 		if m != nil {
 			all[n] = m
@@ -566,12 +649,15 @@ func (p *Proxy) finishSync(start time.Time, res *SyncResult) {
 		"endpoints", res.Endpoints, "elapsed", res.Elapsed, "familiesOverNetlink", overNetlink)
 }
 
-// model builds the current model of Service n; p.mu must be held. A panic while building
-// it (a bug some input reaches) costs only that Service: it is logged with its stack and
-// the Service gets a model with no ports and the panic as its Problem, so the sync goes on
-// with every other Service and the Service's old rules are removed like those of any
-// Service that cannot be programmed.
-func (p *Proxy) model(n types.NamespacedName) (m *ServiceModel) {
+// model builds the model of Service n from snap. A Service that would bring more than
+// MaxServiceElements elements into a table gets a model with no ports that says why it
+// was refused, as upstream skips a Service it cannot program: it costs neither the
+// building of its model nor the transaction of every other Service. A panic while
+// building it (a bug some input reaches) costs only that Service: it is logged with its
+// stack and the Service gets a model with no ports and the panic as its Problem, so the
+// sync goes on with every other Service and the Service's old rules are removed like
+// those of any Service that cannot be programmed.
+func (p *Proxy) model(snap *Snapshot, n types.NamespacedName, npAddrs map[tables.Family]int) (m *ServiceModel) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.logger.Error(fmt.Errorf("panic: %v", r), "Building a Service's model panicked; Service skipped",
@@ -582,13 +668,21 @@ func (p *Proxy) model(n types.NamespacedName) (m *ServiceModel) {
 			}
 		}
 	}()
-	return p.tracker.Model(n)
+	if in, ok := snap.inputs[n]; ok && p.opts.MaxServiceElements > 0 {
+		if size := elementEstimate(in.svc, in.slices, npAddrs); size > p.opts.MaxServiceElements {
+			return &ServiceModel{Name: n, Refused: fmt.Sprintf(
+				"it would bring about %d nftables elements (ports × addresses × endpoints) into one table, over the limit of %d per Service; not programmed",
+				size, p.opts.MaxServiceElements)}
+		}
+	}
+	return snap.Model(n)
 }
 
-// Applied returns the models last programmed (for status and tests).
+// Applied returns the models last programmed (for status, conntrack cleanup and tests).
+// It does not wait for a sync in progress.
 func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
-	p.syncMu.Lock()
-	defer p.syncMu.Unlock()
+	p.appliedMu.Lock()
+	defer p.appliedMu.Unlock()
 	return maps.Clone(p.applied)
 }
 
@@ -676,24 +770,42 @@ func portsOfModel(m *ServiceModel, fam tables.Family) []*tables.ServicePort {
 func sameModel(a, b *ServiceModel) bool { return reflect.DeepEqual(a, b) }
 
 // Reconfigure changes the node-dependent table settings (NodePort addresses, node IPs,
-// pod CIDRs for detect-local) and queues a full sync.
+// pod CIDRs for detect-local) and queues a full sync, which applies them. It does not
+// wait for a sync in progress (the node's event handler calls it for every instance).
+// A change of table name or slot is refused, and nothing changes.
 func (p *Proxy) Reconfigure(mutate func(*tables.Config)) error {
-	p.syncMu.Lock()
-	defer p.syncMu.Unlock()
-	var errs []error
-	for fam, s := range p.syncers {
-		cfg := p.opts.Tables
-		mutate(&cfg)
-		cfg.Family = fam
-		cfg.Instance = p.opts.Name
-		if err := s.Reconfigure(cfg); err != nil {
-			errs = append(errs, err)
-		}
+	// mutate may list the node's interfaces: not under p.mu.
+	p.reconfigMu.Lock()
+	defer p.reconfigMu.Unlock()
+	p.mu.Lock()
+	cfg := p.wantTables
+	p.mu.Unlock()
+	mutate(&cfg)
+	if cfg.TablePrefix != p.opts.Tables.TablePrefix || cfg.Slot != p.opts.Tables.Slot {
+		return fmt.Errorf("instance %q: table prefix and slot cannot change while running", p.opts.Name)
 	}
-	mutate(&p.opts.Tables)
+	p.mu.Lock()
+	p.wantTables = cfg
+	p.reconfigured = true
+	p.mu.Unlock()
 	select {
 	case p.trigger <- struct{}{}:
 	default:
 	}
-	return errors.Join(errs...)
+	return nil
+}
+
+// applyTables gives the syncers the table settings Reconfigure asked for; syncMu must be
+// held. Each syncer's next sync is then full. Reconfigure refused what a syncer would
+// refuse, so an error here is a bug: logged, the syncer keeps its old settings.
+func (p *Proxy) applyTables(cfg tables.Config) {
+	for fam, s := range p.syncers {
+		c := cfg
+		c.Family = fam
+		c.Instance = p.opts.Name
+		if err := s.Reconfigure(c); err != nil {
+			p.logger.Error(err, "Reconfiguring tables", "family", fam)
+		}
+	}
+	p.cfg = cfg
 }

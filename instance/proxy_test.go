@@ -27,10 +27,15 @@ type flakyNFT struct {
 	*knftables.Fake
 	fail atomic.Bool
 	runs atomic.Int32
+	// held, when set, holds Run (a sync stuck in nft) until it is released.
+	held atomic.Pointer[gate]
 }
 
 func (f *flakyNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	f.runs.Add(1)
+	if g := f.held.Load(); g != nil {
+		g.pass()
+	}
 	if f.fail.Load() {
 		return errors.New("simulated nft failure")
 	}
@@ -61,10 +66,11 @@ func (o *recordingObserver) failures() int {
 	return o.fails
 }
 
-func newTestProxy(t *testing.T, obs Observer) (*Proxy, *flakyNFT) {
+// newTestProxy returns an IPv4 instance "test" on a flakyNFT, after edits to its Options.
+func newTestProxy(t *testing.T, obs Observer, edits ...func(*Options)) (*Proxy, *flakyNFT) {
 	t.Helper()
 	nft := &flakyNFT{Fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
-	p, err := New(Options{
+	opts := Options{
 		Name:     "test",
 		Tables:   tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
 		Families: []tables.Family{tables.IPv4},
@@ -75,7 +81,11 @@ func newTestProxy(t *testing.T, obs Observer) (*Proxy, *flakyNFT) {
 		TableCheckPeriod: 20 * time.Millisecond,
 		Node:             thisNode(),
 		Observer:         obs,
-	})
+	}
+	for _, edit := range edits {
+		edit(&opts)
+	}
+	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -209,12 +209,56 @@ func (t *Tracker) TakeDirty() []types.NamespacedName {
 
 // Model builds the current model of one Service (nil if it has none or is unknown).
 func (t *Tracker) Model(name types.NamespacedName) *ServiceModel {
-	svc := t.services[name]
-	if svc == nil {
+	return t.Snapshot([]types.NamespacedName{name}).Model(name)
+}
+
+// Snapshot copies what building the models of the named Services reads, so they can be
+// built while the Tracker goes on taking events (and whatever lock guards it is free).
+// It copies references, not objects: the Tracker's objects are read-only. Unknown names
+// are left out (their Model is nil).
+func (t *Tracker) Snapshot(names []types.NamespacedName) *Snapshot {
+	s := &Snapshot{node: t.node, build: t.build, inputs: make(map[types.NamespacedName]inputs, len(names))}
+	for _, name := range names {
+		if svc := t.services[name]; svc != nil {
+			// Build orders slices by name itself; the map order does not leak.
+			s.inputs[name] = inputs{svc: svc, slices: slices.Collect(maps.Values(t.slices[name]))}
+		}
+	}
+	return s
+}
+
+// SnapshotAll is Snapshot of every tracked Service.
+func (t *Tracker) SnapshotAll() *Snapshot {
+	return t.Snapshot(t.Services())
+}
+
+// Snapshot is what building some Services' models reads, taken from a Tracker at one
+// moment. It is not changed after it is taken: safe to read from several goroutines.
+type Snapshot struct {
+	node   NodeInfo
+	build  func(*corev1.Service, []*discoveryv1.EndpointSlice, NodeInfo) *ServiceModel
+	inputs map[types.NamespacedName]inputs
+}
+
+// inputs are one Service and its EndpointSlices.
+type inputs struct {
+	svc    *corev1.Service
+	slices []*discoveryv1.EndpointSlice
+}
+
+// Model builds the model of one Service of the snapshot (nil if it has none or is not in
+// the snapshot).
+func (s *Snapshot) Model(name types.NamespacedName) *ServiceModel {
+	in, ok := s.inputs[name]
+	if !ok {
 		return nil
 	}
-	// Build orders slices by name itself; the map order does not leak.
-	return t.build(svc, slices.Collect(maps.Values(t.slices[name])), t.node)
+	return s.build(in.svc, in.slices, s.node)
+}
+
+// Services lists the Services in the snapshot, sorted.
+func (s *Snapshot) Services() []types.NamespacedName {
+	return slices.SortedFunc(maps.Keys(s.inputs), compareNames)
 }
 
 // Services lists every tracked Service name, sorted.

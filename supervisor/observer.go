@@ -124,6 +124,14 @@ func (o *observer) Synced(res *instance.SyncResult) {
 		o.fullSyncs.fullSynced(inst)
 	}
 	for _, c := range res.Changed {
+		if c.After != nil && c.After.Refused != "" {
+			// Once when the Service becomes refused, not on each change while it is.
+			if c.Before == nil || c.Before.Refused == "" {
+				o.recorder.Eventf(c.Name, corev1.EventTypeWarning, "ServiceTooLarge",
+					"instance %s refused the Service: %s", inst, c.After.Refused)
+			}
+			continue
+		}
 		if c.After == nil || len(c.After.Problems) == 0 {
 			continue
 		}

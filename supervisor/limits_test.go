@@ -1,0 +1,53 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/test/testutil"
+)
+
+// TestServiceTooLargeRefusedWithEvent checks, through the whole supervisor, that a
+// Service over the instance's element limit gets one Warning event and is not
+// programmed, while its instance goes on programming every other Service.
+func TestServiceTooLargeRefusedWithEvent(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("a", "huge", "team-a", "172.30.0.40")
+	// One slice whose ports × endpoints exceed the default limit: the estimate reads
+	// the counts, the model is never built.
+	ports := make([]discoveryv1.EndpointPort, 500)
+	for i := range ports {
+		name, port := fmt.Sprintf("p%d", i), int32(1000+i)
+		ports[i] = discoveryv1.EndpointPort{Name: &name, Port: &port}
+	}
+	eps := make([]discoveryv1.Endpoint, instance.DefaultMaxServiceElements/len(ports)+1)
+	for i := range eps {
+		eps[i] = discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.245.%d.%d", i/250, i%250+1)}}
+	}
+	big := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "a", Name: "huge-big", Labels: map[string]string{discoveryv1.LabelServiceName: "huge"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Ports: ports, Endpoints: eps,
+	}
+	if _, err := f.client.DiscoveryV1().EndpointSlices("a").Create(context.Background(), big, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "a ServiceTooLarge event for a/huge", func() bool {
+		return strings.Contains(f.rec.all(), "a/huge Warning ServiceTooLarge: instance team-a refused the Service")
+	})
+	f.createService("a", "small", "team-a", "172.30.0.41")
+	testutil.Eventually(t, waitTimeout, "team-a programs a/small", func() bool {
+		return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.41")
+	})
+	if d := f.tables.dump("ip shardproxy-team-a"); strings.Contains(d, "172.30.0.40") {
+		t.Errorf("the refused Service is programmed:\n%s", d)
+	}
+	if n := strings.Count(f.rec.all(), "ServiceTooLarge"); n != 1 {
+		t.Errorf("%d ServiceTooLarge events, want 1:\n%s", n, f.rec.all())
+	}
+}
