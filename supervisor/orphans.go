@@ -40,35 +40,47 @@ func (f *firstFullSyncs) fullSynced(inst string) {
 // win over the instance that serves those Services now wherever theirs run first.
 //
 // It runs once, after every configured instance has completed a full sync, so the
-// Services the removed instance served are programmed by their new owners first. A name
-// that is not a valid instance name (a DNS-1123 label) is never ours and is left alone.
+// Services the removed instance served are programmed by their new owners first. Only a
+// table carrying shardproxy's ownership marker (its comment, tables.OwnerComment of the
+// name) is deleted: a table that merely has the name, another component's under a prefix
+// that matches it or one made by hand, is left alone with a log line, as is a name that
+// is not a valid instance name (a DNS-1123 label).
 func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-		names, err := s.deps.ListTables(ctx, fam)
+		listed, err := s.deps.ListTables(ctx, fam)
 		if err != nil {
 			s.logger.Error(err, "Listing nftables tables to find those of removed instances", "family", tables.KnftFamily(fam))
 			continue
 		}
-		for _, table := range names {
-			inst, ok := tables.InstanceOfTable(s.cfg.TablePrefix, table)
-			if !ok || len(content.IsDNS1123Label(inst)) > 0 {
+		for _, t := range listed {
+			inst, ok := t.OwnedInstance(s.cfg.TablePrefix)
+			if !ok {
+				if named, ok := tables.InstanceOfTable(s.cfg.TablePrefix, t.Name); ok {
+					if _, configured := s.specs[named]; !configured {
+						s.logger.Info("Leaving alone a table named like an instance's but without shardproxy's marker",
+							"family", tables.KnftFamily(fam), "table", t.Name, "comment", t.Comment, "marker", tables.OwnerComment(named))
+					}
+				}
+				continue
+			}
+			if len(content.IsDNS1123Label(inst)) > 0 {
 				continue
 			}
 			if _, configured := s.specs[inst]; configured {
 				continue
 			}
-			nft, err := s.deps.NFT(fam, table)
+			nft, err := s.deps.NFT(fam, t.Name)
 			if err == nil {
 				err = tables.DeleteTable(ctx, nft)
 			}
 			if err != nil {
 				s.logger.Error(err, "Deleting the table of an instance that is no longer configured",
-					"instance", inst, "family", tables.KnftFamily(fam), "table", table)
+					"instance", inst, "family", tables.KnftFamily(fam), "table", t.Name)
 				s.metrics.CleanupFailed(inst)
 				continue
 			}
 			s.logger.Info("Deleted the table of an instance that is no longer configured",
-				"instance", inst, "family", tables.KnftFamily(fam), "table", table)
+				"instance", inst, "family", tables.KnftFamily(fam), "table", t.Name)
 		}
 	}
 }

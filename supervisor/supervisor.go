@@ -63,10 +63,10 @@ type Deps struct {
 	// NumCPU counts the node's CPUs for conntrack.maxPerCore; default: the online CPUs
 	// of /sys (a container's CPU set may be smaller), else runtime.NumCPU.
 	NumCPU func() int
-	// ListTables lists the names of the host's nftables tables of one family, to find
-	// the tables of instances removed from the configuration; default: netlink
+	// ListTables lists the host's nftables tables of one family with their comments, to
+	// find the tables of instances removed from the configuration; default: netlink
 	// (tables.ListTables).
-	ListTables func(ctx context.Context, fam tables.Family) ([]string, error)
+	ListTables func(ctx context.Context, fam tables.Family) ([]tables.ListedTable, error)
 }
 
 // Supervisor runs one node's instances.

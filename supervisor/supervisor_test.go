@@ -80,13 +80,19 @@ func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface,
 	return fk, nil
 }
 
-// seed creates a table ("ip name") holding one chain, as if left by an earlier run.
-func (f *fakeTables) seed(t *testing.T, key string) {
+// seed creates a table ("ip name", or "ip name # comment" for one with a comment)
+// holding one chain, as if left by an earlier run or by someone else.
+func (f *fakeTables) seed(t *testing.T, spec string) {
 	t.Helper()
+	key, comment, _ := strings.Cut(spec, " # ")
 	fam, name, _ := strings.Cut(key, " ")
 	fk := knftables.NewFake(knftables.Family(fam), name)
 	tx := fk.NewTransaction()
-	tx.Add(&knftables.Table{})
+	table := &knftables.Table{}
+	if comment != "" {
+		table.Comment = &comment
+	}
+	tx.Add(table)
 	tx.Add(&knftables.Chain{Name: "left-over"})
 	if err := fk.Run(context.Background(), tx); err != nil {
 		t.Fatal(err)
@@ -96,22 +102,25 @@ func (f *fakeTables) seed(t *testing.T, key string) {
 	f.fakes[key] = fk
 }
 
-// list is the ListTables seam: the tables of a family that exist.
-func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]string, error) {
+// list is the ListTables seam: the tables of a family that exist, with their comments.
+func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]tables.ListedTable, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
+	var out []tables.ListedTable
 	for key, fk := range f.fakes {
 		family, name, _ := strings.Cut(key, " ")
 		if family != string(tables.KnftFamily(fam)) {
 			continue
 		}
 		fk.RLock()
-		exists := fk.Table != nil
-		fk.RUnlock()
-		if exists {
-			out = append(out, name)
+		if fk.Table != nil {
+			lt := tables.ListedTable{Name: name}
+			if fk.Table.Comment != nil {
+				lt.Comment = *fk.Table.Comment
+			}
+			out = append(out, lt)
 		}
+		fk.RUnlock()
 	}
 	return out, nil
 }

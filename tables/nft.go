@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	gnftables "github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
@@ -44,27 +45,116 @@ func NewNFT(fam Family, table string) (knftables.Interface, error) {
 	return nft, nil
 }
 
-// ListTables lists the names of the nftables tables of one family in this network
-// namespace. knftables works on one known table only, so this asks the kernel over
+// OwnerComment is the comment shardproxy writes on each table of an instance, its
+// ownership marker: "shardproxy instance <instance>". Only a table carrying it is ever
+// deleted as a removed instance's: a name alone ("<prefix>-<name>") can be anyone's.
+func OwnerComment(instance string) string {
+	return "shardproxy instance " + instance
+}
+
+// ListedTable is one nftables table as ListTables finds it.
+type ListedTable struct {
+	// Name is the table's name.
+	Name string
+	// Comment is the table's comment; empty when it has none.
+	Comment string
+}
+
+// OwnedInstance is the instance whose table t is under prefix: its name is
+// TableName(prefix, instance) and its comment OwnerComment(instance). A table with a
+// matching name but without that comment is someone else's (another component's table
+// under a prefix that happens to match, or one written by hand) and yields false.
+func (t ListedTable) OwnedInstance(prefix string) (instance string, ok bool) {
+	instance, ok = InstanceOfTable(prefix, t.Name)
+	if !ok || t.Comment != OwnerComment(instance) {
+		return "", false
+	}
+	return instance, true
+}
+
+// Netlink numbers of the table dump that ListTables asks for (linux/netfilter and
+// linux/netfilter/nf_tables.h), and libnftnl's user data type of a table comment.
+const (
+	nftMsgGetTable         = unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE
+	nftMsgNewTable         = unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWTABLE
+	nftaTableUserdata      = 0x6 // NFTA_TABLE_USERDATA; x/sys/unix does not name it
+	nftnlUdataTableComment = 0   // NFTNL_UDATA_TABLE_COMMENT
+)
+
+// ListTables lists the nftables tables of one family in this network namespace, with
+// their comments. knftables works on one known table only, so this asks the kernel over
 // netlink; `nft list tables` would read every rule and element of every table first
-// (seconds on a node with 10,000 Services).
-func ListTables(_ context.Context, fam Family) ([]string, error) {
-	family := gnftables.TableFamilyIPv4
+// (seconds on a node with 10,000 Services), and google/nftables does not return table
+// comments.
+func ListTables(_ context.Context, fam Family) ([]ListedTable, error) {
+	family := byte(unix.NFPROTO_IPV4)
 	if fam == IPv6 {
-		family = gnftables.TableFamilyIPv6
+		family = unix.NFPROTO_IPV6
 	}
-	conn, err := gnftables.New()
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s tables: %w", KnftFamily(fam), err)
 	}
-	defer conn.CloseLasting()
-	list, err := conn.ListTablesOfFamily(family)
+	defer conn.Close()
+	replies, err := conn.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(nftMsgGetTable), Flags: netlink.Request | netlink.Dump},
+		// struct nfgenmsg: family, version, resource id (big endian, 0).
+		Data: []byte{family, unix.NFNETLINK_V0, 0, 0},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing %s tables: %w", KnftFamily(fam), err)
 	}
-	names := make([]string, 0, len(list))
-	for _, t := range list {
-		names = append(names, t.Name)
+	out := make([]ListedTable, 0, len(replies))
+	for _, m := range replies {
+		if m.Header.Type != netlink.HeaderType(nftMsgNewTable) {
+			continue
+		}
+		t, err := parseTable(m.Data)
+		if err != nil {
+			return nil, fmt.Errorf("listing %s tables: %w", KnftFamily(fam), err)
+		}
+		out = append(out, t)
 	}
-	return names, nil
+	return out, nil
+}
+
+// parseTable decodes one NFT_MSG_NEWTABLE payload: the nfgenmsg header, then attributes.
+func parseTable(data []byte) (ListedTable, error) {
+	if len(data) < 4 {
+		return ListedTable{}, fmt.Errorf("table message of %d bytes", len(data))
+	}
+	ad, err := netlink.NewAttributeDecoder(data[4:])
+	if err != nil {
+		return ListedTable{}, fmt.Errorf("decoding table attributes: %w", err)
+	}
+	var t ListedTable
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_TABLE_NAME:
+			t.Name = ad.String()
+		case nftaTableUserdata:
+			t.Comment = udataComment(ad.Bytes())
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return ListedTable{}, fmt.Errorf("decoding table attributes: %w", err)
+	}
+	return t, nil
+}
+
+// udataComment returns the comment in a table's user data, libnftnl's type-length-value
+// records, or "" if there is none. User data is whatever the table's writer put there, so
+// a malformed record ends the search rather than being trusted.
+func udataComment(udata []byte) string {
+	for len(udata) >= 2 {
+		typ, n := udata[0], int(udata[1])
+		if len(udata) < 2+n {
+			return ""
+		}
+		if typ == nftnlUdataTableComment {
+			return strings.TrimRight(string(udata[2:2+n]), "\x00")
+		}
+		udata = udata[2+n:]
+	}
+	return ""
 }

@@ -316,7 +316,9 @@ func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
 
 // cleanupUnconfigured deletes the tables of an instance that is not in the configuration
 // (one removed from it, typically). As the name comes from nowhere but the command line,
-// it must name tables that exist: a typo fails rather than pretending to clean up.
+// it must name tables that exist: a typo fails rather than pretending to clean up. Only
+// tables carrying shardproxy's ownership marker (tables.OwnerComment) are deleted: one
+// that only has the name is another component's, and refused.
 func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, prefix string) error {
 	name := opts.instance
 	table := tables.TableName(prefix, name)
@@ -333,12 +335,18 @@ func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, 
 	deleted := 0
 	var errs []error
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-		names, err := tables.ListTables(ctx, fam)
+		listed, err := tables.ListTables(ctx, fam)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: looking for its tables: %w", what, err))
 			continue
 		}
-		if !slices.Contains(names, table) {
+		i := slices.IndexFunc(listed, func(t tables.ListedTable) bool { return t.Name == table })
+		if i < 0 {
+			continue
+		}
+		if _, ok := listed[i].OwnedInstance(prefix); !ok {
+			errs = append(errs, fmt.Errorf("%s: table %s %s is not shardproxy's (its comment is %q, not %q): not deleting it",
+				what, tables.KnftFamily(fam), table, listed[i].Comment, tables.OwnerComment(name)))
 			continue
 		}
 		nft, err := tables.NewNFT(fam, table)

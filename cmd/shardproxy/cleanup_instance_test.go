@@ -11,17 +11,20 @@ import (
 // TestCleanupUnconfiguredInstanceInNamespace runs `shardproxy cleanup --instance` for real
 // in a node namespace: an instance no longer in the configuration (or with no
 // configuration at all, given the table prefix) loses its ip and ip6 tables, nothing else
-// does, and a name with no tables fails.
+// does, a name with no tables fails, and so does one whose table is named like ours but
+// lacks shardproxy's ownership marker (its comment), which stays.
 func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 	testutil.RequireTools(t, "nft")
 	tp := netns.New(t)
 	if err := tp.NFT(tp.Node, strings.Join([]string{
-		"add table ip shardproxy-old", "add chain ip shardproxy-old services",
-		"add table ip6 shardproxy-old",
+		`add table ip shardproxy-old { comment "shardproxy instance old" ; }`, "add chain ip shardproxy-old services",
+		`add table ip6 shardproxy-old { comment "shardproxy instance old" ; }`,
 		"add table ip shardproxy-team-a", // configured
 		"add table ip other",
-		"add table ip sp2-x",
-		"add table ip6 shardproxy-x", // another instance's, under the default prefix
+		`add table ip sp2-x { comment "shardproxy instance x" ; }`,
+		`add table ip6 shardproxy-x { comment "shardproxy instance x" ; }`, // another instance's, under the default prefix
+		"add table ip kube-proxy",                                          // upstream's, no marker
+		`add table ip6 kube-proxy { comment "rules for Kubernetes Services" ; }`,
 	}, "\n")+"\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +58,16 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 	left = tablesLeft()
 	if strings.Contains(left, "sp2-x") || !strings.Contains(left, "table ip6 shardproxy-x") {
 		t.Errorf("after cleaning up sp2-x:\n%s", left)
+	}
+
+	_, errOut, code = cli("cleanup", "--table-prefix", "kube", "--instance", "proxy")
+	for _, fam := range []string{"ip", "ip6"} {
+		if code == 0 || !strings.Contains(errOut, "table "+fam+" kube-proxy is not shardproxy's") {
+			t.Errorf("cleanup of kube-proxy's tables: exit %d, stderr %q; want a refusal for %s", code, errOut, fam)
+		}
+	}
+	if left := tablesLeft(); !strings.Contains(left, "table ip kube-proxy") || !strings.Contains(left, "table ip6 kube-proxy") {
+		t.Errorf("kube-proxy's tables were deleted:\n%s", left)
 	}
 
 	_, errOut, code = cli("cleanup", "--config", "testdata/config.yaml", "--instance", "old")
