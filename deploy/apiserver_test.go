@@ -40,7 +40,7 @@ func TestServerDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cp.Client().Discovery()))
-	create := func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
+	var create createFunc = func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
 		gvk := obj.GroupVersionKind()
 		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
@@ -181,4 +181,12 @@ func TestServerDryRun(t *testing.T) {
 			}
 		}
 	})
+
+	// After the RBAC subtest: it creates the ServiceAccount, the namespace and the Role.
+	t.Run("a node writes only its own status", func(t *testing.T) {
+		testNodeStatusPolicy(t, cp, create)
+	})
 }
+
+// createFunc creates an object of any kind, as `kubectl create` would.
+type createFunc func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error

@@ -113,7 +113,8 @@ func TestManifests(t *testing.T) {
 				kinds = append(kinds, o.GetKind())
 			}
 			slices.Sort(kinds)
-			want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"}
+			want := []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount",
+				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 			if !slices.Equal(kinds, want) {
 				t.Fatalf("kinds %v, want one each of %v", kinds, want)
 			}
@@ -131,6 +132,9 @@ func TestManifests(t *testing.T) {
 
 // configKey is the ConfigMap key, and file name under the mount, of the configuration.
 const configKey = "config.yaml"
+
+// imageUID is the user deploy/Dockerfile runs as (USER), not root.
+const imageUID = 65532
 
 // checkDaemonSet checks what the issue asks of the DaemonSet, and that it runs the
 // configuration and the identity the same rendering holds.
@@ -168,11 +172,17 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, sa *corev1.ServiceAccoun
 		t.Error("the container has no securityContext capabilities")
 	default:
 		if sc.Privileged != nil && *sc.Privileged {
-			t.Error("the supervisor container is privileged: it needs NET_ADMIN and NET_RAW only")
+			t.Error("the supervisor container is privileged: it needs NET_ADMIN only")
 		}
 		add := slices.Sorted(slices.Values(sc.Capabilities.Add))
-		if !slices.Equal(add, []corev1.Capability{"NET_ADMIN", "NET_RAW"}) {
-			t.Errorf("capabilities add %v, want [NET_ADMIN NET_RAW]", add)
+		if !slices.Equal(add, []corev1.Capability{"NET_ADMIN"}) {
+			t.Errorf("capabilities add %v, want [NET_ADMIN]: nft and conntrack netlink need it, nothing needs more", add)
+		}
+		if sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Error("runAsNonRoot is not true")
+		}
+		if sc.RunAsUser == nil || *sc.RunAsUser != imageUID {
+			t.Errorf("runAsUser %v, want the image's user %d (deploy/Dockerfile), whose file capabilities it relies on", sc.RunAsUser, imageUID)
 		}
 		if !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 			t.Errorf("capabilities drop %v, want [ALL]", sc.Capabilities.Drop)
@@ -272,12 +282,21 @@ func checkConfig(t *testing.T, k kustomization, ds *appsv1.DaemonSet, cfg *confi
 		{"healthzBindAddress", cfg.HealthzBindAddress, "healthz"},
 		{"metricsBindAddress", cfg.MetricsBindAddress, "metrics"},
 	} {
-		_, p, err := net.SplitHostPort(b.addr)
+		host, p, err := net.SplitHostPort(b.addr)
 		if err != nil {
 			t.Errorf("%s: %v", b.field, err)
 			continue
 		}
-		if p != strconv.Itoa(int(ports[b.port])) {
+		// Metrics (and pprof) are unauthenticated: loopback only, as kube-proxy's
+		// default, and then no port is declared that a scraper would try.
+		if ip := net.ParseIP(host); b.port == "metrics" {
+			if ip == nil || !ip.IsLoopback() {
+				t.Errorf("%s %s is not loopback: the metrics are unauthenticated", b.field, b.addr)
+			}
+			if n, declared := ports[b.port]; declared {
+				t.Errorf("the DaemonSet declares a %s port (%d) for a loopback-only server", b.port, n)
+			}
+		} else if p != strconv.Itoa(int(ports[b.port])) {
 			t.Errorf("%s %s, but the DaemonSet's %s port is %d", b.field, b.addr, b.port, ports[b.port])
 		}
 		if n, _ := strconv.Atoi(p); (n == kubeProxyHealthzPort || n == kubeProxyMetricsPort) != k.kubeProxyPorts {

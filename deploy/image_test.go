@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,22 @@ func TestDockerfile(t *testing.T) {
 	}
 	if !strings.Contains(df, `ENTRYPOINT ["/usr/local/bin/shardproxy"]`) {
 		t.Error("the entrypoint is not the shardproxy binary, which the DaemonSet's args expect")
+	}
+
+	// Not root: the user the DaemonSet's runAsUser names, and CAP_NET_ADMIN as file
+	// capabilities on the two programs that need it (a runtime gives a non-root process
+	// none of its own).
+	if users := regexp.MustCompile(`(?m)^USER (\S+)$`).FindAllStringSubmatch(df, -1); len(users) != 1 ||
+		users[0][1] != fmt.Sprintf("%d:%d", imageUID, imageUID) {
+		t.Errorf("USER lines %q, want one: USER %d:%d", users, imageUID, imageUID)
+	}
+	for _, bin := range []string{"/usr/local/bin/shardproxy", "/usr/sbin/nft"} {
+		if !regexp.MustCompile(`setcap cap_net_admin=ep ` + regexp.QuoteMeta(bin) + `\b`).MatchString(df) {
+			t.Errorf("the image does not give %s cap_net_admin=ep", bin)
+		}
+	}
+	if u, s := strings.Index(df, "\nUSER "), strings.LastIndex(df, "setcap "); u < s {
+		t.Error("USER comes before setcap: setcap needs root at build time")
 	}
 }
 
