@@ -191,6 +191,54 @@ func TestGoldenAffinity(t *testing.T) {
 	}
 }
 
+// TestAffinityNamesLength: the per-Service names carry IDs of at least 128 bits, so no
+// user can collide theirs with another Service's on purpose, and still fit the kernel's
+// limit on chain and set names (NFT_NAME_MAXLEN and NFT_SET_MAXNAMELEN are 256 with the
+// NUL). TestKernelAcceptsRules loads them into a real kernel.
+func TestAffinityNamesLength(t *testing.T) {
+	const kernelMaxName = 255
+	if bits := idChars * 5; bits < 128 {
+		t.Errorf("IDs of %d base32 characters hold %d bits, want at least 128", idChars, bits)
+	}
+	// The longest inputs a Service can give (IDs are hashes: their length does not
+	// depend on them, but the test should not either).
+	long := strings.Repeat("n", 63)
+	p := sp("sticky", 80, withEndpoints([]Endpoint{ep("10.244.255.255", 65535)}, nil), func(p *ServicePort) {
+		p.AffinityTimeout = 10800 * time.Second
+		p.Name.Namespace, p.Name.Name, p.Name.Port = long, long, strings.Repeat("p", 15)
+	})
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(p))
+	var names []string
+	for name := range fake.Table.Chains {
+		names = append(names, name)
+	}
+	for name := range fake.Table.Sets {
+		names = append(names, name)
+	}
+	spn := p.Name
+	spn.Protocol = p.Protocol
+	id := portID(spn, p.AffinityTimeout)
+	affinity := 0
+	for _, name := range names {
+		if len(name) > kernelMaxName {
+			t.Errorf("%q has %d characters, more than the kernel's %d", name, len(name), kernelMaxName)
+		}
+		if strings.HasPrefix(name, affinityPrefix) {
+			affinity++
+			if len(id) != idChars || !strings.Contains(name, id) {
+				t.Errorf("%q does not carry the %d-character port ID", name, idChars)
+			}
+		}
+	}
+	if affinity == 0 {
+		t.Fatalf("no affinity chains or sets among %v", names)
+	}
+	if got := len(affinityPrefix + id + "-ep-" + endpointID(p.ClusterEndpoints[0])); got != 60 {
+		t.Errorf("the longest affinity name has %d characters; names.go says 60", got)
+	}
+}
+
 // TestGoldenSkeleton pins the fixed part of an instance's table: base chains, hooks,
 // priorities (slot 0), sets, maps and rules. tables/README.md documents it.
 func TestGoldenSkeleton(t *testing.T) {

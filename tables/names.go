@@ -91,14 +91,28 @@ func pickChain(n int) string                      { return fmt.Sprintf("%s%d", p
 func pickClusterChain(n int) string               { return fmt.Sprintf("%s%d", pickClusterPrefix, n) }
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
 
-// portID is a short stable name for a Service port, for its per-Service objects.
-func portID(spn ServicePortName, salt any) string {
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%s/%s/%v", spn, spn.Protocol, salt)))
-	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:])[:12])
+// idChars is the length of portID and endpointID: 26 base32 characters, 130 bits of
+// sha256. Their inputs are chosen by users (a Service's namespace, name and port; the
+// endpoint addresses of a selectorless Service's EndpointSlices), so an ID must be long
+// enough that nobody can make one collide with another Service's on purpose, which would
+// merge or replace that Service's affinity chains and sets: 2^130 tries for a given
+// victim, 2^65 for any pair. The longest name built from them, "aff-<port>-ep-<ep>", has
+// 60 characters; the kernel takes chain and set names of up to 255 (NFT_NAME_MAXLEN,
+// NFT_SET_MAXNAMELEN 256 with the NUL), and TestAffinityNamesLength checks it.
+const idChars = 26
+
+// hashID is the first idChars characters of the lower-case base32 sha256 of s.
+func hashID(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:])[:idChars])
 }
 
-// endpointID is a short stable name for an endpoint inside a Service port.
+// portID is a stable name for a Service port, for its per-Service objects.
+func portID(spn ServicePortName, salt any) string {
+	return hashID(fmt.Sprintf("%s/%s/%v", spn, spn.Protocol, salt))
+}
+
+// endpointID is a stable name for an endpoint inside a Service port.
 func endpointID(ep Endpoint) string {
-	sum := sha256.Sum256([]byte(ep.String()))
-	return strings.ToLower(base32.StdEncoding.EncodeToString(sum[:])[:8])
+	return hashID(ep.String())
 }
