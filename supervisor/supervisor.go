@@ -185,12 +185,20 @@ func buildRouter(cfg *config.Config) (*selector.Router, map[string]config.Instan
 	byName := map[string]config.Instance{}
 	for _, inst := range cfg.Instances {
 		spec := selector.Spec{Name: inst.Name, Default: inst.Default, ProxyNames: inst.ProxyNames, Namespaces: inst.Tenant.Namespaces}
-		for _, c := range inst.Tenant.ExternalIPCIDRs {
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				return nil, nil, fmt.Errorf("instance %q: tenant CIDR %q: %w", inst.Name, c, err)
+		for _, guard := range []struct {
+			cidrs []string
+			into  *[]netip.Prefix
+		}{
+			{inst.Tenant.ExternalIPCIDRs, &spec.ExternalIPCIDRs},
+			{inst.Tenant.LoadBalancerCIDRs, &spec.LoadBalancerCIDRs},
+		} {
+			for _, c := range guard.cidrs {
+				p, err := netip.ParsePrefix(c)
+				if err != nil {
+					return nil, nil, fmt.Errorf("instance %q: tenant CIDR %q: %w", inst.Name, c, err)
+				}
+				*guard.into = append(*guard.into, p)
 			}
-			spec.ExternalIPCIDRs = append(spec.ExternalIPCIDRs, p)
 		}
 		specs = append(specs, spec)
 		byName[inst.Name] = inst
@@ -252,13 +260,15 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ServiceRejected", "%s", why)
 		},
 		Guarded: func(svc *corev1.Service, inst string, problems []string) {
+			name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+			s.logger.Info("Service addresses refused", "instance", inst, "service", name, "problems", problems)
 			for _, p := range problems {
-				s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ExternalIPIgnored", "%s", p)
+				s.deps.Recorder.Eventf(name, corev1.EventTypeWarning, "AddressRefused", "%s", p)
 			}
 		},
 	})
 	s.dispatcher = d
-	if err := w.Connect(d, s.onNode); err != nil {
+	if err := w.Connect(d, s.onNode, s.updateReserved); err != nil {
 		return err
 	}
 
@@ -411,6 +421,7 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	old := s.node
 	s.node = node
 	s.nodeMu.Unlock()
+	s.updateReserved()
 	addrsChanged := old == nil || !slices.Equal(nodeAddresses(old), nodeAddresses(node)) || !slices.Equal(old.Spec.PodCIDRs, node.Spec.PodCIDRs)
 	for name, p := range s.instances {
 		p.SetNode(nodeInfo(s.cfg.NodeName, node))
@@ -421,6 +432,44 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 			}
 		}
 	}
+}
+
+// updateReserved tells the dispatcher the addresses no Service's user-set addresses may
+// take: this node's (its Node object's and its interfaces') and the ServiceCIDRs.
+func (s *Supervisor) updateReserved() {
+	if s.dispatcher == nil || s.watches == nil {
+		return
+	}
+	s.nodeMu.Lock()
+	node := s.node
+	s.nodeMu.Unlock()
+	var ips []netip.Addr
+	if node != nil {
+		for _, a := range node.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				ips = append(ips, ip.Unmap())
+			}
+		}
+	}
+	if host, err := s.deps.InterfaceAddrs(); err == nil {
+		ips = append(ips, host...)
+	} else {
+		s.logger.Error(err, "Listing this node's addresses for the address precedence")
+	}
+	slices.SortFunc(ips, netip.Addr.Compare)
+	var cidrs []netip.Prefix
+	for _, c := range s.watches.ServiceCIDRs() {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			cidrs = append(cidrs, p.Masked())
+		}
+	}
+	slices.SortFunc(cidrs, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	s.dispatcher.SetReserved(slices.Compact(ips), cidrs)
 }
 
 func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {

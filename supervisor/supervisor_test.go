@@ -460,7 +460,8 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc.Spec.ExternalIPs = []string{"not-an-ip"}
+	// The instance's model reports it (the dispatcher's guards never look at it).
+	svc.Spec.SessionAffinity = "Bogus"
 	if _, err := f.client.CoreV1().Services("b").Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -509,4 +510,22 @@ func TestProfilingOnMetricsServer(t *testing.T) {
 		}
 		srv.Close()
 	}
+}
+
+// TestNodeAddressesAreReserved: the supervisor tells the dispatcher this node's
+// addresses, so a Service's externalIP equal to one is refused with a Warning event.
+func TestNodeAddressesAreReserved(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("x", "plain", "", "172.30.0.1")
+	svc, err := f.client.CoreV1().Services("x").Get(context.Background(), "plain", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalIPs = []string{"192.168.100.1"} // the fixture Node's InternalIP
+	if _, err := f.client.CoreV1().Services("x").Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "an AddressRefused event naming the node", func() bool {
+		return strings.Contains(f.rec.all(), "AddressRefused: externalIP 192.168.100.1 refused: it is an address of this node")
+	})
 }

@@ -79,9 +79,8 @@ func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool)
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // trimForCache drops what no instance reads from the objects the informers keep:
-// managedFields and kubectl's last-applied copy, often most of a small object's size
-// (at 10,000 Services and their slices, tens of MB of the supervisor's memory), and the
-// per-endpoint Pod references of EndpointSlices.
+// managedFields and kubectl's last-applied copy, often most of a small object's size,
+// and the per-endpoint Pod references of EndpointSlices (README.md has the figures).
 func trimForCache(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -96,10 +95,9 @@ func trimForCache(obj any) (any, error) {
 		}
 	}
 	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
-		// Every endpoint the EndpointSlice controller writes names its Pod (targetRef;
-		// with it, ~185 bytes of heap per endpoint, measured on decoded slices); no
-		// proxy reads it, nor the hostname or the deprecated topology. The slice's owner
-		// reference is the Service, known by label anyway.
+		// Every endpoint the EndpointSlice controller writes names its Pod (targetRef);
+		// no proxy reads it, nor the hostname or the deprecated topology. The slice's
+		// owner reference is the Service, known by label anyway.
 		sl.OwnerReferences = nil
 		for i := range sl.Endpoints {
 			ep := &sl.Endpoints[i]
@@ -138,8 +136,9 @@ func (w *Watches) ServiceCIDRs() []string {
 	return out
 }
 
-// Connect sends every event to the dispatcher and node events to onNode.
-func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler) error {
+// Connect sends every event to the dispatcher, node events to onNode, and calls
+// onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API).
+func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs func()) error {
 	logger := klog.Background()
 	for _, h := range []struct {
 		what     string
@@ -161,7 +160,15 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler) error {
 			UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
 			DeleteFunc: func(obj any) { withNode(obj, true, onNode) },
 		}},
+		{"ServiceCIDRs", w.serviceCIDR, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { onServiceCIDRs() },
+			UpdateFunc: func(any, any) { onServiceCIDRs() },
+			DeleteFunc: func(any) { onServiceCIDRs() },
+		}},
 	} {
+		if h.informer == nil {
+			continue // ServiceCIDRs without the API
+		}
 		reg, err := h.informer.AddEventHandler(h.funcs)
 		if err != nil {
 			return fmt.Errorf("watching %s: %w", h.what, err)
