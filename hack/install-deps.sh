@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install-deps.sh installs the host tools the tests, the e2e suite and the proxy use, on
 # Debian, as root: nftables (nft), conntrack, etcd-server (etcd), iproute2 (ip) and iptables
-# (the nft backend: the coexistence e2e runs upstream kube-proxy in iptables mode). Only
+# (the nft backend: the coexistence e2e runs upstream kube-proxy in iptables mode), and
+# libcap2-bin (setcap: the non-root test gives the binaries file capabilities). Only
 # missing tools are installed and `apt-get update` runs at most once, so running it again
 # is cheap.
 #
@@ -16,10 +17,11 @@ declare -A pkg_for=(
 	[etcd]=etcd-server
 	[ip]=iproute2
 	[iptables]=iptables
+	[setcap]=libcap2-bin
 )
 
 missing=()
-for cmd in nft conntrack etcd ip iptables; do
+for cmd in nft conntrack etcd ip iptables setcap; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
 		missing+=("${pkg_for[${cmd}]}")
 	fi
