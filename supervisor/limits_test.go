@@ -51,3 +51,25 @@ func TestServiceTooLargeRefusedWithEvent(t *testing.T) {
 		t.Errorf("%d ServiceTooLarge events, want 1:\n%s", n, f.rec.all())
 	}
 }
+
+// TestConfiguredServiceLimit: an instance's maxServiceElements reaches it: team-b (limit
+// 20 in the test configuration) refuses a Service the default limit would admit.
+func TestConfiguredServiceLimit(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("b", "wide", "team-b", "172.30.0.50")
+	port, name := int32(8080), "http"
+	eps := make([]discoveryv1.Endpoint, 30)
+	for i := range eps {
+		eps[i] = discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.246.0.%d", i+1)}}
+	}
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "b", Name: "wide-1", Labels: map[string]string{discoveryv1.LabelServiceName: "wide"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &port}}, Endpoints: eps,
+	}
+	if _, err := f.client.DiscoveryV1().EndpointSlices("b").Create(context.Background(), sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "a ServiceTooLarge event for b/wide", func() bool {
+		return strings.Contains(f.rec.all(), "b/wide Warning ServiceTooLarge")
+	})
+}

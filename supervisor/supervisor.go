@@ -382,6 +382,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		MinSyncPeriod:      minSync,
 		SyncPeriod:         spec.SyncPeriod.Duration,
 		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
+		MaxServiceElements: spec.MaxServiceElements,
 		Node:               nodeInfo(s.cfg.NodeName, node),
 		Observer:           s.newObserver(),
 	})

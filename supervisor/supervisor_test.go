@@ -48,6 +48,7 @@ instances:
   slot: 2
   minSyncPeriod: 0s
   syncPeriod: 30s
+  maxServiceElements: 20
   tenant:
     namespaces: [b]
 `

@@ -141,6 +141,11 @@ type Instance struct {
 	// FullSyncPeriod is how often the whole table is rewritten rather than patched.
 	// Default 1h (or syncPeriod, if that is longer); must be >= syncPeriod.
 	FullSyncPeriod Duration `yaml:"fullSyncPeriod"`
+	// MaxServiceElements bounds the nftables elements one Service may bring into the
+	// instance's table (about ports × addresses × endpoints); a Service over it is not
+	// programmed, with a ServiceTooLarge event, and the instance keeps syncing the
+	// others. 0: the default (instance.DefaultMaxServiceElements, 200,000); -1: no limit.
+	MaxServiceElements int `yaml:"maxServiceElements"`
 }
 
 // Tenant restricts an instance to part of what its Services ask for. Every guard is

@@ -162,6 +162,15 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			wantErr: []string{"instances[0].fullSyncPeriod: 10s is shorter than syncPeriod 30s"},
 		},
 		{
+			name:    "maxServiceElements below -1",
+			yaml:    minimal + "  maxServiceElements: -5\n",
+			wantErr: []string{"instances[0].maxServiceElements: -5 is not a limit"},
+		},
+		{
+			name: "maxServiceElements: a limit, the default, none",
+			yaml: minimal + "  maxServiceElements: 5000\n- name: b\n  proxyNames: [b]\n  slot: 1\n  maxServiceElements: -1\n  tenant:\n    namespaces: [b]\n",
+		},
+		{
 			name:    "negative fullSyncPeriod",
 			yaml:    minimal + "  fullSyncPeriod: -1h\n",
 			wantErr: []string{"instances[0].fullSyncPeriod: must be positive"},

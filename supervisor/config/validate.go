@@ -221,6 +221,9 @@ func (in *Instance) validate(p *problems, path string) {
 	case in.SyncPeriod.Duration > 0 && in.FullSyncPeriod.Duration < in.SyncPeriod.Duration:
 		p.add(path+".fullSyncPeriod", "%v is shorter than syncPeriod %v", in.FullSyncPeriod.Duration, in.SyncPeriod.Duration)
 	}
+	if in.MaxServiceElements < -1 {
+		p.add(path+".maxServiceElements", "%d is not a limit: use a positive number, 0 for the default or -1 for none", in.MaxServiceElements)
+	}
 }
 
 func (d *DetectLocal) validate(p *problems, path string) {
