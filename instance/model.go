@@ -243,6 +243,7 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 		InternalLocal:   spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		ExternalLocal:   externalPolicyLocal(b.svc),
 		AffinityTimeout: b.affinityTimeout(),
+		Claim:           tables.Claim{Created: b.svc.CreationTimestamp.Time, UID: string(b.svc.UID)},
 	}
 	if isLB && common.ExternalLocal {
 		b.model.HealthCheckNodePort = b.healthCheckNodePort()

@@ -110,11 +110,12 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	newPicks, gonePicks := countChanges(log.pickBefore, l.pickRefs)
 	slices.Sort(newPicks)
 	slices.Sort(gonePicks)
-	d.FlushChains = append(gonePicks, goneKeys(log.before.chains, log.after.chains)...)
+	before, after := log.changedObjects()
+	d.FlushChains = append(gonePicks, goneKeys(before.chains, after.chains)...)
 	d.DeleteChains = slices.Clone(d.FlushChains)
-	d.DeleteSets = goneKeys(log.before.sets, log.after.sets)
+	d.DeleteSets = goneKeys(before.sets, after.sets)
 
-	d.AddSets, d.WriteChains = l.c.portObjectChanges(log.before, log.after, func(string) bool { return true })
+	d.AddSets, d.WriteChains = l.c.portObjectChanges(before, after, func(string) bool { return true })
 	picks, err := l.c.pickChains(newPicks, func(string) bool { return true })
 	if err != nil {
 		return nil, err
@@ -197,6 +198,7 @@ type existing struct {
 // objects an earlier run left in the kernel (in).
 func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate bool) (*Diff, error) {
 	d := &Diff{Recreate: recreate, Skeleton: sk}
+	_, after := log.changedObjects()
 	mayExist := func(string) bool { return true }
 	if in.known {
 		present := make(map[string]bool, len(in.chains))
@@ -205,18 +207,18 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 		}
 		mayExist = func(ch string) bool { return present[ch] }
 		for _, ch := range in.chains {
-			if _, wanted := log.after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
+			if _, wanted := after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
 		}
 		for _, st := range in.sets {
-			if _, wanted := log.after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !wanted {
+			if _, wanted := after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !wanted {
 				d.DeleteSets = append(d.DeleteSets, st)
 			}
 		}
 		d.DeleteChains = slices.Clone(d.FlushChains)
 	}
-	d.AddSets, d.WriteChains = l.c.portObjectChanges(portObjects{}, log.after, mayExist)
+	d.AddSets, d.WriteChains = l.c.portObjectChanges(portObjects{}, after, mayExist)
 	picks, err := l.c.pickChains(slices.Sorted(maps.Keys(l.pickRefs)), mayExist)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,12 @@ import (
 // element ids and chains it brought; how many ports share each shared element and pick
 // chain; which port owns each entry; and the Services that lost an entry to another.
 // Changing it records the change in a changeLog, from which a Diff is computed.
+//
+// An entry several Services want goes to the oldest claim (ServicePort.Claim), whatever
+// the order in which they arrive: a full sync acquires Services oldest first, and a
+// partial sync in which an older claimant arrives evicts the younger owner (compiles it
+// again, now without the entry). So partial and full syncs agree, and a user-chosen name
+// never decides (it only breaks ties between equal claims).
 type ledger struct {
 	c *compiler
 
@@ -25,17 +31,14 @@ type ledger struct {
 	entryOwner map[string]ServicePortName
 	// pickRefs counts the ports using each pick chain.
 	pickRefs map[string]int
-	// losers maps a contested entry to the Services that wanted it but found it taken;
-	// lost holds what those Services were given, so that a partial sync freeing the
-	// entry hands it to one of them at once instead of at the next full sync.
+	// held are the ports each Service was last given (read only: the caller builds new
+	// ones for a change), to compile it again when it loses or regains an entry.
+	held map[ServiceName][]*ServicePort
+	// losers maps a contested entry to the Services that wanted it but found it taken,
+	// and lost each such Service to its lost entries, so that a partial sync freeing the
+	// entry hands it to the oldest of them at once instead of at the next full sync.
 	losers map[string]map[ServiceName]bool
-	lost   map[ServiceName]lostEntries
-}
-
-// lostEntries is what a Service that lost entries to others asked for.
-type lostEntries struct {
-	entries []string
-	ports   []*ServicePort
+	lost   map[ServiceName][]string
 }
 
 // portState is what one Service port put into the table.
@@ -76,15 +79,36 @@ type changeLog struct {
 	sharedBefore map[string]int
 	pickBefore   map[string]int
 	entryDelta   map[string]int
-	// freed are entries whose owner let go of them.
+	// freed are entries whose owner let go of them; evicted are Services an older claim
+	// took an entry from, to be compiled again.
 	freed     map[string]bool
+	evicted   map[ServiceName]bool
 	conflicts []string
-	// before and after are the per-port chains and sets of the changed Services.
-	before, after portObjects
+	// before holds, per changed Service, its per-port chains and sets as the kernel has
+	// them (recorded at its first release in the change), after as they are now (its
+	// last acquire); a Service may be compiled several times in one change (eviction,
+	// regain), and only these two ends count.
+	before, after map[ServiceName]portObjects
+	// touched are the Services released or acquired so far in the change.
+	touched map[ServiceName]bool
+}
+
+// changedObjects are the union of the changed Services' per-port chains and sets,
+// before and after the change.
+func (l *changeLog) changedObjects() (before, after portObjects) {
+	before, after = newPortObjects(), newPortObjects()
+	for _, o := range l.before {
+		before.addAll(o)
+	}
+	for _, o := range l.after {
+		after.addAll(o)
+	}
+	return before, after
 }
 
 func newChangeLog(tracked bool) *changeLog {
-	l := &changeLog{tracked: tracked, freed: map[string]bool{}, before: newPortObjects(), after: newPortObjects()}
+	l := &changeLog{tracked: tracked, freed: map[string]bool{}, evicted: map[ServiceName]bool{},
+		before: map[ServiceName]portObjects{}, after: map[ServiceName]portObjects{}, touched: map[ServiceName]bool{}}
 	if tracked {
 		l.sharedBefore, l.pickBefore, l.entryDelta = map[string]int{}, map[string]int{}, map[string]int{}
 	}
@@ -100,8 +124,9 @@ func newLedger(c *compiler, entries int) *ledger {
 		shared:     map[string]int{},
 		entryOwner: make(map[string]ServicePortName, entries),
 		pickRefs:   map[string]int{},
+		held:       map[ServiceName][]*ServicePort{},
 		losers:     map[string]map[ServiceName]bool{},
-		lost:       map[ServiceName]lostEntries{},
+		lost:       map[ServiceName][]string{},
 	}
 }
 
@@ -121,8 +146,16 @@ func count(counts, before map[string]int, key string, delta int) {
 
 // release forgets everything a Service contributed.
 func (l *ledger) release(log *changeLog, svc ServiceName) {
+	first := !log.touched[svc]
+	log.touched[svc] = true
+	delete(log.after, svc)
 	for spn, st := range l.ports[svc] {
-		log.before.addAll(st.objects)
+		if first && (st.objects.chains != nil || st.objects.sets != nil) {
+			if log.before[svc].chains == nil {
+				log.before[svc] = newPortObjects()
+			}
+			log.before[svc].addAll(st.objects)
+		}
 		for en, ids := range st.entryIDs {
 			if l.entryOwner[en] == spn {
 				delete(l.entryOwner, en)
@@ -142,7 +175,8 @@ func (l *ledger) release(log *changeLog, svc ServiceName) {
 		}
 	}
 	delete(l.ports, svc)
-	for _, en := range l.lost[svc].entries {
+	delete(l.held, svc)
+	for _, en := range l.lost[svc] {
 		delete(l.losers[en], svc)
 		if len(l.losers[en]) == 0 {
 			delete(l.losers, en)
@@ -152,11 +186,15 @@ func (l *ledger) release(log *changeLog, svc ServiceName) {
 }
 
 // acquire compiles a Service's ports and takes what they need. An entry another port
-// already owns stays with it: the conflict is logged and remembered, for regain.
+// already owns stays with it, unless this Service's claim is older: then the owner is
+// evicted (log.evicted; settle compiles it again). A conflict is logged, and the loser
+// remembered for regain.
 func (l *ledger) acquire(log *changeLog, svc ServiceName, ports []*ServicePort) {
 	if len(ports) == 0 {
 		return
 	}
+	l.held[svc] = ports
+	claim := ports[0].Claim
 	sorted := slices.Clone(ports)
 	slices.SortFunc(sorted, func(a, b *ServicePort) int {
 		return strings.Compare(a.Name.String()+string(a.Protocol), b.Name.String()+string(b.Protocol))
@@ -168,19 +206,46 @@ func (l *ledger) acquire(log *changeLog, svc ServiceName, ports []*ServicePort) 
 		spn.Protocol = sp.Protocol
 		comp := l.c.compile(sp, func(en string) bool {
 			o, taken := l.entryOwner[en]
-			if taken && o != spn {
-				log.conflicts = append(log.conflicts, fmt.Sprintf("%s wants %s, already served by %s", spn, en, o))
-				lost = append(lost, en)
-				return false
+			if !taken || o == spn {
+				return true
 			}
-			return true
+			owner := ServiceName{o.Namespace, o.Name}
+			if owner != svc && l.outranks(svc, claim, owner) {
+				log.conflicts = append(log.conflicts, fmt.Sprintf("%s takes %s from %s, a younger claim", spn, en, o))
+				log.evicted[owner] = true
+				return true
+			}
+			log.conflicts = append(log.conflicts, fmt.Sprintf("%s wants %s, already served by %s", spn, en, o))
+			lost = append(lost, en)
+			return false
 		})
 		byPort[spn] = l.take(log, spn, comp)
+		if comp.objects.chains != nil || comp.objects.sets != nil {
+			if log.after[svc].chains == nil {
+				log.after[svc] = newPortObjects()
+			}
+			log.after[svc].addAll(comp.objects)
+		}
 	}
+	log.touched[svc] = true
 	l.ports[svc] = byPort
 	if len(lost) > 0 {
-		l.rememberLost(svc, ports, lost)
+		l.rememberLost(svc, lost)
 	}
+}
+
+// outranks reports whether svc, with claim, comes before owner: an older claim, or an
+// equal one and an earlier name.
+func (l *ledger) outranks(svc ServiceName, claim Claim, owner ServiceName) bool {
+	return rankBefore(claim, svc, l.claimOf(owner), owner)
+}
+
+// rankBefore orders Services by claim, then by name.
+func rankBefore(c Claim, n ServiceName, oc Claim, on ServiceName) bool {
+	if c.before(oc) || oc.before(c) {
+		return c.before(oc)
+	}
+	return n.String() < on.String()
 }
 
 // take records what one compiled port brings.
@@ -199,19 +264,12 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 	for _, ch := range comp.pick {
 		count(l.pickRefs, log.pickBefore, ch, +1)
 	}
-	log.after.addAll(comp.objects)
 	return portState{entryIDs: comp.entries, sharedIDs: comp.shared, pick: comp.pick, objects: comp.objects}
 }
 
-// rememberLost keeps what svc asked for, so that it can have its lost entries back.
-func (l *ledger) rememberLost(svc ServiceName, ports []*ServicePort, lost []string) {
-	// Shallow copies: the caller owns its ServicePorts (their slices are only read).
-	kept := make([]*ServicePort, len(ports))
-	for i, sp := range ports {
-		c := *sp
-		kept[i] = &c
-	}
-	l.lost[svc] = lostEntries{entries: lost, ports: kept}
+// rememberLost records the entries svc lost, so that it can have them back.
+func (l *ledger) rememberLost(svc ServiceName, lost []string) {
+	l.lost[svc] = lost
 	for _, en := range lost {
 		if l.losers[en] == nil {
 			l.losers[en] = map[ServiceName]bool{}
@@ -220,47 +278,54 @@ func (l *ledger) rememberLost(svc ServiceName, ports []*ServicePort, lost []stri
 	}
 }
 
-// regain hands the entries freed so far to the Services that lost them, by acquiring
-// those Services again (their other elements are unchanged, so they cost nothing).
-// Losers go in name order, as in a full sync. done holds the Services already acquired
-// in this change, which saw every entry freed by it: a Service is never released twice.
-func (l *ledger) regain(log *changeLog, done map[ServiceName]bool) {
-	for len(log.freed) > 0 {
+// settle compiles again the Services the change evicted (they lose entries to older
+// claims), and the Services that lost an entry the change freed, if it is free now or
+// held by a younger claim (so the oldest gets it), until neither is left. Every step
+// moves an entry to an older claim, so it ends.
+func (l *ledger) settle(log *changeLog) {
+	for len(log.evicted) > 0 || len(log.freed) > 0 {
 		again := map[ServiceName][]*ServicePort{}
+		for n := range log.evicted {
+			again[n] = l.held[n]
+		}
+		clear(log.evicted)
 		for en := range log.freed {
-			if _, taken := l.entryOwner[en]; taken {
-				continue
-			}
-			for svc := range l.losers[en] {
-				if !done[svc] {
-					again[svc] = l.lost[svc].ports
+			o, taken := l.entryOwner[en]
+			for n := range l.losers[en] {
+				if !taken || l.outranks(n, l.claimOf(n), ServiceName{o.Namespace, o.Name}) {
+					again[n] = l.held[n]
 				}
 			}
 		}
 		clear(log.freed)
-		for _, n := range sortedNames(again) {
-			done[n] = true
+		for _, n := range byClaim(again) {
 			l.release(log, n)
 			l.acquire(log, n, again[n])
 		}
 	}
 }
 
+// claimOf is the claim of a Service the ledger holds.
+func (l *ledger) claimOf(n ServiceName) Claim {
+	if held := l.held[n]; len(held) > 0 {
+		return held[0].Claim
+	}
+	return Claim{}
+}
+
 // replace makes each changed Service's ports exactly the ones given (none: the Service
-// is gone), then hands freed entries to the Services that lost them.
+// is gone), then settles who owns contested entries.
 func (l *ledger) replace(log *changeLog, changes map[ServiceName][]*ServicePort) {
-	names := sortedNames(changes)
+	names := byClaim(changes)
 	// Release everything first, so entries that move between Services in one change (or
 	// a changed value of one key) are deleted before they are added again.
 	for _, n := range names {
 		l.release(log, n)
 	}
-	done := make(map[ServiceName]bool, len(names))
 	for _, n := range names {
 		l.acquire(log, n, changes[n])
-		done[n] = true
 	}
-	l.regain(log, done)
+	l.settle(log)
 }
 
 // elementIDs returns the ids of every element, sorted (so each set's are together).
@@ -288,12 +353,27 @@ func (l *ledger) elementIDs() []string {
 	return ids
 }
 
-// sortedNames returns the Service names of m in namespace/name order.
-func sortedNames(m map[ServiceName][]*ServicePort) []ServiceName {
+// byClaim returns the Service names of m, oldest claim first (the claim of a Service's
+// first port; none for a deleted one), then in namespace/name order.
+func byClaim(m map[ServiceName][]*ServicePort) []ServiceName {
 	names := make([]ServiceName, 0, len(m))
 	for n := range m {
 		names = append(names, n)
 	}
-	slices.SortFunc(names, func(a, b ServiceName) int { return strings.Compare(a.String(), b.String()) })
+	claim := func(n ServiceName) Claim {
+		if ports := m[n]; len(ports) > 0 {
+			return ports[0].Claim
+		}
+		return Claim{}
+	}
+	slices.SortFunc(names, func(a, b ServiceName) int {
+		switch {
+		case rankBefore(claim(a), a, claim(b), b):
+			return -1
+		case rankBefore(claim(b), b, claim(a), a):
+			return 1
+		}
+		return 0
+	})
 	return names
 }

@@ -114,6 +114,26 @@ type ServicePort struct {
 	// HasEndpoints says the Service has a usable endpoint somewhere in the cluster; false
 	// means traffic to it is rejected, true with no endpoint for a policy means dropped.
 	HasEndpoints bool
+
+	// Claim decides who keeps an entry (address . protocol . port) several Services
+	// want: the older claim. The same for every port of a Service.
+	Claim Claim
+}
+
+// Claim is the age of a Service's claim on its addresses: its creation time, then its
+// UID. Never its name, which a user chooses; Services with equal claims (none set, in
+// tests and `render` of objects without them) fall back to namespace/name order.
+type Claim struct {
+	Created time.Time
+	UID     string
+}
+
+// before reports whether c is older than o.
+func (c Claim) before(o Claim) bool {
+	if !c.Created.Equal(o.Created) {
+		return c.Created.Before(o.Created)
+	}
+	return c.UID < o.UID
 }
 
 // internalEndpoints are the endpoints for cluster IP traffic.

@@ -135,9 +135,11 @@ func (s *Syncer) fullDiff(services map[ServiceName][]*ServicePort, in existing) 
 	s.synced = false
 	s.ledger = newLedger(s.c, max(len(s.ledger.entryOwner), 2*len(services)))
 	log := newChangeLog(false)
-	for _, n := range sortedNames(services) {
+	for _, n := range byClaim(services) {
 		s.ledger.acquire(log, n, services[n])
 	}
+	// Oldest first, no one is evicted; settle keeps that an invariant, not a hope.
+	s.ledger.settle(log)
 	stats.Conflicts = log.conflicts
 	d, err := s.ledger.diffOfAll(s.c.skeleton(s.prio), in, log, s.recreate)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/knftables"
@@ -219,6 +220,35 @@ func TestUnusedPickChainsAreRemoved(t *testing.T) {
 	if fake.Table.Chains[pickChain(2)] == nil {
 		t.Error("pick-2 missing")
 	}
+}
+
+// TestOlderClaimKeepsContestedEntry: of two Services wanting one entry, the older claim
+// serves it, whatever the names and whichever arrives first: a younger Service that got
+// there first is evicted when the older one arrives.
+func TestOlderClaimKeepsContestedEntry(t *testing.T) {
+	young := genPort(1, 1) // gen/svc-1: first by name
+	young.ExternalIPs = []netip.Addr{addr("192.168.200.1")}
+	young.Claim = Claim{Created: time.Unix(2000, 0), UID: "b"}
+	old := genPort(2, 1) // gen/svc-2
+	old.Protocol, old.ExternalIPs = young.Protocol, young.ExternalIPs
+	old.Claim = Claim{Created: time.Unix(1000, 0), UID: "a"}
+	servedByOld := "map endpoints-udp 192.168.200.1 . 80 . 0 : 10.244.0.2 . 8080"
+
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(young, old))
+	if dump := contentDump(fake); !contains(dump, servedByOld) {
+		t.Errorf("full sync: the older claim does not serve the entry:\n%s", dump)
+	}
+
+	s, fake = newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(young))
+	if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-2"}: {old}}); err != nil {
+		t.Fatal(err)
+	}
+	if dump := contentDump(fake); !contains(dump, servedByOld) {
+		t.Errorf("partial sync: the older claim arriving second does not take the entry:\n%s", dump)
+	}
+	assertEqualsFull(t, fake, services(young, old))
 }
 
 func TestConflictingEntriesFirstServiceKeepsThem(t *testing.T) {
@@ -491,13 +521,19 @@ func TestFailedSyncForcesFullSync(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
-// TestPartialServesContestedEntriesLikeFull applies random changes to Services that
-// fight over a few external IPs and NodePorts: after every partial sync, exactly the
-// entries a full sync would serve are served (which Service serves a contested entry may
-// differ: a partial sync leaves it with its current server, a full sync gives it to the
-// first Service by name).
-func TestPartialServesContestedEntriesLikeFull(t *testing.T) {
-	rng := rand.New(rand.NewSource(2))
+// TestPartialEqualsFullWithConflicts applies random changes to Services that fight over
+// a few external IPs and NodePorts, with random claim ages (some equal, so the name
+// breaks ties): after every partial sync the table is exactly what a full sync of the
+// same Services writes, so the same Service serves each contested entry, the oldest
+// claim, however the changes arrived.
+func TestPartialEqualsFullWithConflicts(t *testing.T) {
+	for seed := int64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { partialEqualsFullWithConflicts(t, seed) })
+	}
+}
+
+func partialEqualsFullWithConflicts(t *testing.T, seed int64) {
+	rng := rand.New(rand.NewSource(seed))
 	shared := []netip.Addr{addr("192.168.200.1"), addr("192.168.200.2"), addr("192.168.200.3")}
 	gen := func(i int) *ServicePort {
 		p := genPort(i, rng.Intn(3))
@@ -510,6 +546,8 @@ func TestPartialServesContestedEntriesLikeFull(t *testing.T) {
 		if rng.Intn(3) == 0 {
 			p.NodePort = uint16(30080 + rng.Intn(2))
 		}
+		// A Service keeps its claim across changes, as its creation time and UID do.
+		p.Claim = Claim{Created: time.Unix(int64(1000+i%4), 0), UID: fmt.Sprintf("uid-%d", (i*7)%10)}
 		return p
 	}
 	s, fake := newFake(t, testConfig(IPv4))
@@ -539,25 +577,13 @@ func TestPartialServesContestedEntriesLikeFull(t *testing.T) {
 		contested += len(stats.Conflicts)
 		ref, refFake := newFake(t, testConfig(IPv4))
 		fullSync(t, ref, state)
-		if diff := cmp.Diff(servedEntries(refFake), servedEntries(fake)); diff != "" {
-			t.Fatalf("step %d: served entries differ from a full sync (-full +partial):\n%s", step, diff)
+		if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
+			t.Fatalf("step %d: partial sync diverged from a full sync (-full +partial):\n%s", step, diff)
 		}
 	}
 	if contested < 50 {
 		t.Fatalf("only %d conflicts in 300 steps: the test would prove little", contested)
 	}
-}
-
-// servedEntries lists the entries the dispatch maps hold: each one is served.
-func servedEntries(fake *knftables.Fake) string {
-	var lines []string
-	for _, m := range []string{mapServiceIPs, mapNoEndpoints} {
-		for _, e := range fake.Table.Maps[m].Elements {
-			lines = append(lines, strings.Join(e.Key, " . "))
-		}
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
 }
 
 // TestRestartOverExistingTable: a new Syncer (a restarted instance) knows nothing of the
