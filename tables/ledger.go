@@ -123,8 +123,8 @@ func newLedger(c *compiler, entries int) *ledger {
 		ports:      map[ServiceName]map[ServicePortName]portState{},
 		shared:     map[string]int{},
 		entryOwner: make(map[string]ServicePortName, entries),
+		held:       make(map[ServiceName][]*ServicePort, entries/2),
 		pickRefs:   map[string]int{},
-		held:       map[ServiceName][]*ServicePort{},
 		losers:     map[string]map[ServiceName]bool{},
 		lost:       map[ServiceName][]string{},
 	}
@@ -227,7 +227,9 @@ func (l *ledger) acquire(log *changeLog, svc ServiceName, ports []*ServicePort) 
 			log.after[svc].addAll(comp.objects)
 		}
 	}
-	log.touched[svc] = true
+	if log.tracked {
+		log.touched[svc] = true
+	}
 	l.ports[svc] = byPort
 	if len(lost) > 0 {
 		l.rememberLost(svc, lost)
@@ -240,12 +242,15 @@ func (l *ledger) outranks(svc ServiceName, claim Claim, owner ServiceName) bool 
 	return rankBefore(claim, svc, l.claimOf(owner), owner)
 }
 
-// rankBefore orders Services by claim, then by name.
+// rankBefore orders Services by claim, then by namespace/name.
 func rankBefore(c Claim, n ServiceName, oc Claim, on ServiceName) bool {
 	if c.before(oc) || oc.before(c) {
 		return c.before(oc)
 	}
-	return n.String() < on.String()
+	if n.Namespace != on.Namespace {
+		return n.Namespace < on.Namespace
+	}
+	return n.Name < on.Name
 }
 
 // take records what one compiled port brings.
