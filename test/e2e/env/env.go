@@ -74,7 +74,12 @@ type Options struct {
 // DefaultInstances are three instances: the default one and two teams. The teams serve
 // the namespaces the e2e tests and the demo create their labeled Services in; external
 // IPs come from 192.168.201.0/24 and load-balancer IPs from 192.168.200.0/24, the
-// ranges the tests hand out.
+// ranges the tests hand out. For the attack suite (attack_test.go), team-a also serves
+// namespaces tenant, the attacker's, and victim, and admits every external IP, as a
+// careless operator would: the node-wide address precedence is then all that keeps its tenants off other
+// Services' addresses, and its slot runs before team-b's, so without that precedence
+// its rules would win. team-b also serves namespace victim and load-balancer IPs of
+// 192.168.202.0/24, a range team-a does not have.
 const DefaultInstances = `
 - name: default
   default: true
@@ -88,8 +93,8 @@ const DefaultInstances = `
   minSyncPeriod: 100ms
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
   tenant:
-    namespaces: [team-a, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel]
-    externalIPCIDRs: [192.168.201.0/24]
+    namespaces: [team-a, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel, tenant, victim]
+    externalIPCIDRs: [0.0.0.0/0, "::/0"]
     loadBalancerCIDRs: [192.168.200.0/24]
 - name: team-b
   proxyNames: [team-b]
@@ -97,9 +102,9 @@ const DefaultInstances = `
   minSyncPeriod: 100ms
   detectLocal: {mode: InterfaceNamePrefix, interfaceNamePrefix: vpod}
   tenant:
-    namespaces: [team-b, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel]
+    namespaces: [team-b, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel, victim]
     externalIPCIDRs: [192.168.201.0/24]
-    loadBalancerCIDRs: [192.168.200.0/24]
+    loadBalancerCIDRs: [192.168.200.0/24, 192.168.202.0/24]
 `
 
 // Env is a running environment.
@@ -497,6 +502,12 @@ func (e *Env) CreateService(ctx context.Context, ns, name string, ports []Servic
 	if err := e.ensureNamespace(ctx, ns); err != nil {
 		return nil, err
 	}
+	return e.CreateServiceAs(ctx, e.Client, ns, name, ports, backends, edits...)
+}
+
+// CreateServiceAs is CreateService with another identity's client (a tenant's), in a
+// namespace that exists.
+func (e *Env) CreateServiceAs(ctx context.Context, client kubernetes.Interface, ns, name string, ports []ServicePort, backends []Backend, edits ...ServiceSpec) (*corev1.Service, error) {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	for _, p := range ports {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{
@@ -507,15 +518,20 @@ func (e *Env) CreateService(ctx context.Context, ns, name string, ports []Servic
 	for _, ed := range edits {
 		ed(svc)
 	}
-	created, err := e.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	created, err := client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("creating Service %s/%s: %w", ns, name, err)
 	}
-	return created, e.SetEndpoints(ctx, ns, name, ports, backends)
+	return created, e.SetEndpointsAs(ctx, client, ns, name, ports, backends)
 }
 
 // SetEndpoints replaces the EndpointSlices of a Service (one per family).
 func (e *Env) SetEndpoints(ctx context.Context, ns, name string, ports []ServicePort, backends []Backend) error {
+	return e.SetEndpointsAs(ctx, e.Client, ns, name, ports, backends)
+}
+
+// SetEndpointsAs is SetEndpoints with another identity's client.
+func (e *Env) SetEndpointsAs(ctx context.Context, client kubernetes.Interface, ns, name string, ports []ServicePort, backends []Backend) error {
 	for _, fam := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
 		sl := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%s", name, strings.ToLower(string(fam))),
@@ -536,13 +552,13 @@ func (e *Env) SetEndpoints(ctx context.Context, ns, name string, ports []Service
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr(!b.NotReady)},
 			})
 		}
-		cur, err := e.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, sl.Name, metav1.GetOptions{})
+		cur, err := client.DiscoveryV1().EndpointSlices(ns).Get(ctx, sl.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			_, err = e.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
+			_, err = client.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
 		case err == nil:
 			sl.ResourceVersion = cur.ResourceVersion
-			_, err = e.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{})
+			_, err = client.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{})
 		}
 		if err != nil {
 			return fmt.Errorf("writing EndpointSlice %s/%s: %w", ns, sl.Name, err)
