@@ -2,6 +2,7 @@ package selector
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,8 +14,10 @@ import (
 
 // addressBook arbitrates the addresses users write into Services (spec.externalIPs and
 // the IPs of status.loadBalancer.ingress) node-wide, across every Service the node sees,
-// whichever instance (or none) serves it, so that slot order or a chosen name never
-// decides who gets traffic:
+// whichever instance serves it, so that slot order or a chosen name never decides who
+// gets traffic. Only what a local instance would serve counts as a claim (the
+// Dispatcher's claimable: a Service no instance here serves, or an address outside its
+// instance's ranges, claims nothing), but every Service's cluster IPs are reserved:
 //
 //   - a cluster IP is authoritative (the apiserver allocated it): a user address equal
 //     to any Service's cluster IP is refused, as is a node IP, a loopback, link-local,
@@ -31,7 +34,8 @@ type addressBook struct {
 	// each once), and clusterIPsByName the other way.
 	clusterIPs       map[netip.Addr]types.NamespacedName
 	clusterIPsByName map[types.NamespacedName][]netip.Addr
-	// claimants are the Services that write user addresses, with what they claim.
+	// claimants are the Services that write user addresses, with what they claim
+	// (possibly nothing).
 	claimants map[types.NamespacedName]*claimant
 	// byAddr indexes the claimants by user address.
 	byAddr map[netip.Addr]map[types.NamespacedName]bool
@@ -101,18 +105,20 @@ func serviceClusterIPs(svc *corev1.Service) []netip.Addr {
 	return out
 }
 
-// observe records svc's current cluster IPs and user addresses. It returns the other
-// Services whose verdicts may have changed with it (nil when nothing that matters to
-// arbitration changed).
-func (b *addressBook) observe(svc *corev1.Service) []*corev1.Service {
+// observe records svc's current cluster IPs and, of its user addresses, those in
+// claimable (Dispatcher.claimable). It returns the other Services whose verdicts may
+// have changed with it (nil when nothing that matters to arbitration changed).
+func (b *addressBook) observe(svc *corev1.Service, claimable map[netip.Addr]bool) []*corev1.Service {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	oldCIPs := b.clusterIPsByName[name]
 	newCIPs := serviceClusterIPs(svc)
 	old := b.claimants[name]
-	addrs := userAddresses(svc)
-	if slices.Equal(oldCIPs, newCIPs) && sameClaim(old, svc, addrs) {
+	written := userAddresses(svc)
+	addrs := maps.Clone(written)
+	maps.DeleteFunc(addrs, func(a netip.Addr, _ []portKey) bool { return !claimable[a] })
+	if slices.Equal(oldCIPs, newCIPs) && sameClaim(old, svc, addrs) && (old != nil) == (len(written) > 0) {
 		if old != nil {
 			old.svc = svc // the newest object, for re-dispatch
 		}
@@ -128,7 +134,9 @@ func (b *addressBook) observe(svc *corev1.Service) []*corev1.Service {
 		b.clusterIPsByName[name] = newCIPs
 	}
 	b.dropClaim(name, touched)
-	if len(addrs) > 0 {
+	if len(written) > 0 {
+		// Recorded even when it claims nothing: a change of the reserved addresses
+		// re-dispatches it.
 		b.claimants[name] = &claimant{svc: svc, addrs: addrs}
 		for a := range addrs {
 			if b.byAddr[a] == nil {
@@ -167,19 +175,17 @@ func (b *addressBook) setReserved(nodeIPs []netip.Addr, cidrs []netip.Prefix) []
 	return out
 }
 
-// refused returns, for each user address of the named Service that it may not have,
-// why; nil when it may have them all.
-func (b *addressBook) refused(name types.NamespacedName) map[netip.Addr]string {
+// refused returns, for each user address of svc that it may not have, why; nil when
+// it may have them all. A reserved address is refused whether or not it is a claim.
+func (b *addressBook) refused(svc *corev1.Service) map[netip.Addr]string {
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c := b.claimants[name]
-	if c == nil {
-		return nil
-	}
 	var out map[netip.Addr]string
-	for a, ports := range c.addrs {
+	for a, ports := range userAddresses(svc) {
 		why := b.reservedWhy(a)
-		if why == "" {
+		if why == "" && c != nil && c.addrs[a] != nil {
 			why = b.olderClaim(name, c, a, ports)
 		}
 		if why != "" {

@@ -55,7 +55,7 @@ func (s *lastService) addresses(ns, name string) []string {
 }
 
 // precedenceFixture is a Dispatcher whose instances all admit every address, so that
-// only the address precedence decides.
+// only the address precedence decides, but for "narrow", which admits none.
 type precedenceFixture struct {
 	d        *Dispatcher
 	sinks    map[string]*lastService
@@ -70,13 +70,14 @@ func newPrecedenceFixture(t *testing.T) *precedenceFixture {
 		{Name: "default", Default: true, ExternalIPCIDRs: all, LoadBalancerCIDRs: all},
 		{Name: "team-a", ProxyNames: []string{"team-a"}, ExternalIPCIDRs: all, LoadBalancerCIDRs: all},
 		{Name: "team-b", ProxyNames: []string{"team-b"}, ExternalIPCIDRs: all, LoadBalancerCIDRs: all},
+		{Name: "narrow", ProxyNames: []string{"narrow"}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &precedenceFixture{sinks: map[string]*lastService{}}
 	sinks := map[string]Sink{}
-	for _, n := range []string{"default", "team-a", "team-b"} {
+	for _, n := range []string{"default", "team-a", "team-b", "narrow"} {
 		f.sinks[n] = &lastService{svcs: map[types.NamespacedName]*corev1.Service{}}
 		sinks[n] = f.sinks[n]
 	}
@@ -203,6 +204,21 @@ func TestAddressPrecedence(t *testing.T) {
 					return s
 				}()), inst: "default", ns: "b", nm: "dns", want: []string{"192.0.2.3"}},
 			},
+		},
+		{
+			name: "a Service no local instance serves claims nothing, however old",
+			steps: []step{
+				{apply: change(svcAt("a", "squat", "elsewhere", 1, "10.96.0.1", "192.0.2.70")), inst: "team-b", ns: "a", nm: "squat", want: nil},
+				{apply: change(svcAt("b", "owner", "team-b", 2, "10.96.0.2", "lb:192.0.2.70")), inst: "team-b", ns: "b", nm: "owner", want: []string{"lb:192.0.2.70"}},
+			},
+		},
+		{
+			name: "an address its own instance's ranges refuse claims nothing, however old",
+			steps: []step{
+				{apply: change(svcAt("a", "squat", "narrow", 1, "10.96.0.1", "192.0.2.71")), inst: "narrow", ns: "a", nm: "squat", want: nil},
+				{apply: change(svcAt("b", "owner", "team-b", 2, "10.96.0.2", "lb:192.0.2.71")), inst: "team-b", ns: "b", nm: "owner", want: []string{"lb:192.0.2.71"}},
+			},
+			wantProblem: `a/squat: externalIP "192.0.2.71" is outside the ranges instance "narrow" allows (tenant.externalIPCIDRs); ignored`,
 		},
 		{
 			name: "node IPs, Service CIDRs, loopback and link-local addresses are refused",

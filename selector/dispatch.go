@@ -112,9 +112,28 @@ func (d *Dispatcher) Shadows() map[string][]types.NamespacedName {
 func (d *Dispatcher) ServiceChanged(svc *corev1.Service) {
 	d.dispatchMu.Lock()
 	defer d.dispatchMu.Unlock()
-	affected := d.addresses.observe(svc)
+	affected := d.addresses.observe(svc, d.claimable(svc))
 	d.serviceChanged(svc)
 	d.redispatch(affected)
+}
+
+// claimable returns the user addresses of svc that count as its claims in the address
+// precedence: those an instance serving it here admits by its tenant guards. A Service
+// no local instance serves, or an address its instances' ranges do not admit, claims
+// nothing; otherwise a tenant could squat another tenant's future external or
+// load-balancer IP with an older Service that is never served.
+func (d *Dispatcher) claimable(svc *corev1.Service) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, inst := range d.router.Route(svc).Owners() {
+		if d.sinks[inst] == nil {
+			continue
+		}
+		guarded, _ := d.router.Guard(inst, svc)
+		for a := range userAddresses(guarded) {
+			out[a] = true
+		}
+	}
+	return out
 }
 
 // SetReserved tells the Dispatcher this node's addresses and the cluster's Service CIDRs,
@@ -167,7 +186,7 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	d.mu.Unlock()
 
 	var added []<-chan struct{}
-	arbitrated, refusals := withoutRefused(svc, d.addresses.refused(name))
+	arbitrated, refusals := withoutRefused(svc, d.addresses.refused(svc))
 	for _, inst := range want {
 		guarded, problems := d.router.Guard(inst, arbitrated)
 		if problems = append(slices.Clip(refusals), problems...); len(problems) > 0 && d.events.Guarded != nil {
