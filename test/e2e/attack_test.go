@@ -37,10 +37,14 @@ const (
 	// victimPort and attackerPort are the ports of the victim's and the attacker's pods.
 	victimPort   = 8120
 	attackerPort = 8121
-	// victimLBIP is the victim's load-balancer IP, in team-b's range only.
-	victimLBIP = "192.168.202.10"
+	// victimLBIP is the victim's load-balancer IP in team-b's range only, and
+	// victimSharedLBIP its load-balancer IP in the range team-a and team-b share.
+	victimLBIP       = "192.168.202.10"
+	victimSharedLBIP = "192.168.200.61"
 	// shadowLBIP is in team-b's range only, written on the attacker's Service.
 	shadowLBIP = "192.168.202.11"
+	// squatLBIP is in team-b's range only; the tenant claims it first.
+	squatLBIP = "192.168.202.20"
 	// attackerLBIP is in team-a's own range: the attacker's Service may have it.
 	attackerLBIP = "192.168.200.60"
 	// nodeSSHPort and nodeSSHPortNoEndpoints are ports the node itself serves on its
@@ -88,14 +92,15 @@ func TestAttack(t *testing.T) {
 	// name sorts after the attacker's), and a LoadBalancer in team-b.
 	webB := createAsAdmin(t, e, victimNS, "web-b", victimPorts, victims, env.WithProxyName("team-b"))
 	webA := createAsAdmin(t, e, victimNS, "web-a", victimPorts, victims, env.WithProxyName("team-a"))
-	createAsAdmin(t, e, victimNS, "lb-b", victimPorts, victims, env.WithProxyName("team-b"), env.WithType(corev1.ServiceTypeLoadBalancer))
-	if _, err := e.SetLoadBalancerIngress(ctx, victimNS, "lb-b", victimLBIP); err != nil {
+	lbB := createAsAdmin(t, e, victimNS, "lb-b", victimPorts, victims, env.WithProxyName("team-b"), env.WithType(corev1.ServiceTypeLoadBalancer))
+	if _, err := e.SetLoadBalancerIngress(ctx, victimNS, "lb-b", victimLBIP, victimSharedLBIP); err != nil {
 		t.Fatal(err)
 	}
 	for _, ip := range []string{webB.Spec.ClusterIP, webA.Spec.ClusterIP} {
 		reach(t, e, e.TP.Pod2, "tcp", ip, 80, "victim")
 	}
 	reach(t, e, e.TP.Client, "tcp", victimLBIP, 80, "victim")
+	reach(t, e, e.TP.Client, "tcp", victimSharedLBIP, 80, "victim")
 
 	// create makes a Service with the tenant's identity; the apiserver checks its rights.
 	create := func(t *testing.T, name string, ports []env.ServicePort, backends []env.Backend, edits ...env.ServiceSpec) *corev1.Service {
@@ -152,7 +157,8 @@ func TestAttack(t *testing.T) {
 		}
 	})
 
-	t.Run("load-balancer IP in another tenant's range or a cluster IP", func(t *testing.T) {
+	t.Run("load-balancer IP of another tenant or a cluster IP", func(t *testing.T) {
+		secondPassed(t, lbB)
 		evil := create(t, "evil-lb", attackerPorts, attackers, env.WithProxyName("team-a"), env.WithType(corev1.ServiceTypeLoadBalancer))
 		// The tenant cannot write the status itself.
 		forged := evil.DeepCopy()
@@ -161,16 +167,18 @@ func TestAttack(t *testing.T) {
 			t.Fatalf("the tenant writing services/status: %v, want Forbidden", err)
 		}
 		// A compromised or careless load-balancer controller writes it.
-		if _, err := e.SetLoadBalancerIngress(ctx, tenantNS, "evil-lb", victimLBIP, webB.Spec.ClusterIP, attackerLBIP); err != nil {
+		if _, err := e.SetLoadBalancerIngress(ctx, tenantNS, "evil-lb", victimLBIP, victimSharedLBIP, webB.Spec.ClusterIP, attackerLBIP); err != nil {
 			t.Fatal(err)
 		}
 		// The one IP of the attacker's own range is served: the status was read.
 		reach(t, e, e.TP.Client, "tcp", attackerLBIP, 80, "attacker")
 		got := tally(t, e, e.TP.Client, victimLBIP, 80, tries)
+		got.add(tally(t, e, e.TP.Client, victimSharedLBIP, 80, tries))
 		got.add(tally(t, e, e.TP.Pod2, webB.Spec.ClusterIP, 80, tries))
-		got.expectVictim(t, "load-balancer IP = another tenant's LB IP and cluster IP", 2*tries)
+		got.expectVictim(t, "load-balancer IP = another tenant's LB IPs and cluster IP", 3*tries)
 		waitEvent(t, e, evil, "AddressRefused",
-			"load-balancer IP "+victimLBIP+" refused: victim/lb-b claimed it first",
+			`load-balancer IP "`+victimLBIP+`" is outside the ranges instance "team-a" allows (tenant.loadBalancerCIDRs)`,
+			"load-balancer IP "+victimSharedLBIP+" refused: victim/lb-b claimed it first",
 			"load-balancer IP "+webB.Spec.ClusterIP+" refused: it is the cluster IP of victim/web-b")
 	})
 
@@ -184,6 +192,23 @@ func TestAttack(t *testing.T) {
 		got := tally(t, e, e.TP.Client, shadowLBIP, 80, unprogrammedTries)
 		got.expectNothing(t, "load-balancer IP outside tenant.loadBalancerCIDRs")
 		waitEvent(t, e, evil, "AddressRefused", `load-balancer IP "`+shadowLBIP+`" is outside the ranges instance "team-a" allows (tenant.loadBalancerCIDRs)`)
+	})
+
+	t.Run("squatting another tenant's future address", func(t *testing.T) {
+		// Older claims keep an address, so a tenant would claim addresses ahead of their
+		// owners: from a Service no instance here serves, and from one whose instance's
+		// ranges do not admit the address. Neither claim may count.
+		create(t, "squat-elsewhere", attackerPorts, attackers, env.WithProxyName("elsewhere"), env.WithExternalIPs(squatLBIP))
+		squat := create(t, "squat-default", attackerPorts, attackers, env.WithExternalIPs(squatLBIP))
+		secondPassed(t, squat)
+		later := createAsAdmin(t, e, victimNS, "lb-later", victimPorts, victims, env.WithProxyName("team-b"), env.WithType(corev1.ServiceTypeLoadBalancer))
+		if _, err := e.SetLoadBalancerIngress(ctx, victimNS, later.Name, squatLBIP); err != nil {
+			t.Fatal(err)
+		}
+		reach(t, e, e.TP.Client, "tcp", squatLBIP, 80, "victim")
+		got := tally(t, e, e.TP.Client, squatLBIP, 80, tries)
+		got.expectVictim(t, "squatting another tenant's future LB IP", tries)
+		waitEvent(t, e, squat, "AddressRefused", `externalIP "`+squatLBIP+`" is outside the ranges instance "default" allows (tenant.externalIPCIDRs)`)
 	})
 
 	t.Run("Service in a foreign namespace labelled for a guarded instance", func(t *testing.T) {
@@ -460,6 +485,15 @@ func foreignTablesSurviveRestart(t *testing.T, e *env.Env, webA, webB *corev1.Se
 	}
 	fmt.Printf("e2e: attack tables named like another component's (ip kube-proxy, ip shardproxy-ghost): %s; both untouched by the restart's orphan cleanup (marked shardproxy-orphan deleted); victim %d/%d connections across the restart, attacker %d; after its full sync victim/web-a and the node's port %d/%d, attacker %d\n",
 		verdict(t), r.Servers["victim"], r.OK+r.Failed, r.Servers["attacker"], got.total()-got.servers["attacker"]-got.failed, got.total(), got.servers["attacker"])
+}
+
+// secondPassed waits until a Service created now would be younger than svc: creation
+// timestamps have whole seconds, and within one second the UIDs order claims.
+func secondPassed(t *testing.T, svc *corev1.Service) {
+	t.Helper()
+	testutil.Eventually(t, 3*time.Second, "a second after "+svc.Name+"'s creation", func() bool {
+		return time.Now().After(svc.CreationTimestamp.Add(time.Second))
+	})
 }
 
 // tenantClient creates a ServiceAccount in ns with a Role that may edit only Services
