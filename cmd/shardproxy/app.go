@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/legacy"
@@ -42,26 +43,41 @@ import (
 // version is set at build time (-ldflags "-X main.version=...").
 var version = "dev"
 
+// run runs the command line args and returns the exit code: 0, exitFailure when the
+// command failed, exitUsage when the command line is wrong.
 func run(args []string, stdout, stderr io.Writer) int {
-	app := newApp(stdout, stderr)
-	if err := app.Run(args); err != nil {
-		fmt.Fprintf(stderr, "shardproxy: %v\n", err)
-		return 1
-	}
-	return 0
+	return exitCode(newApp(stdout, stderr).Run(args), stderr)
 }
 
-var configFlag = &cli.StringFlag{
-	Name: "config", Aliases: []string{"c"}, Required: true,
-	Usage: "supervisor configuration file (see supervisor/config/example.yaml)",
+// configFlag is --config, required by the commands that read a configuration.
+func configFlag() *cli.StringFlag {
+	return &cli.StringFlag{
+		Name: "config", Aliases: []string{"c"}, Required: true,
+		Usage: "supervisor configuration file (see supervisor/config/example.yaml)",
+	}
 }
 
 func newApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	logging := logsapi.NewLoggingConfiguration()
+	logFlags := loggingFlags(logging)
+	app := &cli.App{
 		Name:      "shardproxy",
 		Usage:     "run several Kubernetes service proxy instances side by side on one node, on nftables",
 		Writer:    stdout,
 		ErrWriter: stderr,
+		// run turns errors into exit codes; urfave/cli must never exit the process.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError:   onUsageError,
+		Flags: append([]cli.Flag{
+			&cli.BoolFlag{Name: "version", Usage: "print the version and exit (as the version command)"},
+		}, logFlags...),
+		Action: func(c *cli.Context) error {
+			if c.Bool("version") {
+				printVersion(c.App.Writer)
+				return nil
+			}
+			return commandNotFound(c)
+		},
 		Description: `Each instance serves the Services labeled service.kubernetes.io/service-proxy-name: <one of
 its proxyNames> (one optional default instance serves unlabeled Services) and writes its own
 "ip" and "ip6" tables, named <tablePrefix>-<instance>, hooked at priorities no other
@@ -70,15 +86,15 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			{
 				Name:  "run",
 				Usage: "run the supervisor and its instances until SIGTERM/SIGINT (rules stay in place on exit)",
-				Flags: []cli.Flag{configFlag, &cli.IntFlag{Name: "v", Usage: "log verbosity (2: one line per sync, 4: decisions, 9: transactions)"}},
+				Flags: []cli.Flag{configFlag()},
 				Action: func(c *cli.Context) error {
-					return runSupervisor(c.Context, c.String("config"), c.Int("v"))
+					return runSupervisor(c.Context, c.String("config"))
 				},
 			},
 			{
 				Name:  "check",
 				Usage: "validate the configuration, probe the host, and print each instance's tables and priorities",
-				Flags: []cli.Flag{configFlag, &cli.BoolFlag{Name: "skip-probe", Usage: "do not ask the kernel whether it accepts the rules"}},
+				Flags: []cli.Flag{configFlag(), &cli.BoolFlag{Name: "skip-probe", Usage: "do not ask the kernel whether it accepts the rules"}},
 				Action: func(c *cli.Context) error {
 					return check(c.Context, c.App.Writer, c.App.ErrWriter, c.String("config"), !c.Bool("skip-probe"))
 				},
@@ -86,7 +102,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			{
 				Name:  "render",
 				Usage: "offline: print the nft script an instance would load for Service/EndpointSlice YAML files",
-				Flags: []cli.Flag{configFlag,
+				Flags: []cli.Flag{configFlag(),
 					&cli.StringFlag{Name: "instance", Required: true, Usage: "instance name"},
 					&cli.StringFlag{Name: "from", Required: true, Usage: "directory (or file) of YAML/JSON Services, EndpointSlices and optionally this Node"},
 				},
@@ -159,17 +175,24 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 				Name:  "version",
 				Usage: "print the version",
 				Action: func(c *cli.Context) error {
-					fmt.Fprintln(c.App.Writer, "shardproxy", version)
+					printVersion(c.App.Writer)
 					return nil
 				},
 			},
 		},
 	}
+	setupCommands(app.Commands, logFlags, func() error {
+		return logsapi.ValidateAndApplyWithOptions(logging, &logsapi.LoggingOptions{ErrorStream: stderr, InfoStream: stdout}, nil)
+	})
+	return app
 }
 
-func runSupervisor(ctx context.Context, path string, verbosity int) error {
-	fs := flagSet()
-	_ = fs.Set("v", fmt.Sprint(verbosity))
+func printVersion(w io.Writer) { fmt.Fprintln(w, "shardproxy", version) }
+
+func runSupervisor(ctx context.Context, path string) error {
+	logger := klog.Background()
+	logger.Info("Starting shardproxy", "version", version)
+	logger.V(2).Info("Reading the configuration", "path", path)
 	cfg, err := config.Load(path)
 	if err != nil {
 		return err
@@ -189,8 +212,7 @@ func runSupervisor(ctx context.Context, path string, verbosity int) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	gcPercent := tuneGC(os.Getenv, debug.SetGCPercent)
-	klog.Background().Info("Starting shardproxy", "version", version, "node", cfg.NodeName, "instances", len(cfg.Instances),
-		"gcPercent", gcPercent)
+	logger.Info("Configuration loaded", "node", cfg.NodeName, "instances", len(cfg.Instances), "gcPercent", gcPercent)
 	return s.Run(ctx)
 }
 

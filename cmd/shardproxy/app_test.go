@@ -11,12 +11,19 @@ import (
 	"strings"
 	"testing"
 
+	logsapi "k8s.io/component-base/logs/api/v1"
+
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
+// runCLI runs the application in-process. The logging configuration a command applies
+// is process-wide and may be applied once: it is reset afterwards, for the next run.
 func runCLI(args ...string) (string, string, int) {
 	var out, errOut bytes.Buffer
 	code := run(append([]string{"shardproxy"}, args...), &out, &errOut)
+	if err := logsapi.ResetForTest(nil); err != nil {
+		panic(err)
+	}
 	return out.String(), errOut.String(), code
 }
 
@@ -149,16 +156,7 @@ func TestStatusCommand(t *testing.T) {
 			if (code == 0) != (tc.wantErr == nil) {
 				t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 			}
-			for _, want := range tc.wantOut {
-				if !strings.Contains(out, want) {
-					t.Errorf("stdout lacks %q:\n%s", want, out)
-				}
-			}
-			for _, want := range tc.wantErr {
-				if !strings.Contains(errOut, want) {
-					t.Errorf("stderr lacks %q: %s", want, errOut)
-				}
-			}
+			wantOutput(t, out, errOut, tc.wantOut, tc.wantErr)
 			if tc.wantErr != nil && strings.Contains(out+errOut, "transaction failed") {
 				t.Errorf("the refused status leaked the error: %q %q", out, errOut)
 			}
