@@ -15,6 +15,7 @@ import (
 	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/tables"
 )
 
 // observer does the node-wide work after each instance sync: health, metrics,
@@ -100,7 +101,7 @@ func (o *observer) SyncFailed(inst string, err error) {
 
 func (o *observer) Synced(res *instance.SyncResult) {
 	inst := res.Instance
-	o.health.Updated(inst)
+	o.health.Updated(inst, ipFamilies(res.Stats)...)
 	o.health.SetInstanceError(inst, nil)
 	o.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
 	o.changes.synced(inst)
@@ -141,6 +142,25 @@ func (o *observer) Synced(res *instance.SyncResult) {
 		o.recorder.Eventf(c.Name, corev1.EventTypeWarning, "InvalidServiceParts",
 			"instance %s skipped parts of the Service: %s", inst, strings.Join(c.After.Problems, "; "))
 	}
+}
+
+// ipFamilies lists the IP families a sync programmed (the keys of its Stats), as the
+// API spells them, in order.
+func ipFamilies(stats map[tables.Family]tables.Stats) []corev1.IPFamily {
+	fams := make([]corev1.IPFamily, 0, len(stats))
+	for _, fam := range slices.Sorted(maps.Keys(stats)) {
+		fams = append(fams, ipFamily(fam))
+	}
+	return fams
+}
+
+// ipFamily is fam as the API spells it ("IPv4", "IPv6"): kube-proxy's health status keys
+// and ip_family label values.
+func ipFamily(fam tables.Family) corev1.IPFamily {
+	if fam == tables.IPv6 {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
 }
 
 // ownedHealthChecks keeps the health-check node ports of the Services inst owns by

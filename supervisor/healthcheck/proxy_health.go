@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 )
 
@@ -54,6 +56,13 @@ func (RealClock) Now() time.Time { return time.Now() }
 // a down instance itself (with a backoff of up to a minute), and killing the pod for it
 // would stop every other instance too.
 //
+// The /healthz and /livez bodies have upstream kube-proxy's fields with upstream's
+// meaning (lastUpdated, currentTime, nodeEligible on /healthz, healthy, and status per IP
+// family), computed over the node's instances, plus each instance's health (instances).
+// The top-level healthy is the node-wide verdict above, without the node's eligibility
+// (as upstream, where nodeEligible says that part); a family's status is healthy when
+// every instance that programs it is, so one failing instance shows there too.
+//
 // /status adds each instance's last error and why it is down (which may hold a panic's
 // stack) and its counts; it answers only clients on loopback. It is safe for concurrent
 // use.
@@ -71,6 +80,9 @@ type ProxyHealth struct {
 type instanceState struct {
 	// lastUpdated is when the last successful sync finished; zero before the first.
 	lastUpdated time.Time
+	// familyUpdated is, for each IP family the instance programs, when a successful sync
+	// last programmed it; a family appears with its first sync, as in upstream's status.
+	familyUpdated map[corev1.IPFamily]time.Time
 	// oldestQueued is when the oldest update not yet applied was queued; zero when none is
 	// pending. Later QueuedUpdate calls do not move it, so a proxy that keeps receiving
 	// changes but never applies them still goes stale.
@@ -113,7 +125,7 @@ func (h *ProxyHealth) AddInstance(name string) {
 	if _, ok := h.instances[name]; ok {
 		return
 	}
-	h.instances[name] = &instanceState{up: true}
+	h.instances[name] = &instanceState{up: true, familyUpdated: map[corev1.IPFamily]time.Time{}}
 	h.logger.V(2).Info("Tracking instance health", "instance", name)
 }
 
@@ -135,11 +147,16 @@ func (h *ProxyHealth) QueuedUpdate(instance string) {
 	})
 }
 
-// Updated records that the instance finished a successful sync: nothing is pending any more.
-func (h *ProxyHealth) Updated(instance string) {
+// Updated records that the instance finished a successful sync of the given IP families
+// (an instance syncs all of its families at once): nothing is pending any more.
+func (h *ProxyHealth) Updated(instance string, families ...corev1.IPFamily) {
 	h.update(instance, func(st *instanceState) {
+		now := h.clock.Now()
 		st.oldestQueued = time.Time{}
-		st.lastUpdated = h.clock.Now()
+		st.lastUpdated = now
+		for _, f := range families {
+			st.familyUpdated[f] = now
+		}
 	})
 }
 
@@ -256,20 +273,39 @@ func (h *ProxyHealth) liveLocked(instance string, st *instanceState, now time.Ti
 	return now.Sub(since) < h.timeout(instance)
 }
 
-// HealthResponse is the body of /healthz and /livez: upstream's fields plus the state of
-// each instance. It is served on every address the health server listens on, so it holds
-// verdicts and times only, never error text.
+// HealthResponse is the body of /healthz and /livez: upstream kube-proxy's fields (its
+// ProxyHealth) with their meaning, plus the state of each instance. It is served on every
+// address the health server listens on, so it holds verdicts and times only, never error
+// text.
 type HealthResponse struct {
-	// LastUpdated is, as upstream, the current time when healthy (older clients read a
-	// recent value as "synced") and otherwise the last sync of the stalest unhealthy
-	// instance (the newest sync of all when only the node's deletion fails /healthz).
+	// LastUpdated is, as upstream, the current time when the response is 200 (older
+	// clients read a recent value as "synced") and otherwise the newest successful sync
+	// of any instance (zero before the first).
 	LastUpdated time.Time `json:"lastUpdated"`
 	// CurrentTime is when the response was built.
 	CurrentTime time.Time `json:"currentTime"`
 	// NodeEligible is false when the Node is being deleted; only /healthz reports it.
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
+	// Healthy is the verdict on the instances, without the node's eligibility (as
+	// upstream): on /healthz, false only when no instance is healthy; on /livez, false
+	// when any instance is not live.
+	Healthy bool `json:"healthy"`
+	// Status is the health of each IP family the instances have programmed, keyed
+	// "IPv4" and "IPv6" as upstream; absent before the first sync.
+	Status map[corev1.IPFamily]FamilyHealth `json:"status,omitempty"`
 	// Instances is the health of each instance, by name.
 	Instances map[string]InstanceHealth `json:"instances"`
+}
+
+// FamilyHealth is the health of one IP family over the node's instances, upstream's
+// per-family ProxierHealth.
+type FamilyHealth struct {
+	// LastUpdated is the oldest of the instances' last successful syncs of the family:
+	// every instance programming it has synced it since.
+	LastUpdated time.Time `json:"lastUpdated"`
+	// Healthy is true when every instance that programs the family is healthy (live, on
+	// /livez).
+	Healthy bool `json:"healthy"`
 }
 
 // InstanceHealth is the health of one instance as /healthz, /livez and /status report it.
@@ -318,6 +354,8 @@ type snapshot struct {
 	instances    map[string]InstanceStatus
 	// live is each instance's /livez verdict.
 	live map[string]bool
+	// families is, for each instance, when it last synced each family it programs.
+	families map[string]map[corev1.IPFamily]time.Time
 }
 
 func (h *ProxyHealth) snapshot() snapshot {
@@ -328,9 +366,11 @@ func (h *ProxyHealth) snapshot() snapshot {
 		nodeDeleting: h.nodeDeleting,
 		instances:    make(map[string]InstanceStatus, len(h.instances)),
 		live:         make(map[string]bool, len(h.instances)),
+		families:     make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
 	}
 	for name, st := range h.instances {
 		s.live[name] = h.liveLocked(name, st, s.now)
+		s.families[name] = maps.Clone(st.familyUpdated)
 		s.instances[name] = InstanceStatus{
 			InstanceHealth: InstanceHealth{
 				Healthy:     h.healthyLocked(name, st, s.now),
@@ -349,14 +389,15 @@ func (h *ProxyHealth) snapshot() snapshot {
 
 // healthResponse builds the /healthz body and verdict (withNode), or the /livez ones,
 // where each instance's verdict is its live one. /healthz fails on the instances only
-// when none is healthy; /livez fails on any instance that is not live.
+// when none is healthy; /livez fails on any instance that is not live. An instance
+// syncs all its families at once, so its verdict is also its verdict on each family.
 func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	resp := HealthResponse{
 		CurrentTime: s.now,
 		Instances:   make(map[string]InstanceHealth, len(s.instances)),
 	}
 	healthyCount, unhealthyCount := 0, 0
-	var stalest, newest time.Time
+	var newest time.Time
 	for name, status := range s.instances {
 		st := status.InstanceHealth
 		if !withNode {
@@ -366,32 +407,39 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 		if st.LastUpdated.After(newest) {
 			newest = st.LastUpdated
 		}
+		for fam, synced := range s.families[name] {
+			fh, seen := resp.Status[fam]
+			if !seen {
+				if resp.Status == nil {
+					resp.Status = map[corev1.IPFamily]FamilyHealth{}
+				}
+				fh = FamilyHealth{LastUpdated: synced, Healthy: true}
+			}
+			if synced.Before(fh.LastUpdated) {
+				fh.LastUpdated = synced
+			}
+			fh.Healthy = fh.Healthy && st.Healthy
+			resp.Status[fam] = fh
+		}
 		if st.Healthy {
 			healthyCount++
-			continue
+		} else {
+			unhealthyCount++
 		}
-		if unhealthyCount == 0 || st.LastUpdated.Before(stalest) {
-			stalest = st.LastUpdated
-		}
-		unhealthyCount++
 	}
-	instancesHealthy := unhealthyCount == 0
+	resp.Healthy = unhealthyCount == 0
 	if withNode {
-		instancesHealthy = instancesHealthy || healthyCount > 0
+		resp.Healthy = resp.Healthy || healthyCount > 0
 	}
-	healthy := instancesHealthy
+	healthy := resp.Healthy
 	if withNode {
 		eligible := !s.nodeDeleting
 		resp.NodeEligible = &eligible
 		healthy = healthy && eligible
 	}
-	switch {
-	case healthy:
+	resp.LastUpdated = newest
+	if healthy {
 		resp.LastUpdated = s.now
-	case !instancesHealthy:
-		resp.LastUpdated = stalest
-	default:
-		resp.LastUpdated = newest
 	}
 	return resp, healthy
 }

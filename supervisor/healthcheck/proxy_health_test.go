@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -433,14 +435,14 @@ func TestProxyHealthBody(t *testing.T) {
 	h := NewProxyHealth(clock, nil)
 	h.AddInstance("team-a")
 	h.AddInstance("team-b")
-	h.Updated("team-b")
+	h.Updated("team-b", corev1.IPv4Protocol, corev1.IPv6Protocol)
 	syncedB := clock.Now()
 	h.QueuedUpdate("team-b")
 	queuedB := clock.Now()
 	h.SetInstanceError("team-b", errors.New("nft: transaction failed"))
 	h.SetInstanceUp("team-b", false, "panic: boom\ngoroutine 1 [running]")
 	clock.Step(time.Second)
-	h.Updated("team-a")
+	h.Updated("team-a", corev1.IPv4Protocol)
 	syncedA := clock.Now()
 	h.QueuedUpdate("team-a")
 	queuedA := clock.Now()
@@ -457,7 +459,7 @@ func TestProxyHealthBody(t *testing.T) {
 	if err := json.Unmarshal(r.body, &raw); err != nil {
 		t.Fatalf("decoding %s: %v", r.body, err)
 	}
-	for _, key := range []string{"lastUpdated", "currentTime", "nodeEligible", "instances"} {
+	for _, key := range []string{"lastUpdated", "currentTime", "nodeEligible", "healthy", "status", "instances"} {
 		if _, ok := raw[key]; !ok {
 			t.Errorf("body has no %q: %s", key, r.body)
 		}
@@ -474,10 +476,15 @@ func TestProxyHealthBody(t *testing.T) {
 
 	got := decodeHealth(t, r)
 	want := HealthResponse{
-		// Unhealthy: the last sync of the stalest instance, as upstream.
-		LastUpdated:  syncedB,
+		// Unhealthy: the newest sync of any instance, as upstream v1.36.
+		LastUpdated:  syncedA,
 		CurrentTime:  clock.Now(),
 		NodeEligible: got.NodeEligible,
+		// A family is as old as its stalest instance and healthy when all its instances are.
+		Status: map[corev1.IPFamily]FamilyHealth{
+			corev1.IPv4Protocol: {LastUpdated: syncedB},
+			corev1.IPv6Protocol: {LastUpdated: syncedB},
+		},
 		Instances: map[string]InstanceHealth{
 			"team-a": {LastUpdated: syncedA, LastQueued: queuedA, Up: true},
 			"team-b": {LastUpdated: syncedB, LastQueued: queuedB},
@@ -490,9 +497,18 @@ func TestProxyHealthBody(t *testing.T) {
 	h.Updated("team-a")
 	r = get(t, url+"/healthz")
 	got = decodeHealth(t, r)
-	if r.code != http.StatusOK || !got.LastUpdated.Equal(clock.Now()) {
-		t.Errorf("with team-a healthy again: status %d, lastUpdated %v; want 200 and the current time %v as upstream",
-			r.code, got.LastUpdated, clock.Now())
+	if r.code != http.StatusOK || !got.LastUpdated.Equal(clock.Now()) || !got.Healthy {
+		t.Errorf("with team-a healthy again: status %d, lastUpdated %v, healthy %v; want 200, the current time %v as upstream, true",
+			r.code, got.LastUpdated, got.Healthy, clock.Now())
+	}
+	// team-b, down, still programs both families: neither is healthy, and IPv4's oldest
+	// sync is still team-b's.
+	wantStatus := map[corev1.IPFamily]FamilyHealth{
+		corev1.IPv4Protocol: {LastUpdated: syncedB},
+		corev1.IPv6Protocol: {LastUpdated: syncedB},
+	}
+	if !reflect.DeepEqual(got.Status, wantStatus) {
+		t.Errorf("status\n got %+v\nwant %+v", got.Status, wantStatus)
 	}
 	if got.Instances["team-b"].Healthy {
 		t.Errorf("team-b shows healthy: %s", r.body)
