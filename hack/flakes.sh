@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flakes.sh runs the unit and real-kernel layers COUNT times (go test -count, default 10)
 # and the e2e layer E2E_COUNT times (default 3, each run its own process), and lists
-# every test that failed at
-# least once (hack/flakes). Root only, like make test. Exits non-zero if any test failed.
+# every test that failed at least once (hack/flakes). Root only, like make test. Exits
+# non-zero if any test failed.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
