@@ -26,14 +26,18 @@ var metricName = regexp.MustCompile(`\b(?:kubeproxy|shardproxy)_[a-zA-Z0-9_]+`)
 // "instance" is its scrape-target label.
 const proxyFilter = `exported_instance=~"$proxy"`
 
+// familyFilter is how every query of a series kube-proxy labels by ip_family selects the
+// families, which it keeps apart (grouping by ip_family) as upstream's dashboards do.
+const familyFilter = `ip_family=~"$family"`
+
 // registeredFamilies returns the metric families of a metrics.Metrics with every series
 // created, by name.
 func registeredFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	m := metrics.New()
 	m.InitInstance("a")
-	m.SetLastSync("a", time.Now())
-	m.SetLastQueued("a", time.Now())
+	m.SetLastSync("a", metrics.IPv4, time.Now())
+	m.SetLastQueued("a", metrics.IPv4, time.Now())
 	m.Handover("a", "b")
 	m.ConntrackDeleted("a", "IPv4", 1)
 	m.HealthzResult(200)
@@ -106,7 +110,7 @@ func TestDashboard(t *testing.T) {
 		if len(names) == 0 {
 			t.Errorf("%s: queries no shardproxy metric: %s", where, expr)
 		}
-		perInstance := false
+		perInstance, perFamily := false, false
 		for _, name := range names {
 			fam, base := familyOf(fams, name)
 			if fam == nil {
@@ -120,9 +124,18 @@ func TestDashboard(t *testing.T) {
 			if hasLabel(fam, "instance") {
 				perInstance = true
 			}
+			if hasLabel(fam, "ip_family") {
+				perFamily = true
+			}
 		}
-		if perInstance && !strings.HasPrefix(where, "variable ") && !strings.Contains(expr, proxyFilter) {
+		if strings.HasPrefix(where, "variable ") {
+			continue
+		}
+		if perInstance && !strings.Contains(expr, proxyFilter) {
 			t.Errorf("%s: a per-instance series queried without %s: %s", where, proxyFilter, expr)
+		}
+		if perFamily && (strings.Count(expr, familyFilter) != len(names) || !strings.Contains(expr, "ip_family)") && !strings.Contains(expr, "ip_family, ")) {
+			t.Errorf("%s: a per-family series queried without %s on each series or without keeping ip_family apart: %s", where, familyFilter, expr)
 		}
 	}
 

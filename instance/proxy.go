@@ -101,12 +101,14 @@ type SyncResult struct {
 	// externalTrafficPolicy Local the instance owns.
 	HealthCheckNodePorts map[types.NamespacedName]int32
 	LocalEndpoints       map[types.NamespacedName]int
-	// NoLocalEndpoints counts Service ports with a Local policy and no local endpoint.
-	NoLocalInternal, NoLocalExternal int
-	// ProgrammingLatencies are, for each EndpointSlice change this sync programmed that
-	// carried endpoints.kubernetes.io/last-change-trigger-time, the time from that
-	// trigger until the sync finished (kube-proxy's network programming latency).
-	ProgrammingLatencies []time.Duration
+	// NoLocalInternal and NoLocalExternal count, per IP family, the Service ports with a
+	// Local internal, respectively external, policy and no local endpoint.
+	NoLocalInternal, NoLocalExternal map[tables.Family]int
+	// ProgrammingLatencies are, per IP family, for each EndpointSlice change of that
+	// family this sync programmed that carried
+	// endpoints.kubernetes.io/last-change-trigger-time, the time from that trigger until
+	// the sync finished (kube-proxy's network programming latency).
+	ProgrammingLatencies map[tables.Family][]time.Duration
 	Elapsed              time.Duration
 }
 
@@ -150,7 +152,7 @@ type Proxy struct {
 	localEps map[types.NamespacedName]int
 	// triggers are the endpoint change times not yet programmed (kept across a failed
 	// sync, reported by the next successful one).
-	triggers []time.Time
+	triggers []Trigger
 }
 
 // New creates an instance and opens its nftables interfaces; it changes nothing yet.
@@ -636,7 +638,13 @@ func (p *Proxy) finishSync(start time.Time, res *SyncResult) {
 	end := p.opts.Clock.Now()
 	res.Elapsed = end.Sub(start)
 	for _, t := range p.triggers {
-		res.ProgrammingLatencies = append(res.ProgrammingLatencies, end.Sub(t))
+		if _, programmed := p.syncers[t.Family]; !programmed {
+			continue
+		}
+		if res.ProgrammingLatencies == nil {
+			res.ProgrammingLatencies = map[tables.Family][]time.Duration{}
+		}
+		res.ProgrammingLatencies[t.Family] = append(res.ProgrammingLatencies[t.Family], end.Sub(t.At))
 	}
 	p.triggers = nil
 	overNetlink := 0
@@ -689,22 +697,36 @@ func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
 func (p *Proxy) summarize(res *SyncResult) {
 	res.Services = len(p.applied)
 	res.Endpoints = p.total.endpoints
-	res.NoLocalInternal = p.total.noLocalInternal
-	res.NoLocalExternal = p.total.noLocalExternal
+	res.NoLocalInternal = make(map[tables.Family]int, len(p.syncers))
+	res.NoLocalExternal = make(map[tables.Family]int, len(p.syncers))
+	for fam := range p.syncers {
+		res.NoLocalInternal[fam] = p.total.noLocalInternal[familyIndex(fam)]
+		res.NoLocalExternal[fam] = p.total.noLocalExternal[familyIndex(fam)]
+	}
 	res.HealthCheckNodePorts = maps.Clone(p.hcPorts)
 	res.LocalEndpoints = maps.Clone(p.localEps)
 }
 
 // summary is what one applied Service adds to a SyncResult.
 type summary struct {
-	endpoints                        int
-	noLocalInternal, noLocalExternal int
+	endpoints int
+	// noLocalInternal and noLocalExternal count per family, by familyIndex.
+	noLocalInternal, noLocalExternal [2]int
+}
+
+// familyIndex indexes a summary's per-family counts.
+func familyIndex(fam tables.Family) int {
+	if fam == tables.IPv6 {
+		return 1
+	}
+	return 0
 }
 
 func summaryOf(m *ServiceModel) summary {
 	var s summary
 	seen := map[tables.Endpoint]bool{}
-	for _, ports := range m.Ports {
+	for fam, ports := range m.Ports {
+		i := familyIndex(fam)
 		for _, sp := range ports {
 			for _, e := range sp.ClusterEndpoints {
 				seen[e] = true
@@ -713,10 +735,10 @@ func summaryOf(m *ServiceModel) summary {
 				seen[e] = true
 			}
 			if sp.InternalLocal && len(sp.LocalEndpoints) == 0 {
-				s.noLocalInternal++
+				s.noLocalInternal[i]++
 			}
 			if sp.ExternalLocal && len(sp.LocalEndpoints) == 0 {
-				s.noLocalExternal++
+				s.noLocalExternal[i]++
 			}
 		}
 	}
@@ -728,8 +750,10 @@ func summaryOf(m *ServiceModel) summary {
 func (p *Proxy) setApplied(n types.NamespacedName, m *ServiceModel) {
 	if old, ok := p.sums[n]; ok {
 		p.total.endpoints -= old.endpoints
-		p.total.noLocalInternal -= old.noLocalInternal
-		p.total.noLocalExternal -= old.noLocalExternal
+		for i := range old.noLocalInternal {
+			p.total.noLocalInternal[i] -= old.noLocalInternal[i]
+			p.total.noLocalExternal[i] -= old.noLocalExternal[i]
+		}
 	}
 	delete(p.applied, n)
 	delete(p.sums, n)
@@ -742,8 +766,10 @@ func (p *Proxy) setApplied(n types.NamespacedName, m *ServiceModel) {
 	p.applied[n] = m
 	p.sums[n] = s
 	p.total.endpoints += s.endpoints
-	p.total.noLocalInternal += s.noLocalInternal
-	p.total.noLocalExternal += s.noLocalExternal
+	for i := range s.noLocalInternal {
+		p.total.noLocalInternal[i] += s.noLocalInternal[i]
+		p.total.noLocalExternal[i] += s.noLocalExternal[i]
+	}
 	if m.HealthCheckNodePort != 0 {
 		p.hcPorts[n] = m.HealthCheckNodePort
 		p.localEps[n] = m.LocalEndpoints

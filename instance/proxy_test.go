@@ -258,7 +258,7 @@ func TestSyncReportsProgrammingLatency(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []time.Duration{500 * time.Millisecond}; !slices.Equal(res.ProgrammingLatencies, want) {
+	if want := []time.Duration{500 * time.Millisecond}; !slices.Equal(res.ProgrammingLatencies[tables.IPv4], want) || len(res.ProgrammingLatencies) != 1 {
 		t.Errorf("latencies after the retry = %v, want %v", res.ProgrammingLatencies, want)
 	}
 	if res, err := p.Sync(ctx, false); err != nil || len(res.ProgrammingLatencies) != 0 {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/tables"
 )
 
 // Tracker holds the current Services and EndpointSlices and remembers which Services'
@@ -35,7 +36,7 @@ type Tracker struct {
 	// TakeTriggerTimes, for the network programming latency.
 	now      func() time.Time
 	since    map[types.NamespacedName]time.Time
-	triggers []time.Time
+	triggers []Trigger
 
 	// build is Build; tests replace it to make model building fail.
 	build func(*corev1.Service, []*discoveryv1.EndpointSlice, NodeInfo) *ServiceModel
@@ -159,12 +160,29 @@ func (t *Tracker) recordTrigger(owner types.NamespacedName, slice *discoveryv1.E
 	if err != nil || !at.After(since) {
 		return
 	}
-	t.triggers = append(t.triggers, at)
+	// Each family's endpoints come from the slices of its address type, so a change is
+	// programmed in that family's tables only (as upstream's per-family proxiers see it).
+	fam := tables.IPv4
+	switch slice.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+	case discoveryv1.AddressTypeIPv6:
+		fam = tables.IPv6
+	default:
+		return
+	}
+	t.triggers = append(t.triggers, Trigger{Family: fam, At: at})
 }
 
-// TakeTriggerTimes returns the trigger times of the slice changes recorded since the
-// last call and forgets them.
-func (t *Tracker) TakeTriggerTimes() []time.Time {
+// Trigger is an endpoint change's endpoints.kubernetes.io/last-change-trigger-time and
+// the IP family of its EndpointSlice.
+type Trigger struct {
+	Family tables.Family
+	At     time.Time
+}
+
+// TakeTriggerTimes returns the triggers of the slice changes recorded since the last
+// call and forgets them.
+func (t *Tracker) TakeTriggerTimes() []Trigger {
 	out := t.triggers
 	t.triggers = nil
 	return out

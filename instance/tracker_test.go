@@ -385,11 +385,11 @@ func TestTrackerTriggerTimes(t *testing.T) {
 	tests := []struct {
 		name string
 		do   func(tr *Tracker)
-		want []time.Time
+		want []Trigger
 	}{{
 		name: "an endpoint change after the Service was tracked counts",
 		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5))) },
-		want: []time.Time{sec(5)},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
 	}, {
 		name: "a trigger from before the Service was tracked does not (initial list, handover)",
 		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(-5))) },
@@ -399,14 +399,18 @@ func TestTrackerTriggerTimes(t *testing.T) {
 			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
 			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
 		},
-		want: []time.Time{sec(5)},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
 	}, {
 		name: "a deleted slice counts with its last trigger time",
 		do: func(tr *Tracker) {
 			tr.UpdateEndpointSlice(v4Slice("web-1"))
 			tr.DeleteEndpointSlice(triggered(v4Slice("web-1"), "3", sec(7)))
 		},
-		want: []time.Time{sec(7)},
+		want: []Trigger{{Family: tables.IPv4, At: sec(7)}},
+	}, {
+		name: "an IPv6 slice's change is an IPv6 trigger",
+		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v6Slice("web-6"), "2", sec(6))) },
+		want: []Trigger{{Family: tables.IPv6, At: sec(6)}},
 	}, {
 		name: "a slice of a Service not tracked does not count",
 		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(labelled(triggered(v4Slice("x-1"), "2", sec(5)), "unknown")) },

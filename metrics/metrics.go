@@ -1,7 +1,8 @@
 // Package metrics exposes shardproxy's Prometheus metrics: the kube-proxy
-// series that existing dashboards and alerts are written against, each
-// split by an extra "instance" label, plus shardproxy's own series about
-// the proxy instances a node's supervisor runs.
+// series that existing dashboards and alerts are written against, with
+// upstream's labels (ip_family on the per-family series, as kube-proxy
+// v1.34+ labels them) and each split by an extra "instance" label, plus
+// shardproxy's own series about the proxy instances a node's supervisor runs.
 //
 // Everything lives on a registry owned by a Metrics value; nothing is
 // registered globally, so tests and several supervisors in one process do
@@ -35,6 +36,11 @@ const (
 
 	kindFull    = "full"
 	kindPartial = "partial"
+
+	// IPv4 and IPv6 are the values of the ip_family label, as upstream spells them
+	// (the API's IPFamily).
+	IPv4 = "IPv4"
+	IPv6 = "IPv6"
 
 	trafficPolicyInternal = "internal"
 	trafficPolicyExternal = "external"
@@ -111,6 +117,10 @@ func syncOperationsBuckets() []float64 {
 // nodeWide registers it and makes InitInstance and ForgetInstance cover it.
 func New() *Metrics {
 	inst := []string{labelInstance}
+	// instFam labels the series upstream labels by ip_family; InitInstance creates
+	// them for both families.
+	instFam := []string{labelInstance, labelIPFamily}
+	families := [][]string{{IPv4}, {IPv6}}
 	m := &Metrics{registry: prometheus.NewRegistry()}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -122,35 +132,35 @@ func New() *Metrics {
 		Name:      "sync_proxy_rules_duration_seconds",
 		Help:      "SyncProxyRules latency in seconds",
 		Buckets:   syncLatencyBuckets(),
-	}, inst))
+	}, instFam), families...)
 	m.syncFullLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_full_proxy_rules_duration_seconds",
 		Help:      "SyncProxyRules latency in seconds for full resyncs",
 		Buckets:   syncLatencyBuckets(),
-	}, inst))
+	}, instFam), families...)
 	m.syncPartialLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_partial_proxy_rules_duration_seconds",
 		Help:      "SyncProxyRules latency in seconds for partial resyncs",
 		Buckets:   syncLatencyBuckets(),
-	}, inst))
+	}, instFam), families...)
 	m.lastSync = perInstanceTimestamp(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_last_timestamp_seconds",
 		Help:      "The last time proxy rules were successfully synced",
-	}, inst))
+	}, instFam))
 	m.lastQueued = perInstanceTimestamp(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_last_queued_timestamp_seconds",
 		Help:      "The last time a sync of proxy rules was queued",
-	}, inst))
+	}, instFam))
 	m.networkProgramming = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "network_programming_duration_seconds",
 		Help:      "In Cluster Network Programming Latency in seconds",
 		Buckets:   networkProgrammingBuckets(),
-	}, inst))
+	}, instFam), families...)
 	m.endpointChangesPending = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_endpoint_changes_pending",
@@ -177,17 +187,17 @@ func New() *Metrics {
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_no_local_endpoints_total",
 		Help:      "Number of services with a Local traffic policy and no endpoints",
-	}, []string{labelInstance, labelTrafficPolicy}), trafficPolicyInternal, trafficPolicyExternal)
+	}, []string{labelInstance, labelIPFamily, labelTrafficPolicy}), product([]string{IPv4, IPv6}, []string{trafficPolicyInternal, trafficPolicyExternal})...)
 	m.syncFailures = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_nftables_sync_failures_total",
 		Help:      "Cumulative proxy nftables sync failures",
-	}, inst))
+	}, instFam), families...)
 	m.cleanupFailures = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_nftables_cleanup_failures_total",
 		Help:      "Cumulative proxy nftables cleanup failures",
-	}, inst))
+	}, instFam), families...)
 
 	m.healthz = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
@@ -241,7 +251,7 @@ func New() *Metrics {
 		Name:      "sync_operations",
 		Help:      "nftables operations per sync transaction",
 		Buckets:   syncOperationsBuckets(),
-	}, []string{labelInstance, labelKind}), kindFull, kindPartial)
+	}, []string{labelInstance, labelKind}), []string{kindFull}, []string{kindPartial})
 
 	// Built once: HandlerOpts.Registry registers promhttp's own error
 	// counter, which must happen only once per registry.
@@ -275,8 +285,9 @@ func nodeWide[V vector[T], T any](m *Metrics, v V) V {
 
 // perInstance registers v, a vector whose first label is the instance, on m's
 // registry: ForgetInstance deletes its series, and InitInstance creates them at zero,
-// one per value of others for v's second label (none: v has the instance label only).
-func perInstance[V vector[T], T any](m *Metrics, v V, others ...string) V {
+// one per combination of values in others for v's other labels (none: v has the
+// instance label only).
+func perInstance[V vector[T], T any](m *Metrics, v V, others ...[]string) V {
 	m.registry.MustRegister(v)
 	m.instanceVectors = append(m.instanceVectors, instanceVector{
 		forget: v.DeletePartialMatch,
@@ -285,11 +296,26 @@ func perInstance[V vector[T], T any](m *Metrics, v V, others ...string) V {
 				v.WithLabelValues(instance)
 			}
 			for _, o := range others {
-				v.WithLabelValues(instance, o)
+				v.WithLabelValues(append([]string{instance}, o...)...)
 			}
 		},
 	})
 	return v
+}
+
+// product is every combination of one value of each list, in order.
+func product(lists ...[]string) [][]string {
+	out := [][]string{nil}
+	for _, list := range lists {
+		var next [][]string
+		for _, prefix := range out {
+			for _, v := range list {
+				next = append(next, append(append([]string(nil), prefix...), v))
+			}
+		}
+		out = next
+	}
+	return out
 }
 
 // perInstanceTimestamp is perInstance for a timestamp gauge: InitInstance leaves it
@@ -324,51 +350,60 @@ func (m *Metrics) InitInstance(instance string) {
 	}
 }
 
-// ObserveSync records one sync of instance's rules that took d and ran ops
-// nft operations. It feeds the overall latency histogram and the full or
-// partial one, as upstream does, whether or not the sync succeeded.
-func (m *Metrics) ObserveSync(instance string, full bool, d time.Duration, ops int) {
+// ObserveSync records that the sync of instance's rules of IP family family
+// ("IPv4" or "IPv6") took d. It feeds the overall latency histogram and the
+// full or partial one, as upstream does.
+func (m *Metrics) ObserveSync(instance, family string, full bool, d time.Duration) {
 	s := d.Seconds()
-	m.syncLatency.WithLabelValues(instance).Observe(s)
+	m.syncLatency.WithLabelValues(instance, family).Observe(s)
+	if full {
+		m.syncFullLatency.WithLabelValues(instance, family).Observe(s)
+	} else {
+		m.syncPartialLatency.WithLabelValues(instance, family).Observe(s)
+	}
+}
+
+// ObserveSyncOperations records that one sync of instance ran ops nft
+// operations, over all its families.
+func (m *Metrics) ObserveSyncOperations(instance string, full bool, ops int) {
 	kind := kindPartial
 	if full {
 		kind = kindFull
-		m.syncFullLatency.WithLabelValues(instance).Observe(s)
-	} else {
-		m.syncPartialLatency.WithLabelValues(instance).Observe(s)
 	}
 	m.syncOperations.WithLabelValues(instance, kind).Observe(float64(ops))
 }
 
-// SetLastSync records t as the time instance's rules were last synced
-// successfully.
-func (m *Metrics) SetLastSync(instance string, t time.Time) {
-	m.lastSync.WithLabelValues(instance).Set(unixSeconds(t))
+// SetLastSync records t as the time instance's rules of family were last
+// synced successfully.
+func (m *Metrics) SetLastSync(instance, family string, t time.Time) {
+	m.lastSync.WithLabelValues(instance, family).Set(unixSeconds(t))
 }
 
-// SetLastQueued records t as the time a sync of instance's rules was last
-// requested. Alerts compare it with the last sync to detect a hung proxy.
-func (m *Metrics) SetLastQueued(instance string, t time.Time) {
-	m.lastQueued.WithLabelValues(instance).Set(unixSeconds(t))
+// SetLastQueued records t as the time a sync of instance's rules of family
+// was last requested. Alerts compare it with the last sync to detect a hung
+// proxy.
+func (m *Metrics) SetLastQueued(instance, family string, t time.Time) {
+	m.lastQueued.WithLabelValues(instance, family).Set(unixSeconds(t))
 }
 
 // ObserveNetworkProgramming records d, the time from a change to an
-// Endpoint (its trigger time) until instance had programmed it.
-func (m *Metrics) ObserveNetworkProgramming(instance string, d time.Duration) {
-	m.networkProgramming.WithLabelValues(instance).Observe(d.Seconds())
+// Endpoint of family (its trigger time) until instance had programmed it.
+func (m *Metrics) ObserveNetworkProgramming(instance, family string, d time.Duration) {
+	m.networkProgramming.WithLabelValues(instance, family).Observe(d.Seconds())
 }
 
-// SyncFailed counts a failed nftables sync transaction of instance.
-func (m *Metrics) SyncFailed(instance string) {
-	m.syncFailures.WithLabelValues(instance).Inc()
+// SyncFailed counts a failed nftables sync transaction of instance's rules
+// of family.
+func (m *Metrics) SyncFailed(instance, family string) {
+	m.syncFailures.WithLabelValues(instance, family).Inc()
 }
 
 // CleanupFailed counts a failed removal of instance's stale nftables
-// objects. The supervisor counts there each table of an instance removed
-// from the configuration that it failed to delete, under that instance's
-// name (upstream counts its failed deletions of stale chains).
-func (m *Metrics) CleanupFailed(instance string) {
-	m.cleanupFailures.WithLabelValues(instance).Inc()
+// objects of family. The supervisor counts there each table of an instance
+// removed from the configuration that it failed to delete, under that
+// instance's name (upstream counts its failed deletions of stale chains).
+func (m *Metrics) CleanupFailed(instance, family string) {
+	m.cleanupFailures.WithLabelValues(instance, family).Inc()
 }
 
 // SetInstanceUp records whether instance is running.
@@ -420,11 +455,12 @@ func (m *Metrics) AddChanges(instance string, services, endpoints int) {
 	addCount(m.endpointChangesTotal.WithLabelValues(instance), endpoints)
 }
 
-// SetNoLocalEndpoints records how many of instance's Services have a Local
-// internal, respectively external, traffic policy and no local endpoints.
-func (m *Metrics) SetNoLocalEndpoints(instance string, internal, external int) {
-	m.noLocalEndpoints.WithLabelValues(instance, trafficPolicyInternal).Set(float64(internal))
-	m.noLocalEndpoints.WithLabelValues(instance, trafficPolicyExternal).Set(float64(external))
+// SetNoLocalEndpoints records how many of instance's Service ports of
+// family have a Local internal, respectively external, traffic policy and
+// no local endpoints.
+func (m *Metrics) SetNoLocalEndpoints(instance, family string, internal, external int) {
+	m.noLocalEndpoints.WithLabelValues(instance, family, trafficPolicyInternal).Set(float64(internal))
+	m.noLocalEndpoints.WithLabelValues(instance, family, trafficPolicyExternal).Set(float64(external))
 }
 
 // HealthzResult counts a /healthz response with HTTP status code. The

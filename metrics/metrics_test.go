@@ -45,20 +45,23 @@ var nodeWideNames = []string{
 
 // exercise records one of everything for instance.
 func exercise(m *Metrics, instance string) {
-	m.ObserveSync(instance, true, 20*time.Millisecond, 300)
-	m.ObserveSync(instance, false, 2*time.Millisecond, 5)
-	m.SetLastSync(instance, time.Unix(1700000000, 500_000_000))
-	m.SetLastQueued(instance, time.Unix(1700000001, 0))
-	m.ObserveNetworkProgramming(instance, 1500*time.Millisecond)
-	m.SyncFailed(instance)
-	m.CleanupFailed(instance)
+	m.ObserveSync(instance, IPv4, true, 20*time.Millisecond)
+	m.ObserveSync(instance, IPv6, false, 2*time.Millisecond)
+	m.ObserveSyncOperations(instance, true, 300)
+	m.ObserveSyncOperations(instance, false, 5)
+	m.SetLastSync(instance, IPv4, time.Unix(1700000000, 500_000_000))
+	m.SetLastQueued(instance, IPv6, time.Unix(1700000001, 0))
+	m.ObserveNetworkProgramming(instance, IPv4, 1500*time.Millisecond)
+	m.SyncFailed(instance, IPv4)
+	m.CleanupFailed(instance, IPv6)
 	m.SetInstanceUp(instance, true)
 	m.InstanceRestarted(instance)
 	m.SetOwned(instance, 7, 21)
 	m.ConntrackDeleted(instance, "IPv4", 3)
 	m.SetPendingChanges(instance, 2, 4)
 	m.AddChanges(instance, 5, 9)
-	m.SetNoLocalEndpoints(instance, 1, 2)
+	m.SetNoLocalEndpoints(instance, IPv4, 1, 2)
+	m.SetNoLocalEndpoints(instance, IPv6, 0, 3)
 }
 
 func TestValues(t *testing.T) {
@@ -79,10 +82,11 @@ func TestValues(t *testing.T) {
 		got  float64
 		want float64
 	}{
-		{"last sync keeps sub-second precision", testutil.ToFloat64(m.lastSync.WithLabelValues("team-a")), 1700000000.5},
-		{"last queued", testutil.ToFloat64(m.lastQueued.WithLabelValues("team-a")), 1700000001},
-		{"sync failures", testutil.ToFloat64(m.syncFailures.WithLabelValues("team-a")), 1},
-		{"cleanup failures", testutil.ToFloat64(m.cleanupFailures.WithLabelValues("team-a")), 1},
+		{"last sync keeps sub-second precision", testutil.ToFloat64(m.lastSync.WithLabelValues("team-a", IPv4)), 1700000000.5},
+		{"last queued", testutil.ToFloat64(m.lastQueued.WithLabelValues("team-a", IPv6)), 1700000001},
+		{"sync failures", testutil.ToFloat64(m.syncFailures.WithLabelValues("team-a", IPv4)), 1},
+		{"sync failures of the other family", testutil.ToFloat64(m.syncFailures.WithLabelValues("team-a", IPv6)), 0},
+		{"cleanup failures", testutil.ToFloat64(m.cleanupFailures.WithLabelValues("team-a", IPv6)), 1},
 		{"instance up", testutil.ToFloat64(m.instanceUp.WithLabelValues("team-a")), 1},
 		{"instance down", testutil.ToFloat64(m.instanceUp.WithLabelValues("team-b")), 0},
 		{"restarts", testutil.ToFloat64(m.instanceRestarts.WithLabelValues("team-a")), 1},
@@ -95,8 +99,9 @@ func TestValues(t *testing.T) {
 		{"pending endpoints", testutil.ToFloat64(m.endpointChangesPending.WithLabelValues("team-a")), 4},
 		{"service changes", testutil.ToFloat64(m.serviceChangesTotal.WithLabelValues("team-a")), 5},
 		{"endpoint changes", testutil.ToFloat64(m.endpointChangesTotal.WithLabelValues("team-a")), 9},
-		{"no local endpoints internal", testutil.ToFloat64(m.noLocalEndpoints.WithLabelValues("team-a", "internal")), 1},
-		{"no local endpoints external", testutil.ToFloat64(m.noLocalEndpoints.WithLabelValues("team-a", "external")), 2},
+		{"no local endpoints internal", testutil.ToFloat64(m.noLocalEndpoints.WithLabelValues("team-a", IPv4, "internal")), 1},
+		{"no local endpoints external", testutil.ToFloat64(m.noLocalEndpoints.WithLabelValues("team-a", IPv4, "external")), 2},
+		{"no local endpoints external IPv6", testutil.ToFloat64(m.noLocalEndpoints.WithLabelValues("team-a", IPv6, "external")), 3},
 		{"handovers", testutil.ToFloat64(m.handovers.WithLabelValues("team-a", "team-b")), 2},
 		{"healthz 200", testutil.ToFloat64(m.healthz.WithLabelValues("200")), 2},
 		{"healthz 503", testutil.ToFloat64(m.healthz.WithLabelValues("503")), 1},
@@ -111,9 +116,13 @@ func TestValues(t *testing.T) {
 
 func TestObserveSyncSplitsFullAndPartial(t *testing.T) {
 	m := New()
-	m.ObserveSync("team-a", true, 20*time.Millisecond, 300)
-	m.ObserveSync("team-a", false, 2*time.Millisecond, 5)
-	m.ObserveSync("team-a", false, 3*time.Millisecond, 6)
+	m.ObserveSync("team-a", IPv4, true, 20*time.Millisecond)
+	m.ObserveSync("team-a", IPv4, false, 2*time.Millisecond)
+	m.ObserveSync("team-a", IPv4, false, 3*time.Millisecond)
+	m.ObserveSync("team-a", IPv6, false, 4*time.Millisecond)
+	m.ObserveSyncOperations("team-a", true, 300)
+	m.ObserveSyncOperations("team-a", false, 5)
+	m.ObserveSyncOperations("team-a", false, 6)
 
 	tests := []struct {
 		name      string
@@ -123,11 +132,13 @@ func TestObserveSyncSplitsFullAndPartial(t *testing.T) {
 		wantSum   float64
 	}{
 		{"every sync feeds the overall histogram", "kubeproxy_sync_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a"}, 3, 0.025},
+			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 3, 0.025},
 		{"full syncs", "kubeproxy_sync_full_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a"}, 1, 0.020},
+			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 1, 0.020},
 		{"partial syncs", "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a"}, 2, 0.005},
+			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 2, 0.005},
+		{"each family apart", "kubeproxy_sync_proxy_rules_duration_seconds",
+			map[string]string{"instance": "team-a", "ip_family": "IPv6"}, 1, 0.004},
 		{"full operations", "shardproxy_sync_operations",
 			map[string]string{"instance": "team-a", "kind": "full"}, 1, 300},
 		{"partial operations", "shardproxy_sync_operations",
@@ -149,7 +160,7 @@ func TestObserveSyncSplitsFullAndPartial(t *testing.T) {
 func TestBucketsMatchUpstream(t *testing.T) {
 	m := New()
 	m.InitInstance("team-a")
-	m.ObserveNetworkProgramming("team-a", time.Second)
+	m.ObserveNetworkProgramming("team-a", IPv4, time.Second)
 
 	tests := []struct {
 		family string
@@ -158,8 +169,8 @@ func TestBucketsMatchUpstream(t *testing.T) {
 		first  float64
 		last   float64
 	}{
-		{"kubeproxy_sync_proxy_rules_duration_seconds", map[string]string{"instance": "team-a"}, 15, 0.001, 16.384},
-		{"kubeproxy_network_programming_duration_seconds", map[string]string{"instance": "team-a"}, 80, 0.25, 300},
+		{"kubeproxy_sync_proxy_rules_duration_seconds", map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 15, 0.001, 16.384},
+		{"kubeproxy_network_programming_duration_seconds", map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 80, 0.25, 300},
 		{"shardproxy_sync_operations", map[string]string{"instance": "team-a", "kind": "full"}, 17, 1, 65536},
 	}
 	for _, tc := range tests {
@@ -268,8 +279,13 @@ func TestInitInstanceCreatesZeroSeries(t *testing.T) {
 			t.Errorf("%s: no series for team-a after InitInstance", name)
 		}
 	}
-	if got := testutil.ToFloat64(m.syncFailures.WithLabelValues("team-a")); got != 0 {
-		t.Errorf("sync failures: got %v, want 0", got)
+	if n := testutil.CollectAndCount(m.syncFailures); n != 2 {
+		t.Errorf("sync failures: %d series, want one per family", n)
+	}
+	for _, fam := range []string{IPv4, IPv6} {
+		if got := testutil.ToFloat64(m.syncFailures.WithLabelValues("team-a", fam)); got != 0 {
+			t.Errorf("sync failures %s: got %v, want 0", fam, got)
+		}
 	}
 }
 
@@ -309,14 +325,14 @@ func TestForgetInstance(t *testing.T) {
 func TestRegistriesAreIndependent(t *testing.T) {
 	// A second New must not panic on duplicate registration.
 	a, b := New(), New()
-	a.SyncFailed("team-a")
-	a.SyncFailed("team-a")
-	b.SyncFailed("team-a")
+	a.SyncFailed("team-a", IPv4)
+	a.SyncFailed("team-a", IPv4)
+	b.SyncFailed("team-a", IPv4)
 
-	if got := testutil.ToFloat64(a.syncFailures.WithLabelValues("team-a")); got != 2 {
+	if got := testutil.ToFloat64(a.syncFailures.WithLabelValues("team-a", IPv4)); got != 2 {
 		t.Errorf("a: got %v, want 2", got)
 	}
-	if got := testutil.ToFloat64(b.syncFailures.WithLabelValues("team-a")); got != 1 {
+	if got := testutil.ToFloat64(b.syncFailures.WithLabelValues("team-a", IPv4)); got != 1 {
 		t.Errorf("b: got %v, want 1", got)
 	}
 	if a.Registry() == b.Registry() {

@@ -89,14 +89,26 @@ func (s *Supervisor) endpointSlicesOf(namespace, service string) []*discoveryv1.
 	return s.slicesOf(namespace, service)
 }
 
+// instanceFamilies are the IP families every instance programs: the supervisor leaves
+// instance.Options.Families at its default, both.
+func instanceFamilies() []tables.Family { return []tables.Family{tables.IPv4, tables.IPv6} }
+
+// Queued: an instance queues a change for all its families at once.
 func (o *observer) Queued(inst string) {
 	o.health.QueuedUpdate(inst)
-	o.metrics.SetLastQueued(inst, time.Now())
+	now := time.Now()
+	for _, fam := range instanceFamilies() {
+		o.metrics.SetLastQueued(inst, fam.String(), now)
+	}
 }
 
+// SyncFailed counts the failure in every family: a sync programs the families side by
+// side and fails, and is retried, as a whole.
 func (o *observer) SyncFailed(inst string, err error) {
 	o.health.SetInstanceError(inst, err)
-	o.metrics.SyncFailed(inst)
+	for _, fam := range instanceFamilies() {
+		o.metrics.SyncFailed(inst, fam.String())
+	}
 }
 
 func (o *observer) Synced(res *instance.SyncResult) {
@@ -105,17 +117,8 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	o.health.SetInstanceError(inst, nil)
 	o.health.SetInstanceCounts(inst, res.Services, res.Endpoints)
 	o.changes.synced(inst)
-	ops := 0
-	for _, st := range res.Stats {
-		ops += st.Operations
-	}
-	o.metrics.ObserveSync(inst, res.Full, res.Elapsed, ops)
-	o.metrics.SetLastSync(inst, time.Now())
-	for _, d := range res.ProgrammingLatencies {
-		o.metrics.ObserveNetworkProgramming(inst, d)
-	}
+	o.observeFamilies(res)
 	o.metrics.SetOwned(inst, res.Services, res.Endpoints)
-	o.metrics.SetNoLocalEndpoints(inst, res.NoLocalInternal, res.NoLocalExternal)
 	o.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
 	o.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
 	if o.conntrack != nil {
@@ -144,23 +147,40 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	}
 }
 
+// observeFamilies records a sync's kube-proxy series per IP family, as upstream's
+// per-family proxiers do. The families are synced side by side after the model is built
+// once for both, so a family's duration is the sync's common part (its wall time less
+// the longest family's own) plus that family's own time.
+func (o *observer) observeFamilies(res *instance.SyncResult) {
+	inst := res.Instance
+	ops := 0
+	var longest time.Duration
+	for _, st := range res.Stats {
+		ops += st.Operations
+		longest = max(longest, st.Elapsed)
+	}
+	o.metrics.ObserveSyncOperations(inst, res.Full, ops)
+	common := max(res.Elapsed-longest, 0)
+	now := time.Now()
+	for fam, st := range res.Stats {
+		family := fam.String()
+		o.metrics.ObserveSync(inst, family, res.Full, common+st.Elapsed)
+		o.metrics.SetLastSync(inst, family, now)
+		for _, d := range res.ProgrammingLatencies[fam] {
+			o.metrics.ObserveNetworkProgramming(inst, family, d)
+		}
+		o.metrics.SetNoLocalEndpoints(inst, family, res.NoLocalInternal[fam], res.NoLocalExternal[fam])
+	}
+}
+
 // ipFamilies lists the IP families a sync programmed (the keys of its Stats), as the
-// API spells them, in order.
+// API spells them (kube-proxy's health status keys), in order.
 func ipFamilies(stats map[tables.Family]tables.Stats) []corev1.IPFamily {
 	fams := make([]corev1.IPFamily, 0, len(stats))
 	for _, fam := range slices.Sorted(maps.Keys(stats)) {
-		fams = append(fams, ipFamily(fam))
+		fams = append(fams, corev1.IPFamily(fam.String()))
 	}
 	return fams
-}
-
-// ipFamily is fam as the API spells it ("IPv4", "IPv6"): kube-proxy's health status keys
-// and ip_family label values.
-func ipFamily(fam tables.Family) corev1.IPFamily {
-	if fam == tables.IPv6 {
-		return corev1.IPv6Protocol
-	}
-	return corev1.IPv4Protocol
 }
 
 // ownedHealthChecks keeps the health-check node ports of the Services inst owns by

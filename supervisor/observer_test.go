@@ -34,3 +34,28 @@ func TestHealthReportsFamiliesOfSyncs(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncSeriesPerFamily: a sync is observed in kube-proxy's per-family series of each
+// family it programs, beside the instance, as upstream's per-family proxiers report.
+func TestSyncSeriesPerFamily(t *testing.T) {
+	f := startSupervisor(t, "")
+	f.createService("x", "plain", "", "172.30.0.1")
+	testutil.Eventually(t, waitTimeout, "default programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		labels := `{instance="default",ip_family="` + fam + `"}`
+		for _, series := range []string{
+			"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+			"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+			"kubeproxy_sync_proxy_rules_duration_seconds_count",
+			"kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+		} {
+			if got := metricValue(t, f.sup, series+labels); got == "" || got == "0" {
+				t.Errorf("%s%s = %q, want observed", series, labels, got)
+			}
+		}
+		series := `kubeproxy_sync_proxy_rules_no_local_endpoints_total{instance="default",ip_family="` + fam + `",traffic_policy="internal"}`
+		if got := metricValue(t, f.sup, series); got != "0" {
+			t.Errorf("%s = %q, want 0", series, got)
+		}
+	}
+}

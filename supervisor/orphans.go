@@ -76,7 +76,7 @@ func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 			if err != nil {
 				s.logger.Error(err, "Deleting the table of an instance that is no longer configured",
 					"instance", inst, "family", tables.KnftFamily(fam), "table", t.Name)
-				s.metrics.CleanupFailed(inst)
+				s.metrics.CleanupFailed(inst, fam.String())
 				continue
 			}
 			s.logger.Info("Deleted the table of an instance that is no longer configured",

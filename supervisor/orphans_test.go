@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -51,8 +52,10 @@ func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
 	}
 	testutil.Eventually(t, waitTimeout, "team-a to serve its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 	for _, inst := range []string{"team-c", "proxy", "foreign", "swapped", "prefixed"} {
-		if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="`+inst+`"}`); got != "" {
-			t.Errorf("cleanup failure counted for %s: %q", inst, got)
+		for _, fam := range []string{"IPv4", "IPv6"} {
+			if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="`+inst+`",ip_family="`+fam+`"}`); got != "" {
+				t.Errorf("cleanup failure counted for %s %s: %q", inst, fam, got)
+			}
 		}
 	}
 }
@@ -65,7 +68,7 @@ func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 	f.createService("x", "plain", "", "172.30.0.1")
 	testutil.Eventually(t, waitTimeout, "default serves its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
 	testutil.Eventually(t, waitTimeout, "team-b fails twice", func() bool {
-		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b"}`)
+		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b",ip_family="IPv4"}`)
 		return v != "" && v != "0" && v != "1"
 	})
 	if !f.tables.exists("ip shardproxy-team-c") {
@@ -77,8 +80,10 @@ func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 // kube-proxy's nftables cleanup failures, labelled with the removed instance.
 func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-stuck", seed: []string{"ip shardproxy-stuck # shardproxy instance stuck", "ip6 shardproxy-stuck # shardproxy instance stuck"}})
-	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="stuck"}`
-	testutil.Eventually(t, waitTimeout, "both failures counted", func() bool { return metricValue(t, f.sup, series) == "2" })
+	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="stuck",ip_family="%s"}`
+	testutil.Eventually(t, waitTimeout, "both failures counted, one per family", func() bool {
+		return metricValue(t, f.sup, fmt.Sprintf(series, "IPv4")) == "1" && metricValue(t, f.sup, fmt.Sprintf(series, "IPv6")) == "1"
+	})
 	if !f.tables.exists("ip shardproxy-stuck") {
 		t.Error("the table that failed to delete is gone")
 	}

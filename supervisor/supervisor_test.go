@@ -367,7 +367,7 @@ func TestFailingInstanceIsContained(t *testing.T) {
 	if !f.sup.Health().Healthy("team-a") || !f.sup.Health().Healthy("default") {
 		t.Error("healthy instances must stay healthy while another one fails")
 	}
-	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b"}`); got == "" || got == "0" {
+	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b",ip_family="IPv4"}`); got == "" || got == "0" {
 		t.Errorf("sync failures of team-b not counted: %q", got)
 	}
 }
