@@ -16,9 +16,11 @@ import (
 
 // upstreamHealthFields are the top-level keys of upstream kube-proxy's /healthz body and
 // upstreamFamilyFields those of each entry of its "status", taken from
-// kubernetes/kubernetes v1.36, pkg/proxy/healthcheck/proxy_health.go (types ProxyHealth
-// and ProxierHealth). /livez has the same keys but nodeEligible. status is keyed by IP
-// family ("IPv4", "IPv6") and, as upstream, absent before the first sync.
+// kubernetes/kubernetes pkg/proxy/healthcheck/proxy_health.go (types ProxyHealth and
+// ProxierHealth) as of commit 81810de635aa, the v1.33+ shape the issue names for v1.36;
+// checking the v1.36.3 tag itself is left to an e2e test against the real kube-proxy.
+// /livez has the same keys but nodeEligible. status is keyed by IP family ("IPv4",
+// "IPv6") and, as upstream, absent before the first sync.
 var (
 	upstreamHealthFields = []string{"lastUpdated", "currentTime", "nodeEligible", "healthy", "status"}
 	upstreamFamilyFields = []string{"lastUpdated", "healthy"}
