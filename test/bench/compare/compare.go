@@ -240,7 +240,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 
 	kp := e.NewKubeProxy(r.o.KubeProxy, "kube-proxy", kubeProxyArgs(e, r.o.MinSyncPeriod)...)
 	upstream := &daemon{
-		name: "kube-proxy", series: Series{Label: "ip_family", Value: "IPv4"},
+		name: "kube-proxy", series: Series{"ip_family": "IPv4"},
 		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.KubeProxyMetricsPort),
 		start:      kp.Start, pid: kp.Pid, stop: func() error { return kp.Stop(syscall.SIGTERM) },
 		logTail: func() string { return kp.LogTail(30) },
@@ -260,7 +260,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		}
 	}
 	ours := &daemon{
-		name: "shardproxy", series: Series{Label: "instance", Value: "default"},
+		name: "shardproxy", series: Series{"instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
 		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
 		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
 		logTail: func() string { return tail(e.SupervisorLog(), 30) },

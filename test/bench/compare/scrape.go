@@ -17,11 +17,9 @@ const (
 	metricLastSync    = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 )
 
-// Series picks one proxy's series out of a scrape: kube-proxy labels them by
-// ip_family, shardproxy by instance.
-type Series struct {
-	Label, Value string
-}
+// Series picks one proxy's series out of a scrape by label values: kube-proxy labels
+// them by ip_family, shardproxy by instance and ip_family. Every label must match.
+type Series map[string]string
 
 // Histogram is one histogram series' count and sum.
 type Histogram struct {
@@ -80,10 +78,14 @@ func (sc Scrape) metric(name string, s Series) *dto.Metric {
 		return nil
 	}
 	for _, m := range fam.GetMetric() {
+		matched := 0
 		for _, l := range m.GetLabel() {
-			if l.GetName() == s.Label && l.GetValue() == s.Value {
-				return m
+			if v, ok := s[l.GetName()]; ok && v == l.GetValue() {
+				matched++
 			}
+		}
+		if matched == len(s) {
+			return m
 		}
 	}
 	return nil
