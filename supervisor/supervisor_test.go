@@ -430,10 +430,13 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 				continue
 			}
 			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
 				for _, l := range m.GetLabel() {
-					if l.GetName() == "instance" && l.GetValue() == inst {
-						return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-					}
+					labels[l.GetName()] = l.GetValue()
+				}
+				// The changed slice is IPv4: its latency is observed in that family.
+				if labels["instance"] == inst && labels["ip_family"] == "IPv4" {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 				}
 			}
 		}
