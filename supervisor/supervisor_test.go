@@ -15,8 +15,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/selector"
@@ -205,7 +208,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	cfg.EnableProfiling = opts.enableProfiling
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
-	f := &fixture{t: t, client: fake.NewClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
+	f := &fixture{t: t, client: copyingClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	for _, key := range opts.seed {
 		f.tables.seed(t, key)
@@ -532,4 +535,30 @@ func TestNodeAddressesAreReserved(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "an AddressRefused event naming the node", func() bool {
 		return strings.Contains(f.rec.all(), "AddressRefused: externalIP 192.168.100.1 refused: it is an address of this node")
 	})
+}
+
+// copyingClientset is a fake clientset whose watches hand out copies of the objects, as a
+// real client decodes a fresh object for every event: the informers trim what they
+// receive in place (trimForCache), as client-go allows, while the fake's watch events
+// carry its tracker's own objects, which a List in the test may be copying at that
+// moment (a data race under -race).
+func copyingClientset(objects ...runtime.Object) *fake.Clientset {
+	client := fake.NewClientset(objects...)
+	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
+		if err != nil {
+			return false, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if e.Object != nil {
+				e.Object = e.Object.DeepCopyObject()
+			}
+			return e, true
+		}), nil
+	})
+	return client
 }
