@@ -71,10 +71,26 @@ func (t *Tracker) UpdateService(svc *corev1.Service) {
 	if prev == nil {
 		t.since[name] = t.now()
 	}
-	if prev != nil && sameVersion(prev.ResourceVersion, svc.ResourceVersion) {
+	// The same version again (a resync) changes nothing, unless the dispatcher rewrote
+	// the user-set addresses: it hands a Service over again with the same version when
+	// another Service wins or gives back one of its addresses.
+	if prev != nil && sameVersion(prev.ResourceVersion, svc.ResourceVersion) && sameUserAddresses(prev, svc) {
 		return
 	}
 	t.markDirty(name)
+}
+
+// sameUserAddresses reports whether two versions of a Service have the same externalIPs
+// and load-balancer ingress.
+func sameUserAddresses(a, b *corev1.Service) bool {
+	return slices.Equal(a.Spec.ExternalIPs, b.Spec.ExternalIPs) &&
+		slices.EqualFunc(a.Status.LoadBalancer.Ingress, b.Status.LoadBalancer.Ingress, func(x, y corev1.LoadBalancerIngress) bool {
+			return x.IP == y.IP && x.Hostname == y.Hostname && ptrEqual(x.IPMode, y.IPMode)
+		})
+}
+
+func ptrEqual[T comparable](a, b *T) bool {
+	return a == b || (a != nil && b != nil && *a == *b)
 }
 
 // DeleteService forgets a Service. Its EndpointSlices are kept: they are deleted on

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -434,6 +435,38 @@ func TestTrackerTriggerTimes(t *testing.T) {
 			}
 			if got := tr.TakeTriggerTimes(); len(got) != 0 {
 				t.Errorf("second TakeTriggerTimes = %v, want none", got)
+			}
+		})
+	}
+}
+
+// TestTrackerRedispatchedAddresses: the same version of a Service again is a resync and
+// changes nothing, but the same version with other user-set addresses (the dispatcher
+// took one away or gave one back, after another Service changed) must be synced.
+func TestTrackerRedispatchedAddresses(t *testing.T) {
+	base := named("a", "web")
+	base.ResourceVersion = "7"
+	base.Spec.ExternalIPs = []string{"192.0.2.5"}
+	base.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+	name := types.NamespacedName{Namespace: "a", Name: "web"}
+	for _, tc := range []struct {
+		name   string
+		change func(*corev1.Service)
+		dirty  bool
+	}{
+		{"a resync of the same version", func(*corev1.Service) {}, false},
+		{"an externalIP taken away", func(s *corev1.Service) { s.Spec.ExternalIPs = nil }, true},
+		{"a load-balancer IP taken away", func(s *corev1.Service) { s.Status.LoadBalancer.Ingress = nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker(thisNode())
+			tr.UpdateService(base)
+			tr.TakeDirty()
+			again := base.DeepCopy()
+			tc.change(again)
+			tr.UpdateService(again)
+			if got := slices.Contains(tr.TakeDirty(), name); got != tc.dirty {
+				t.Errorf("dirty after the same version again: %v, want %v", got, tc.dirty)
 			}
 		})
 	}

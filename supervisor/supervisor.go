@@ -98,7 +98,9 @@ type Supervisor struct {
 	fullSyncs firstFullSyncs
 
 	nodeMu sync.Mutex
-	node   *corev1.Node
+	// reservedMu serializes updateReserved.
+	reservedMu sync.Mutex
+	node       *corev1.Node
 }
 
 // New builds a supervisor from a validated configuration. Nothing runs before Run.
@@ -437,10 +439,15 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 
 // updateReserved tells the dispatcher the addresses no Service's user-set addresses may
 // take: this node's (its Node object's and its interfaces') and the ServiceCIDRs.
+//
+// The Node and ServiceCIDR handlers run on their own goroutines: reservedMu makes each
+// call read and hand over the addresses as one step, so an older view never lands last.
 func (s *Supervisor) updateReserved() {
 	if s.dispatcher == nil || s.watches == nil {
 		return
 	}
+	s.reservedMu.Lock()
+	defer s.reservedMu.Unlock()
 	s.nodeMu.Lock()
 	node := s.node
 	s.nodeMu.Unlock()
@@ -453,7 +460,13 @@ func (s *Supervisor) updateReserved() {
 		}
 	}
 	if host, err := s.deps.InterfaceAddrs(); err == nil {
-		ips = append(ips, host...)
+		// Loopback and link-local addresses are refused by kind anyway; leaving them out
+		// keeps pod veths coming and going from re-dispatching every address claimant.
+		for _, a := range host {
+			if !a.IsLoopback() && !a.IsLinkLocalUnicast() {
+				ips = append(ips, a)
+			}
+		}
 	} else {
 		s.logger.Error(err, "Listing this node's addresses for the address precedence")
 	}

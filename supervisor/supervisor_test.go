@@ -46,6 +46,7 @@ instances:
   syncPeriod: 30s
   tenant:
     namespaces: [a, shop]
+    externalIPCIDRs: [192.0.2.0/24]
 - name: team-b
   proxyNames: [team-b]
   slot: 2
@@ -54,6 +55,7 @@ instances:
   maxServiceElements: 20
   tenant:
     namespaces: [b]
+    loadBalancerCIDRs: [192.0.2.0/24]
 `
 
 // fakeTables hands out one knftables.Fake per table and can make one instance fail.
@@ -561,4 +563,50 @@ func copyingClientset(objects ...runtime.Object) *fake.Clientset {
 		}), nil
 	})
 	return client
+}
+
+// TestOlderClaimTakesAddressAcrossInstances: a younger Service of team-a serves an
+// externalIP until an older Service of team-b gets that address as its load-balancer IP;
+// then team-a's table lets go of it at once (the younger Service is handed over again
+// with the same resource version) and team-b's serves it.
+func TestOlderClaimTakesAddressAcrossInstances(t *testing.T) {
+	f := startSupervisor(t, "")
+	ctx := context.Background()
+	svc := func(ns, name, proxy, clusterIP string, created time.Time) *corev1.Service {
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + "-" + name),
+				CreationTimestamp: metav1.NewTime(created), Labels: map[string]string{selector.LabelServiceProxyName: proxy}},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ClusterIP: clusterIP, ClusterIPs: []string{clusterIP},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
+		}
+	}
+	now := time.Now().Truncate(time.Second)
+	old, err := f.client.CoreV1().Services("b").Create(ctx, svc("b", "old", "team-b", "172.30.0.60", now.Add(-time.Hour)), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	young := svc("a", "young", "team-a", "172.30.0.61", now)
+	young.Spec.Type, young.Spec.Ports[0].NodePort = corev1.ServiceTypeClusterIP, 0
+	young.Spec.ExternalIPs = []string{"192.0.2.5"}
+	young, err = f.client.CoreV1().Services("a").Create(ctx, young, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake API keeps no resource versions; give young one, as a real apiserver does,
+	// so that handing it over again carries the same version.
+	young.ResourceVersion = "5"
+	if _, err := f.client.CoreV1().Services("a").Update(ctx, young, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	teamA, teamB := "ip shardproxy-team-a", "ip shardproxy-team-b"
+	testutil.Eventually(t, waitTimeout, "team-a serves the externalIP", func() bool {
+		return strings.Contains(f.tables.dump(teamA), "192.0.2.5 . tcp . 80")
+	})
+	old.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.5"}}
+	if _, err := f.client.CoreV1().Services("b").UpdateStatus(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "team-b serves the address and team-a lets go", func() bool {
+		return strings.Contains(f.tables.dump(teamB), "192.0.2.5 . tcp . 80") && !strings.Contains(f.tables.dump(teamA), "192.0.2.5")
+	})
 }
