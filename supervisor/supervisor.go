@@ -98,9 +98,10 @@ type Supervisor struct {
 	fullSyncs firstFullSyncs
 
 	nodeMu sync.Mutex
+	node   *corev1.Node
+
 	// reservedMu serializes updateReserved.
 	reservedMu sync.Mutex
-	node       *corev1.Node
 }
 
 // New builds a supervisor from a validated configuration. Nothing runs before Run.
