@@ -2,17 +2,28 @@
 # fresh Debian machine (CI runs these as root).
 
 GO        ?= go
-BIN       := bin/shardproxy
+BIN       ?= bin/shardproxy
+# VERSION is the release: `shardproxy version` prints it and the image is tagged with
+# it. The overlays' kustomize images: name IMAGE (deploy/version_test.go checks that the
+# three agree). REGISTRY=my.registry/team make ... builds and names a private copy.
+VERSION   ?= $(shell cat VERSION)
+REGISTRY  ?= ghcr.io/shardproxy
+IMAGE     ?= $(REGISTRY)/shardproxy:$(VERSION)
+LDFLAGS   := -X main.version=$(VERSION)
 PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build test test-unit flakes fuzz deps vet fmt clean demo bench bench-compare
+.PHONY: all build print-image test test-unit flakes fuzz deps vet fmt clean demo bench bench-compare
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/shardproxy
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/shardproxy
+
+# print-image prints the image name and tag this VERSION is released as.
+print-image:
+	@echo $(IMAGE)
 
 # deps installs the host tools (nftables, conntrack, iproute2, etcd) that the proxy and
 # the tests use, and builds kube-apiserver v1.36.3 from the Go module into the cache

@@ -21,10 +21,9 @@ var dashboardFile = filepath.Join("grafana", "shardproxy.json")
 // metricName matches the names of the series shardproxy exports in a PromQL expression.
 var metricName = regexp.MustCompile(`\b(?:kubeproxy|shardproxy)_[a-zA-Z0-9_]+`)
 
-// proxyFilter is how every query of a per-instance series selects the proxy instances:
-// Prometheus stores the series' own "instance" label as "exported_instance", because
-// "instance" is its scrape-target label.
-const proxyFilter = `exported_instance=~"$proxy"`
+// proxyFilter is how every query of a per-instance series selects the proxy instances,
+// by the series' own proxy_instance label ("instance" is Prometheus' scrape target).
+const proxyFilter = `proxy_instance=~"$proxy"`
 
 // familyFilter is how every query of a series kube-proxy labels by ip_family selects the
 // families, which it keeps apart (grouping by ip_family) as upstream's dashboards do.
@@ -42,6 +41,7 @@ func registeredFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	m.ConntrackDeleted("a", "IPv4", 1)
 	m.HealthzResult(200)
 	m.LivezResult(200)
+	m.SetBuildInfo("v0.0.0-test")
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +103,9 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("%s: %v", dashboardFile, err)
 	}
 	fams := registeredFamilies(t)
+	if strings.Contains(string(data), "exported_") {
+		t.Errorf("%s queries an exported_* label: no shardproxy series carries a Prometheus target label", dashboardFile)
+	}
 
 	used := map[string]bool{}
 	for where, expr := range queries(t, dash) {
@@ -121,7 +124,7 @@ func TestDashboard(t *testing.T) {
 				t.Errorf("%s: %s, but %s is a %s, not a histogram", where, name, base, fam.GetType())
 			}
 			used[base] = true
-			if hasLabel(fam, "instance") {
+			if hasLabel(fam, "proxy_instance") {
 				perInstance = true
 			}
 			if hasLabel(fam, "ip_family") {

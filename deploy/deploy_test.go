@@ -38,14 +38,19 @@ type kustomization struct {
 	// only possible where kube-proxy does not run.
 	kubeProxyPorts bool
 	// directAPIServer: the supervisor reaches kube-apiserver without a Service proxy
-	// (KUBERNETES_SERVICE_HOST set), since it is the Service proxy.
+	// (KUBERNETES_SERVICE_HOST set, not a cluster name) and without cluster DNS
+	// (dnsPolicy Default), since it is the Service proxy.
 	directAPIServer bool
+	// podLabels are labels the pods must carry besides the DaemonSet's selector.
+	podLabels map[string]string
 }
 
 var kustomizations = []kustomization{
 	{dir: "base"},
 	{dir: "overlays/alongside-kube-proxy"},
-	{dir: "overlays/replace-kube-proxy", defaultInstance: true, kubeProxyPorts: true, directAPIServer: true},
+	{dir: "overlays/replace-kube-proxy", defaultInstance: true, kubeProxyPorts: true, directAPIServer: true,
+		// kube-prometheus-stack's kube-proxy Service selects k8s-app: kube-proxy.
+		podLabels: map[string]string{"k8s-app": "kube-proxy"}},
 }
 
 // kube-proxy's health and metrics ports.
@@ -123,6 +128,8 @@ func TestManifests(t *testing.T) {
 			cm := only[corev1.ConfigMap](t, objs, "ConfigMap")
 			sa := only[corev1.ServiceAccount](t, objs, "ServiceAccount")
 			checkDaemonSet(t, ds, sa, cm)
+			checkPodLabels(t, k, ds)
+			checkImages(t, ds)
 
 			cfg := decodeConfig(t, k.dir, cm.Data[configKey])
 			checkConfig(t, k, ds, cfg)
@@ -143,9 +150,6 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, sa *corev1.ServiceAccoun
 	pod := ds.Spec.Template.Spec
 	if !pod.HostNetwork {
 		t.Error("hostNetwork is not set: the rules must go into the node's network namespace")
-	}
-	if pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
-		t.Errorf("dnsPolicy %q, want %q", pod.DNSPolicy, corev1.DNSClusterFirstWithHostNet)
 	}
 	if pod.PriorityClassName != "system-node-critical" {
 		t.Errorf("priorityClassName %q, want system-node-critical", pod.PriorityClassName)
@@ -331,9 +335,67 @@ func checkConfig(t *testing.T, k kustomization, ds *appsv1.DaemonSet, cfg *confi
 		}
 	}
 
-	direct := slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "KUBERNETES_SERVICE_HOST" && e.Value != "" })
-	if direct != k.directAPIServer {
-		t.Errorf("KUBERNETES_SERVICE_HOST set: %v, want %v", direct, k.directAPIServer)
+	checkAPIServerPath(t, k, ds)
+}
+
+// checkAPIServerPath: without kube-proxy the supervisor must reach kube-apiserver with
+// neither a Service (KUBERNETES_SERVICE_HOST names the apiserver, not the "kubernetes"
+// Service) nor cluster DNS (dnsPolicy Default: CoreDNS is a Service too), else a cold
+// node waits for itself. Beside kube-proxy, the kubelet's variables and cluster DNS
+// work (kube-proxy serves both).
+func checkAPIServerPath(t *testing.T, k kustomization, ds *appsv1.DaemonSet) {
+	t.Helper()
+	pod := ds.Spec.Template.Spec
+	var host string
+	for _, e := range pod.Containers[0].Env {
+		if e.Name == "KUBERNETES_SERVICE_HOST" {
+			host = e.Value
+		}
+	}
+	if (host != "") != k.directAPIServer {
+		t.Errorf("KUBERNETES_SERVICE_HOST %q, want it set: %v", host, k.directAPIServer)
+	}
+	if !k.directAPIServer {
+		if pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+			t.Errorf("dnsPolicy %q, want %q", pod.DNSPolicy, corev1.DNSClusterFirstWithHostNet)
+		}
+		return
+	}
+	if pod.DNSPolicy != corev1.DNSDefault {
+		t.Errorf("dnsPolicy %q, want %q: any other policy resolves through cluster DNS, a Service only shardproxy can program", pod.DNSPolicy, corev1.DNSDefault)
+	}
+	if clusterName(host) {
+		t.Errorf("KUBERNETES_SERVICE_HOST %q is a cluster DNS name: it resolves only through a Service", host)
+	}
+}
+
+// clusterName reports whether host is a name only cluster DNS resolves.
+func clusterName(host string) bool {
+	if net.ParseIP(host) != nil {
+		return false
+	}
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	return h == "kubernetes" || strings.HasPrefix(h, "kubernetes.default") ||
+		strings.HasSuffix(h, ".svc") || strings.Contains(h, ".svc.") || strings.HasSuffix(h, ".cluster.local")
+}
+
+// checkPodLabels: the pods carry the labels the kustomization promises, beside the
+// selector's.
+func checkPodLabels(t *testing.T, k kustomization, ds *appsv1.DaemonSet) {
+	t.Helper()
+	labels := ds.Spec.Template.Labels
+	for key, v := range ds.Spec.Selector.MatchLabels {
+		if labels[key] != v {
+			t.Errorf("pod label %s=%q, the selector wants %q", key, labels[key], v)
+		}
+	}
+	for key, v := range k.podLabels {
+		if labels[key] != v {
+			t.Errorf("pod label %s=%q, want %q", key, labels[key], v)
+		}
+	}
+	if _, ok := labels["k8s-app"]; ok && k.podLabels["k8s-app"] == "" {
+		t.Errorf("pod label k8s-app=%q beside kube-proxy: its scrape and alerts would mix the two proxies", labels["k8s-app"])
 	}
 }
 

@@ -1,8 +1,13 @@
 // Package metrics exposes shardproxy's Prometheus metrics: the kube-proxy
 // series that existing dashboards and alerts are written against, with
 // upstream's labels (ip_family on the per-family series, as kube-proxy
-// v1.34+ labels them) and each split by an extra "instance" label, plus
+// v1.34+ labels them) and each split by an extra "proxy_instance" label, plus
 // shardproxy's own series about the proxy instances a node's supervisor runs.
+//
+// The label is proxy_instance, not instance: Prometheus sets "instance" (and "job") on
+// every series it scrapes, so a series' own "instance" would be renamed
+// exported_instance by every default scrape configuration, and with honor_labels it
+// would replace the scrape target and merge the nodes' series.
 //
 // Everything lives on a registry owned by a Metrics value; nothing is
 // registered globally, so tests and several supervisors in one process do
@@ -11,6 +16,7 @@ package metrics
 
 import (
 	"net/http"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -26,13 +32,17 @@ const (
 	// shardproxyNamespace prefixes the series that only shardproxy has.
 	shardproxyNamespace = "shardproxy"
 
-	labelInstance      = "instance"
+	// labelInstance names the proxy instance; never a target label of Prometheus
+	// (instance, job), see the package comment.
+	labelInstance      = "proxy_instance"
 	labelTrafficPolicy = "traffic_policy"
 	labelCode          = "code"
 	labelIPFamily      = "ip_family"
 	labelKind          = "kind"
 	labelFrom          = "from"
 	labelTo            = "to"
+	labelVersion       = "version"
+	labelGoVersion     = "go_version"
 
 	kindFull    = "full"
 	kindPartial = "partial"
@@ -80,8 +90,9 @@ type Metrics struct {
 	handovers         *prometheus.CounterVec
 	conntrackDeleted  *prometheus.CounterVec
 	syncOperations    *prometheus.HistogramVec
+	buildInfo         *prometheus.GaugeVec
 
-	// instanceVectors are the vectors with an "instance" label, as perInstance and
+	// instanceVectors are the vectors with a proxy_instance label, as perInstance and
 	// perInstanceTimestamp register them: ForgetInstance and InitInstance go through
 	// them, so a metric is defined in one place, New.
 	instanceVectors []instanceVector
@@ -255,6 +266,14 @@ func New() *Metrics {
 
 	// Built once: HandlerOpts.Registry registers promhttp's own error
 	// counter, which must happen only once per registry.
+	// As Prometheus' own <component>_build_info: a constant 1 whose labels say what
+	// runs, so a rollout's progress is count by (version) (...).
+	m.buildInfo = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "build_info",
+		Help:      "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
+	}, []string{labelVersion, labelGoVersion}))
+
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
 		Registry: m.registry,
 	})
@@ -269,7 +288,7 @@ type vector[T any] interface {
 	DeletePartialMatch(labels prometheus.Labels) int
 }
 
-// instanceVector is one registered vector with an "instance" label.
+// instanceVector is one registered vector with a proxy_instance label.
 type instanceVector struct {
 	// forget deletes the series of the label values given.
 	forget func(prometheus.Labels) int
@@ -337,6 +356,13 @@ func (m *Metrics) Registry() *prometheus.Registry {
 // Prometheus exposition format. Every call returns the same handler.
 func (m *Metrics) Handler() http.Handler {
 	return m.handler
+}
+
+// SetBuildInfo sets shardproxy_build_info to 1 for version and the Go version this
+// binary was built with (its only series).
+func (m *Metrics) SetBuildInfo(version string) {
+	m.buildInfo.Reset()
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 }
 
 // InitInstance creates every per-instance series of instance at zero, so

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,7 @@ var nodeWideNames = []string{
 	"kubeproxy_proxy_livez_total",
 	"kubeproxy_conntrack_reconciler_deleted_entries_total",
 	"shardproxy_handovers_total",
+	"shardproxy_build_info",
 }
 
 // exercise records one of everything for instance.
@@ -132,17 +134,17 @@ func TestObserveSyncSplitsFullAndPartial(t *testing.T) {
 		wantSum   float64
 	}{
 		{"every sync feeds the overall histogram", "kubeproxy_sync_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 3, 0.025},
+			map[string]string{"proxy_instance": "team-a", "ip_family": "IPv4"}, 3, 0.025},
 		{"full syncs", "kubeproxy_sync_full_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 1, 0.020},
+			map[string]string{"proxy_instance": "team-a", "ip_family": "IPv4"}, 1, 0.020},
 		{"partial syncs", "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 2, 0.005},
+			map[string]string{"proxy_instance": "team-a", "ip_family": "IPv4"}, 2, 0.005},
 		{"each family apart", "kubeproxy_sync_proxy_rules_duration_seconds",
-			map[string]string{"instance": "team-a", "ip_family": "IPv6"}, 1, 0.004},
+			map[string]string{"proxy_instance": "team-a", "ip_family": "IPv6"}, 1, 0.004},
 		{"full operations", "shardproxy_sync_operations",
-			map[string]string{"instance": "team-a", "kind": "full"}, 1, 300},
+			map[string]string{"proxy_instance": "team-a", "kind": "full"}, 1, 300},
 		{"partial operations", "shardproxy_sync_operations",
-			map[string]string{"instance": "team-a", "kind": "partial"}, 2, 11},
+			map[string]string{"proxy_instance": "team-a", "kind": "partial"}, 2, 11},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,9 +171,9 @@ func TestBucketsMatchUpstream(t *testing.T) {
 		first  float64
 		last   float64
 	}{
-		{"kubeproxy_sync_proxy_rules_duration_seconds", map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 15, 0.001, 16.384},
-		{"kubeproxy_network_programming_duration_seconds", map[string]string{"instance": "team-a", "ip_family": "IPv4"}, 80, 0.25, 300},
-		{"shardproxy_sync_operations", map[string]string{"instance": "team-a", "kind": "full"}, 17, 1, 65536},
+		{"kubeproxy_sync_proxy_rules_duration_seconds", map[string]string{"proxy_instance": "team-a", "ip_family": "IPv4"}, 15, 0.001, 16.384},
+		{"kubeproxy_network_programming_duration_seconds", map[string]string{"proxy_instance": "team-a", "ip_family": "IPv4"}, 80, 0.25, 300},
+		{"shardproxy_sync_operations", map[string]string{"proxy_instance": "team-a", "kind": "full"}, 17, 1, 65536},
 	}
 	for _, tc := range tests {
 		t.Run(tc.family, func(t *testing.T) {
@@ -229,6 +231,7 @@ func TestLint(t *testing.T) {
 func TestHandlerServesEveryMetric(t *testing.T) {
 	m := New()
 	exercise(m, "team-a")
+	m.SetBuildInfo("v0.3.0")
 	m.Handover("team-a", "team-b")
 	m.HealthzResult(200)
 	m.LivezResult(200)
@@ -250,8 +253,8 @@ func TestHandlerServesEveryMetric(t *testing.T) {
 	text := string(body)
 
 	for _, name := range perInstanceNames {
-		if !hasSeries(text, name, `instance="team-a"`) {
-			t.Errorf("no %s series with instance=\"team-a\" in scrape", name)
+		if !hasSeries(text, name, `proxy_instance="team-a"`) {
+			t.Errorf("no %s series with proxy_instance=\"team-a\" in scrape", name)
 		}
 	}
 	for _, want := range []string{
@@ -259,6 +262,7 @@ func TestHandlerServesEveryMetric(t *testing.T) {
 		`kubeproxy_proxy_livez_total{code="200"} 1`,
 		`kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} 3`,
 		`shardproxy_handovers_total{from="team-a",to="team-b"} 1`,
+		`shardproxy_build_info{go_version="` + runtime.Version() + `",version="v0.3.0"} 1`,
 		"go_goroutines ",
 		"process_start_time_seconds ",
 	} {
@@ -365,7 +369,7 @@ func findHistogram(t *testing.T, m *Metrics, family string, labels map[string]st
 	return nil
 }
 
-// countSeries returns how many series of family carry instance=instance.
+// countSeries returns how many series of family carry proxy_instance=instance.
 func countSeries(t *testing.T, m *Metrics, family, instance string) int {
 	t.Helper()
 	mfs, err := m.Registry().Gather()
@@ -379,7 +383,7 @@ func countSeries(t *testing.T, m *Metrics, family, instance string) int {
 		}
 		for _, metric := range mf.GetMetric() {
 			for _, l := range metric.GetLabel() {
-				if l.GetName() == "instance" && l.GetValue() == instance {
+				if l.GetName() == labelInstance && l.GetValue() == instance {
 					n++
 				}
 			}
@@ -427,4 +431,39 @@ func approx(a, b float64) bool {
 		d = -d
 	}
 	return d < 1e-9*(1+b)
+}
+
+// TestNoSeriesCarriesATargetLabel: Prometheus sets "instance" and "job" on every series
+// it scrapes; a series carrying either lands as exported_instance / exported_job under
+// the default honor_labels: false, or overwrites the target with honor_labels: true, so
+// dashboards and alerts written for kube-proxy (by instance) would break.
+func TestNoSeriesCarriesATargetLabel(t *testing.T) {
+	m := New()
+	exercise(m, "team-a")
+	m.Handover("team-a", "team-b")
+	m.HealthzResult(200)
+	m.SetBuildInfo("v0.3.0")
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, metric := range mf.GetMetric() {
+			for _, l := range metric.GetLabel() {
+				if l.GetName() == "instance" || l.GetName() == "job" {
+					t.Errorf("%s carries the label %q, which Prometheus reserves for the scrape target", mf.GetName(), l.GetName())
+				}
+			}
+		}
+	}
+}
+
+// TestSetBuildInfoKeepsOneSeries: a second call replaces the series rather than adding one.
+func TestSetBuildInfoKeepsOneSeries(t *testing.T) {
+	m := New()
+	m.SetBuildInfo("v0.1.0")
+	m.SetBuildInfo("v0.2.0")
+	if n := testutil.CollectAndCount(m.buildInfo); n != 1 {
+		t.Errorf("shardproxy_build_info has %d series, want 1", n)
+	}
 }

@@ -41,10 +41,10 @@ func TestChangeCounter(t *testing.T) {
 	want := func(step string, svcTotal, svcPending, epTotal, epPending int) {
 		t.Helper()
 		for series, v := range map[string]int{
-			`kubeproxy_sync_proxy_rules_service_changes_total{instance="team-a"}`:    svcTotal,
-			`kubeproxy_sync_proxy_rules_service_changes_pending{instance="team-a"}`:  svcPending,
-			`kubeproxy_sync_proxy_rules_endpoint_changes_total{instance="team-a"}`:   epTotal,
-			`kubeproxy_sync_proxy_rules_endpoint_changes_pending{instance="team-a"}`: epPending,
+			`kubeproxy_sync_proxy_rules_service_changes_total{proxy_instance="team-a"}`:    svcTotal,
+			`kubeproxy_sync_proxy_rules_service_changes_pending{proxy_instance="team-a"}`:  svcPending,
+			`kubeproxy_sync_proxy_rules_endpoint_changes_total{proxy_instance="team-a"}`:   epTotal,
+			`kubeproxy_sync_proxy_rules_endpoint_changes_pending{proxy_instance="team-a"}`: epPending,
 		} {
 			if got := metricValue(t, sup, series); got != strconv.Itoa(v) {
 				t.Errorf("%s: %s = %q, want %d", step, series, got, v)
@@ -64,7 +64,7 @@ func TestChangeCounter(t *testing.T) {
 	sink.DeleteEndpointSlice(slice("web"))
 	sink.UpdateEndpointSlice(slice("db"))
 	want("two slice changes after the sync", 3, 0, 3, 2)
-	if got := metricValue(t, sup, `kubeproxy_sync_proxy_rules_service_changes_total{instance="default"}`); got != "" {
+	if got := metricValue(t, sup, `kubeproxy_sync_proxy_rules_service_changes_total{proxy_instance="default"}`); got != "" {
 		t.Errorf("another instance got changes: %q", got)
 	}
 }
@@ -76,7 +76,7 @@ func TestChangeMetricsMove(t *testing.T) {
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
 	testutil.Eventually(t, waitTimeout, "team-a programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 	series := func(name, inst string) string {
-		return metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_`+name+`{instance="`+inst+`"}`)
+		return metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_`+name+`{proxy_instance="`+inst+`"}`)
 	}
 	testutil.Eventually(t, waitTimeout, "team-a's change counters to move and nothing to be pending", func() bool {
 		return series("service_changes_total", "team-a") != "0" && series("endpoint_changes_total", "team-a") != "0" &&

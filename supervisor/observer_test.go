@@ -42,7 +42,7 @@ func TestSyncSeriesPerFamily(t *testing.T) {
 	f.createService("x", "plain", "", "172.30.0.1")
 	testutil.Eventually(t, waitTimeout, "default programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
 	for _, fam := range []string{"IPv4", "IPv6"} {
-		labels := `{instance="default",ip_family="` + fam + `"}`
+		labels := `{proxy_instance="default",ip_family="` + fam + `"}`
 		for _, series := range []string{
 			"kubeproxy_sync_proxy_rules_last_timestamp_seconds",
 			"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
@@ -53,7 +53,7 @@ func TestSyncSeriesPerFamily(t *testing.T) {
 				t.Errorf("%s%s = %q, want observed", series, labels, got)
 			}
 		}
-		series := `kubeproxy_sync_proxy_rules_no_local_endpoints_total{instance="default",ip_family="` + fam + `",traffic_policy="internal"}`
+		series := `kubeproxy_sync_proxy_rules_no_local_endpoints_total{proxy_instance="default",ip_family="` + fam + `",traffic_policy="internal"}`
 		if got := metricValue(t, f.sup, series); got != "0" {
 			t.Errorf("%s = %q, want 0", series, got)
 		}

@@ -53,7 +53,7 @@ func TestUnconfiguredInstanceTablesAreDeleted(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "team-a to serve its Service", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
 	for _, inst := range []string{"team-c", "proxy", "foreign", "swapped", "prefixed"} {
 		for _, fam := range []string{"IPv4", "IPv6"} {
-			if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="`+inst+`",ip_family="`+fam+`"}`); got != "" {
+			if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{proxy_instance="`+inst+`",ip_family="`+fam+`"}`); got != "" {
 				t.Errorf("cleanup failure counted for %s %s: %q", inst, fam, got)
 			}
 		}
@@ -68,7 +68,7 @@ func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 	f.createService("x", "plain", "", "172.30.0.1")
 	testutil.Eventually(t, waitTimeout, "default serves its Service", func() bool { return has(f.tables.dump("ip shardproxy-default"), "172.30.0.1") })
 	testutil.Eventually(t, waitTimeout, "team-b fails twice", func() bool {
-		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b",ip_family="IPv4"}`)
+		v := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{proxy_instance="team-b",ip_family="IPv4"}`)
 		return v != "" && v != "0" && v != "1"
 	})
 	if !f.tables.exists("ip shardproxy-team-c") {
@@ -80,7 +80,7 @@ func TestUnconfiguredTablesWaitForEveryInstance(t *testing.T) {
 // kube-proxy's nftables cleanup failures, labelled with the removed instance.
 func TestUnconfiguredTableDeleteFailureIsCounted(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{failTable: "shardproxy-stuck", seed: []string{"ip shardproxy-stuck # shardproxy instance stuck", "ip6 shardproxy-stuck # shardproxy instance stuck"}})
-	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{instance="stuck",ip_family="%s"}`
+	series := `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{proxy_instance="stuck",ip_family="%s"}`
 	testutil.Eventually(t, waitTimeout, "both failures counted, one per family", func() bool {
 		return metricValue(t, f.sup, fmt.Sprintf(series, "IPv4")) == "1" && metricValue(t, f.sup, fmt.Sprintf(series, "IPv6")) == "1"
 	})

@@ -37,6 +37,8 @@ import (
 // thing, except Client, which is required.
 type Deps struct {
 	Client kubernetes.Interface
+	// Version is shardproxy's version, for shardproxy_build_info; default: "unknown".
+	Version string
 	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
 	// ElementsPerCommand is how many set elements one nft command carries; default, when
@@ -146,6 +148,10 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
 	}
+	if deps.Version == "" {
+		deps.Version = "unknown"
+	}
+	s.metrics.SetBuildInfo(deps.Version)
 	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
 	s.fullSyncs.done = make(chan struct{})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -372,7 +373,7 @@ func TestFailingInstanceIsContained(t *testing.T) {
 	if !f.sup.Health().Healthy("team-a") || !f.sup.Health().Healthy("default") {
 		t.Error("healthy instances must stay healthy while another one fails")
 	}
-	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{instance="team-b",ip_family="IPv4"}`); got == "" || got == "0" {
+	if got := metricValue(t, f.sup, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{proxy_instance="team-b",ip_family="IPv4"}`); got == "" || got == "0" {
 		t.Errorf("sync failures of team-b not counted: %q", got)
 	}
 }
@@ -396,12 +397,26 @@ func metricValue(t *testing.T, s *Supervisor, series string) string {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	want := canonicalSeries(series)
 	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
+		if name, v, ok := strings.Cut(line, " "); ok && canonicalSeries(name) == want {
 			return v
 		}
 	}
 	return ""
+}
+
+// canonicalSeries sorts the labels of a series name{a="x",b="y"}, so that a selector
+// written in any label order finds the scrape's (sorted by label name). Label values
+// here carry no commas.
+func canonicalSeries(series string) string {
+	name, labels, ok := strings.Cut(strings.TrimSuffix(series, "}"), "{")
+	if !ok {
+		return series
+	}
+	pairs := strings.Split(labels, ",")
+	slices.Sort(pairs)
+	return name + "{" + strings.Join(pairs, ",") + "}"
 }
 
 // TestNetworkProgrammingLatency checks an EndpointSlice change carrying
@@ -440,7 +455,7 @@ func TestNetworkProgrammingLatency(t *testing.T) {
 					labels[l.GetName()] = l.GetValue()
 				}
 				// The changed slice is IPv4: its latency is observed in that family.
-				if labels["instance"] == inst && labels["ip_family"] == "IPv4" {
+				if labels["proxy_instance"] == inst && labels["ip_family"] == "IPv4" {
 					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 				}
 			}
@@ -475,7 +490,7 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, waitTimeout, "team-b restarted once", func() bool {
-		return metricValue(t, f.sup, `shardproxy_instance_restarts_total{instance="team-b"}`) == "1"
+		return metricValue(t, f.sup, `shardproxy_instance_restarts_total{proxy_instance="team-b"}`) == "1"
 	})
 	f.createService("a", "web-a", "team-a", "172.30.0.2")
 	testutil.Eventually(t, waitTimeout, "team-a keeps syncing", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "172.30.0.2") })
@@ -483,7 +498,7 @@ func TestPanickingInstanceRestarts(t *testing.T) {
 		return f.sup.Health().Healthy("team-b") && has(f.tables.dump("ip shardproxy-team-b"), "172.30.0.3")
 	})
 	for _, inst := range []string{"default", "team-a"} {
-		if got := metricValue(t, f.sup, `shardproxy_instance_restarts_total{instance="`+inst+`"}`); got != "0" {
+		if got := metricValue(t, f.sup, `shardproxy_instance_restarts_total{proxy_instance="`+inst+`"}`); got != "0" {
 			t.Errorf("%s restarted %s times, want 0", inst, got)
 		}
 	}

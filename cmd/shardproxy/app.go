@@ -205,7 +205,7 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	s, err := supervisor.New(cfg, supervisor.Deps{Client: client})
+	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version})
 	if err != nil {
 		return err
 	}

@@ -105,10 +105,10 @@ func TestUDPEndpointReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted := after.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a") -
-		before.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a")
+	deleted := after.Value("shardproxy_conntrack_deleted_entries_total", "proxy_instance", "team-a") -
+		before.Value("shardproxy_conntrack_deleted_entries_total", "proxy_instance", "team-a")
 	if deleted < 2 {
-		t.Errorf("shardproxy_conntrack_deleted_entries_total{instance=team-a} grew by %v, want at least the 2 stale flows", deleted)
+		t.Errorf("shardproxy_conntrack_deleted_entries_total{proxy_instance=team-a} grew by %v, want at least the 2 stale flows", deleted)
 	}
 	fmt.Printf("e2e: UDP endpoint replaced: stale flows deleted=%v, traffic on the new endpoint within %v\n",
 		deleted, time.Since(replaced).Round(10*time.Millisecond))
@@ -181,10 +181,10 @@ func TestTCPSynBeforeRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted := after.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a") -
-		before.Value("shardproxy_conntrack_deleted_entries_total", "instance", "team-a")
+	deleted := after.Value("shardproxy_conntrack_deleted_entries_total", "proxy_instance", "team-a") -
+		before.Value("shardproxy_conntrack_deleted_entries_total", "proxy_instance", "team-a")
 	if deleted < 1 {
-		t.Errorf("shardproxy_conntrack_deleted_entries_total{instance=team-a} grew by %v, want at least the stale entry", deleted)
+		t.Errorf("shardproxy_conntrack_deleted_entries_total{proxy_instance=team-a} grew by %v, want at least the stale entry", deleted)
 	}
 	fmt.Printf("e2e: TCP SYN before the rules: untranslated entry deleted (%v), same client port connected to %s\n", deleted, r.Server)
 }

@@ -187,13 +187,13 @@ func TestTableDeletedFromOutside(t *testing.T) {
 			"kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
 			"shardproxy_instance_restarts_total",
 		} {
-			if b, a := before.Value(name, "instance", inst), after.Value(name, "instance", inst); a != b {
-				t.Errorf("%s{instance=%q} went from %v to %v: another instance was disturbed", name, inst, b, a)
+			if b, a := before.Value(name, "proxy_instance", inst), after.Value(name, "proxy_instance", inst); a != b {
+				t.Errorf("%s{proxy_instance=%q} went from %v to %v: another instance was disturbed", name, inst, b, a)
 			}
 		}
 	}
-	if b, a := before.Value("kubeproxy_sync_full_proxy_rules_duration_seconds", "instance", "team-a"),
-		after.Value("kubeproxy_sync_full_proxy_rules_duration_seconds", "instance", "team-a"); a <= b {
+	if b, a := before.Value("kubeproxy_sync_full_proxy_rules_duration_seconds", "proxy_instance", "team-a"),
+		after.Value("kubeproxy_sync_full_proxy_rules_duration_seconds", "proxy_instance", "team-a"); a <= b {
 		t.Errorf("team-a did no full sync (%v -> %v) to rebuild its table", b, a)
 	}
 }

@@ -132,11 +132,11 @@ func TestSupervisorEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, inst := range []string{"default", "team-a", "team-b"} {
-		if v := m.Value("shardproxy_instance_up", "instance", inst); v != 1 {
-			t.Errorf("shardproxy_instance_up{instance=%q} = %v, want 1", inst, v)
+		if v := m.Value("shardproxy_instance_up", "proxy_instance", inst); v != 1 {
+			t.Errorf("shardproxy_instance_up{proxy_instance=%q} = %v, want 1", inst, v)
 		}
-		if v := m.Value("kubeproxy_sync_proxy_rules_duration_seconds", "instance", inst); v < 1 {
-			t.Errorf("kubeproxy_sync_proxy_rules_duration_seconds{instance=%q} has %v samples, want syncs", inst, v)
+		if v := m.Value("kubeproxy_sync_proxy_rules_duration_seconds", "proxy_instance", inst); v < 1 {
+			t.Errorf("kubeproxy_sync_proxy_rules_duration_seconds{proxy_instance=%q} has %v samples, want syncs", inst, v)
 		}
 	}
 	for _, name := range []string{
@@ -149,8 +149,8 @@ func TestSupervisorEndpoints(t *testing.T) {
 			t.Errorf("/metrics has no %s", name)
 		}
 	}
-	if v := m.Value("shardproxy_instance_services", "instance", "team-b"); v < 1 {
-		t.Errorf("shardproxy_instance_services{instance=team-b} = %v", v)
+	if v := m.Value("shardproxy_instance_services", "proxy_instance", "team-b"); v < 1 {
+		t.Errorf("shardproxy_instance_services{proxy_instance=team-b} = %v", v)
 	}
 	// The metrics port is not exposed beyond the node by default configs; here it binds
 	// 0.0.0.0 inside the node namespace, reached from the node itself.

@@ -260,7 +260,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		}
 	}
 	ours := &daemon{
-		name: "shardproxy", series: Series{"instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
+		name: "shardproxy", series: Series{"proxy_instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
 		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
 		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
 		logTail: func() string { return tail(e.SupervisorLog(), 30) },

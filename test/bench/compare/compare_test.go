@@ -15,12 +15,12 @@ kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"} 3
 kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family="IPv6",le="+Inf"} 1
 kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{ip_family="IPv6"} 0.01
 kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv6"} 1
-kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{instance="default",ip_family="IPv6",le="+Inf"} 9
-kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{instance="default",ip_family="IPv6"} 0.9
-kubeproxy_sync_partial_proxy_rules_duration_seconds_count{instance="default",ip_family="IPv6"} 9
-kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{instance="default",ip_family="IPv4",le="+Inf"} 4
-kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{instance="default",ip_family="IPv4"} 0.08
-kubeproxy_sync_partial_proxy_rules_duration_seconds_count{instance="default",ip_family="IPv4"} 4
+kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{proxy_instance="default",ip_family="IPv6",le="+Inf"} 9
+kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{proxy_instance="default",ip_family="IPv6"} 0.9
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{proxy_instance="default",ip_family="IPv6"} 9
+kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{proxy_instance="default",ip_family="IPv4",le="+Inf"} 4
+kubeproxy_sync_partial_proxy_rules_duration_seconds_sum{proxy_instance="default",ip_family="IPv4"} 0.08
+kubeproxy_sync_partial_proxy_rules_duration_seconds_count{proxy_instance="default",ip_family="IPv4"} 4
 # TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
 kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7e9
 `
@@ -36,8 +36,8 @@ func TestScrapeSelectsTheProxysSeries(t *testing.T) {
 		want   Histogram
 	}{
 		{"kube-proxy's IPv4 proxier", Series{"ip_family": "IPv4"}, Histogram{Count: 3, Sum: 1.5}},
-		{"a shardproxy instance's IPv4 table", Series{"instance": "default", "ip_family": "IPv4"}, Histogram{Count: 4, Sum: 0.08}},
-		{"a series not observed yet is zero", Series{"instance": "team-a", "ip_family": "IPv4"}, Histogram{}},
+		{"a shardproxy instance's IPv4 table", Series{"proxy_instance": "default", "ip_family": "IPv4"}, Histogram{Count: 4, Sum: 0.08}},
+		{"a series not observed yet is zero", Series{"proxy_instance": "team-a", "ip_family": "IPv4"}, Histogram{}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,7 +49,7 @@ func TestScrapeSelectsTheProxysSeries(t *testing.T) {
 	if v, ok := sc.Gauge(metricLastSync, Series{"ip_family": "IPv4"}); !ok || v != 1.7e9 {
 		t.Errorf("Gauge = %v, %v; want 1.7e9, true", v, ok)
 	}
-	if _, ok := sc.Gauge(metricLastSync, Series{"instance": "default"}); ok {
+	if _, ok := sc.Gauge(metricLastSync, Series{"proxy_instance": "default"}); ok {
 		t.Error("Gauge of a missing series reported present")
 	}
 	if _, err := ParseScrape("not a metric line {"); err == nil {
