@@ -44,7 +44,8 @@ func TestDockerfile(t *testing.T) {
 	}
 
 	install := regexp.MustCompile(`apt-get install [^\n&]*`).FindString(df)
-	for _, pkg := range []string{"nftables", "conntrack", "iproute2", "kmod"} {
+	// iptables: cleanup --legacy iptables runs iptables-{nft,legacy}-{save,restore}.
+	for _, pkg := range []string{"nftables", "conntrack", "iproute2", "kmod", "iptables"} {
 		if !regexp.MustCompile(`\b` + pkg + `\b`).MatchString(install) {
 			t.Errorf("the runtime stage does not install %s: %q", pkg, install)
 		}

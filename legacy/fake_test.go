@@ -65,7 +65,8 @@ func (f *fakeIPTables) Run(_ context.Context, stdin []byte, name string, args ..
 	switch {
 	case strings.HasSuffix(name, "-save") && len(args) == 0:
 		return []byte(f.save(Tool(strings.TrimSuffix(name, "-save")))), nil
-	case strings.HasSuffix(name, "-restore") && slices.Equal(args, []string{"--noflush"}):
+	// Always with the xtables lock wait, as kube-proxy restores (-w 5).
+	case strings.HasSuffix(name, "-restore") && slices.Equal(args, []string{"--noflush", "-w", "5"}):
 		f.restores = append(f.restores, string(stdin))
 		if f.failRestore {
 			return nil, errors.New("iptables-restore: line 2 failed")

@@ -54,6 +54,14 @@ type Tool string
 func (t Tool) save() string    { return string(t) + "-save" }
 func (t Tool) restore() string { return string(t) + "-restore" }
 
+// restoreWait are iptables-restore's arguments for the xtables lock: wait up to 5 s, as
+// kube-proxy does (without its -W 100000, which iptables 1.8.9 ignores with a
+// deprecation warning). iptables-legacy-restore takes the
+// lock (kubelet and CNI plugins hold it briefly); without -w, older versions fail at
+// once and 1.8.x waits with no bound, so a stuck holder would hang the cleanup.
+// iptables-nft-restore accepts and ignores them.
+var restoreWait = []string{"-w", "5"}
+
 // ErrNoIPTables is returned when no iptables-save is installed, so kube-proxy's rules
 // cannot be read (hack/install-deps.sh installs iptables).
 var ErrNoIPTables = errors.New("iptables is not installed: cannot read kube-proxy's iptables rules")
@@ -273,7 +281,8 @@ func ApplyIPTables(ctx context.Context, ex Exec, plans []*TablePlan) error {
 	tools := map[Tool]bool{}
 	for _, p := range plans {
 		tools[p.Tool] = true
-		if _, err := ex.Run(ctx, p.script(), p.Tool.restore(), "--noflush"); err != nil {
+		args := append([]string{"--noflush"}, restoreWait...)
+		if _, err := ex.Run(ctx, p.script(), p.Tool.restore(), args...); err != nil {
 			errs = append(errs, fmt.Errorf("removing kube-proxy's chains from %s table %s: %w", p.Tool, p.Table, err))
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -313,4 +315,73 @@ func TestKernelIPVSLeftovers(t *testing.T) {
 	if _, err := tp.Exec(tp.Node, "nft", "list", "table", "ip", "shardproxy-team-a"); err != nil {
 		t.Errorf("our table: %v", err)
 	}
+}
+
+// TestKernelLegacyWaitsForXtablesLock: kube-proxy's chains in the iptables-legacy backend
+// are removed while another program holds the xtables lock for a moment (kubelet, a CNI
+// plugin), and a holder that never lets go fails the cleanup after kube-proxy's 5 s
+// (-w 5) with iptables' message rather than hanging it (iptables 1.8.9's restore waits
+// with no bound without -w). The lock is a file the whole host shares, so iptables is
+// pointed at a lock file of the test's own (XTABLES_LOCKFILE).
+func TestKernelLegacyWaitsForXtablesLock(t *testing.T) {
+	testutil.RequireTools(t, "iptables-legacy-restore", "iptables-legacy-save")
+	lockFile := filepath.Join(t.TempDir(), "xtables.lock")
+	t.Setenv("XTABLES_LOCKFILE", lockFile)
+	for _, tc := range []struct {
+		name string
+		held time.Duration // 0: not released
+	}{
+		{name: "lock held briefly", held: 500 * time.Millisecond},
+		{name: "lock never released"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tp := kernelTopology(t)
+			load := exec.Command("ip", "netns", "exec", tp.Node, "iptables-legacy-restore", "--noflush")
+			load.Stdin = strings.NewReader("*nat\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n")
+			if out, err := load.CombinedOutput(); err != nil {
+				t.Fatalf("iptables-legacy-restore: %v: %s", err, out)
+			}
+			release := holdLock(t, lockFile)
+			if tc.held > 0 {
+				time.AfterFunc(tc.held, release)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			var out bytes.Buffer
+			err := tp.Do(tp.Node, func() error {
+				return Cleanup(ctx, Options{Mode: ModeIPTables, KubeProxyMetricsAddress: "-", Out: &out})
+			})
+			took := time.Since(start)
+			t.Logf("after %v: %v\n%s", took, err, out.String())
+			if tc.held > 0 {
+				if err != nil {
+					t.Fatalf("cleanup while the xtables lock was held for %v: %v", tc.held, err)
+				}
+				if left, _ := tp.Exec(tp.Node, "iptables-legacy-save", "-t", "nat"); strings.Contains(left, "KUBE-") {
+					t.Errorf("kube-proxy's legacy chains are left:\n%s", left)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "xtables lock") || took > 10*time.Second {
+				t.Errorf("with the lock never released: %v after %v, want iptables' xtables lock error after ~5 s", err, took)
+			}
+		})
+	}
+}
+
+// holdLock takes the xtables lock file as another program would; release lets it go.
+func holdLock(t *testing.T, path string) (release func()) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { f.Close() }) }
+	t.Cleanup(release)
+	return release
 }
