@@ -166,9 +166,16 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 			{
 				Name:  "status",
 				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",
-				Flags: []cli.Flag{&cli.StringFlag{Name: "address", Value: "127.0.0.1:10256", Usage: "the supervisor's healthz address"}},
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "address", Usage: "the supervisor's healthz address (default: the configuration's healthzBindAddress on loopback)"},
+					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Value: defaultPodConfig, Usage: "the supervisor's configuration, for its healthzBindAddress (the DaemonSet's path; if it does not exist and --config is not given, " + config.DefaultHealthzBindAddress + ")"},
+				},
 				Action: func(c *cli.Context) error {
-					return status(c.Context, c.App.Writer, c.String("address"))
+					addr, err := statusAddress(c.String("address"), c.String("config"), c.IsSet("config"))
+					if err != nil {
+						return err
+					}
+					return status(c.Context, c.App.Writer, addr)
 				},
 			},
 			{
@@ -389,6 +396,51 @@ func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, 
 		return fmt.Errorf("%s: no table ip or ip6 %s on this node, nothing to delete", what, table)
 	}
 	return nil
+}
+
+// defaultPodConfig is where the DaemonSet mounts the configuration, so that `shardproxy
+// status` in the pod finds the address the supervisor serves on, not kube-proxy's.
+const defaultPodConfig = "/etc/shardproxy/config.yaml"
+
+// statusAddress is where `shardproxy status` asks: addr if given, else the
+// configuration's healthzBindAddress (its default when unset) with an unspecified host
+// made loopback, since /status answers loopback clients only. A configuration file that
+// was not asked for explicitly may be missing (run off the pod): then kube-proxy's port.
+func statusAddress(addr, path string, explicit bool) (string, error) {
+	if addr != "" {
+		return addr, nil
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !explicit {
+		return loopbackFor(config.DefaultHealthzBindAddress), nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the healthz address from the configuration: %w", err)
+	}
+	cfg, err := config.Decode(data, path)
+	if err != nil {
+		return "", err
+	}
+	if cfg.HealthzBindAddress == "" {
+		return loopbackFor(config.DefaultHealthzBindAddress), nil
+	}
+	return loopbackFor(cfg.HealthzBindAddress), nil
+}
+
+// loopbackFor turns a bind address on every address (0.0.0.0, ::, or no host) into the
+// matching loopback address; a specific address stays.
+func loopbackFor(bind string) string {
+	host, port, err := net.SplitHostPort(bind)
+	if err != nil {
+		return bind
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 func status(ctx context.Context, w io.Writer, addr string) error {

@@ -124,6 +124,9 @@ func setupCommands(cmds []*cli.Command, logFlags []cli.Flag, applyLogging func()
 		}
 		cmd.Flags = append(cmd.Flags, logFlags...)
 		cmd.Before = func(c *cli.Context) error {
+			if err := checkArgs(cmd, c.Args().Slice()); err != nil {
+				return newUsageError(c, err)
+			}
 			var missing []string
 			for _, name := range required {
 				if !c.IsSet(name) {
@@ -139,6 +142,24 @@ func setupCommands(cmds []*cli.Command, logFlags []cli.Flag, applyLogging func()
 			return nil
 		}
 	}
+}
+
+// checkArgs refuses what urfave/cli would drop silently: it stops reading flags at the
+// first argument, so a flag after one (`migrate move ns/web --to x`) would become an
+// argument and its value never set; and arguments of a command that takes none.
+func checkArgs(cmd *cli.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if cmd.ArgsUsage == "" {
+		return fmt.Errorf("unexpected argument %q: %s takes no arguments", args[0], cmd.Name)
+	}
+	for _, a := range args[1:] {
+		if len(a) > 1 && strings.HasPrefix(a, "-") {
+			return fmt.Errorf("flag %s after the argument %q: put every flag before the arguments", a, args[0])
+		}
+	}
+	return nil
 }
 
 // onUsageError reports a flag that could not be parsed as a *usageError.

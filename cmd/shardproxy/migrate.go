@@ -6,16 +6,30 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/shardproxy/shardproxy/migrate"
 )
 
+// operatorRESTConfig loads an operator's client configuration as kubectl does: the file
+// given, else $KUBECONFIG (a list of files, merged by clientcmd's rules: the first file
+// to set a value wins), else ~/.kube/config, else the in-cluster configuration.
+func operatorRESTConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("loading a kubeconfig: %w", err)
+	}
+	return rc, nil
+}
+
 // migrateCommand is `shardproxy migrate plan|move|rollback`, run by an operator with a
 // kubeconfig (not on a node).
 func migrateCommand() *cli.Command {
 	selection := []cli.Flag{
-		&cli.StringFlag{Name: "kubeconfig", EnvVars: []string{"KUBECONFIG"}, Usage: "kubeconfig file (default: ~/.kube/config, then in-cluster)"},
+		&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file (default: the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config, else in-cluster)"},
 		&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Usage: "only Services in this namespace"},
 		&cli.StringFlag{Name: "selector", Aliases: []string{"l"}, Usage: "only Services matching this label selector"},
 		&cli.StringFlag{Name: "status-namespace", Value: migrate.DefaultNamespace, Usage: "namespace of the supervisors' node status ConfigMaps (statusNamespace in their config)"},
@@ -25,11 +39,9 @@ func migrateCommand() *cli.Command {
 		&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "how long every node gets to confirm a batch is programmed in shadow"},
 	}
 	mover := func(c *cli.Context) (*migrate.Mover, migrate.Selection, error) {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		rules.ExplicitPath = c.String("kubeconfig")
-		rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+		rc, err := operatorRESTConfig(c.String("kubeconfig"))
 		if err != nil {
-			return nil, migrate.Selection{}, fmt.Errorf("loading a kubeconfig: %w", err)
+			return nil, migrate.Selection{}, err
 		}
 		client, err := kubernetes.NewForConfig(rc)
 		if err != nil {
