@@ -68,9 +68,13 @@ func TestServerDryRun(t *testing.T) {
 			}
 		}
 	}
+	dirs := []string{"cleanup"} // the uninstall's DaemonSet, in kube-system
 	for _, k := range kustomizations {
-		t.Run(k.dir, func(t *testing.T) {
-			for _, obj := range render(t, k.dir) {
+		dirs = append(dirs, k.dir)
+	}
+	for _, dir := range dirs {
+		t.Run(dir, func(t *testing.T) {
+			for _, obj := range render(t, dir) {
 				if obj.GetKind() == "Namespace" {
 					continue
 				}

@@ -122,10 +122,15 @@ on this node once it is gone: its KUBE-* iptables chains and the jumps to them (
 kubelet's or other components' chains, nor any nftables table that is not iptables'), and
 for ipvs also its IPVS virtual services, kube-ipvs0 and ipsets. It refuses while a
 kube-proxy still runs in this network namespace (run it on the host, or with hostPID)
-unless --force. --legacy cannot be combined with --config or --instance: run cleanup twice.`,
+unless --force. --legacy cannot be combined with --config or --instance: run cleanup twice.
+With --all instead of --instance: every table of this node that carries shardproxy's
+ownership marker under the prefix (--table-prefix, else the configuration's, else
+"shardproxy"), whatever the configuration says: what an uninstall runs on each node
+(deploy/cleanup). A table named like ours without the marker is left alone and listed.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "supervisor configuration file (required unless --legacy)"},
 					&cli.StringFlag{Name: "instance", Usage: "only this instance (may be one no longer in the configuration)"},
+					&cli.BoolFlag{Name: "all", Usage: "every table carrying shardproxy's ownership marker under the prefix, configured or not (for an uninstall)"},
 					&cli.StringFlag{Name: "table-prefix", Usage: "with --instance: the prefix of its tables (default: the configuration's tablePrefix, else " + config.DefaultTablePrefix + ")"},
 					&cli.StringFlag{Name: "legacy", Usage: "iptables or ipvs: clean up after a gone kube-proxy in that mode"},
 					&cli.BoolFlag{Name: "force", Usage: "with --legacy: go on although a kube-proxy is still running"},
@@ -134,7 +139,7 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 				},
 				Action: func(c *cli.Context) error {
 					if c.IsSet("legacy") {
-						if c.IsSet("config") || c.IsSet("instance") || c.IsSet("table-prefix") {
+						if c.IsSet("config") || c.IsSet("instance") || c.IsSet("table-prefix") || c.IsSet("all") {
 							return errors.New("--legacy cleans up after kube-proxy only: it cannot be combined with --config or --instance or --table-prefix (run cleanup twice)")
 						}
 						mode, err := legacy.ParseMode(c.String("legacy"))
@@ -151,15 +156,20 @@ unless --force. --legacy cannot be combined with --config or --instance: run cle
 							return fmt.Errorf("--%s only applies to --legacy", f)
 						}
 					}
+					opts := cleanupOptions{config: c.String("config"), instance: c.String("instance"), tablePrefix: c.String("table-prefix")}
+					if c.Bool("all") {
+						if c.IsSet("instance") {
+							return errors.New("--all and --instance exclude each other")
+						}
+						return cleanupAll(c.Context, c.App.Writer, opts)
+					}
 					if !c.IsSet("config") && !c.IsSet("instance") {
-						return errors.New(`cleanup needs --config (shardproxy's tables) or --legacy iptables|ipvs (a gone kube-proxy's rules)`)
+						return errors.New(`cleanup needs --config (shardproxy's tables), --all, or --legacy iptables|ipvs (a gone kube-proxy's rules)`)
 					}
 					if c.IsSet("table-prefix") && !c.IsSet("instance") {
-						return errors.New("--table-prefix only applies to --instance")
+						return errors.New("--table-prefix only applies to --instance or --all")
 					}
-					return cleanup(c.Context, c.App.Writer, cleanupOptions{
-						config: c.String("config"), instance: c.String("instance"), tablePrefix: c.String("table-prefix"),
-					})
+					return cleanup(c.Context, c.App.Writer, opts)
 				},
 			},
 			migrateCommand(),
@@ -304,19 +314,70 @@ type cleanupOptions struct {
 	tablePrefix string
 }
 
-func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
+// cleanupPrefix is the table prefix of opts (--table-prefix, else the configuration's,
+// else the default) and the configured instances.
+func cleanupPrefix(opts cleanupOptions) (string, []config.Instance, error) {
 	prefix := config.DefaultTablePrefix
 	var instances []config.Instance
 	if opts.config != "" {
 		cfg, err := config.Load(opts.config)
 		if err != nil {
-			return err
+			return "", nil, err
 		}
 		prefix = cfg.TablePrefix
 		instances = cfg.Instances
 	}
 	if opts.tablePrefix != "" {
 		prefix = opts.tablePrefix
+	}
+	return prefix, instances, nil
+}
+
+// cleanupAll deletes every ip and ip6 table carrying shardproxy's ownership marker
+// under the prefix (an uninstall: the configuration may be gone or out of date), and
+// lists the tables under the prefix without it, which are someone else's and stay. It
+// succeeds when there is nothing to delete, so that it can run again.
+func cleanupAll(ctx context.Context, w io.Writer, opts cleanupOptions) error {
+	prefix, _, err := cleanupPrefix(opts)
+	if err != nil {
+		return err
+	}
+	deleted := 0
+	var errs []error
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		listed, err := tables.ListTables(ctx, fam)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, t := range listed {
+			if _, named := tables.InstanceOfTable(prefix, t.Name); !named {
+				continue
+			}
+			if _, owned := t.OwnedInstance(prefix); !owned {
+				fmt.Fprintf(w, "left table %s %s: not shardproxy's (comment %q)\n", tables.KnftFamily(fam), t.Name, t.Comment)
+				continue
+			}
+			nft, err := tables.NewNFT(fam, t.Name)
+			if err == nil {
+				err = tables.DeleteTable(ctx, nft)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("table %s %s: %w", tables.KnftFamily(fam), t.Name, err))
+				continue
+			}
+			deleted++
+			fmt.Fprintf(w, "deleted table %s %s\n", tables.KnftFamily(fam), t.Name)
+		}
+	}
+	fmt.Fprintf(w, "%d shardproxy tables deleted (prefix %s)\n", deleted, prefix)
+	return errors.Join(errs...)
+}
+
+func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
+	prefix, instances, err := cleanupPrefix(opts)
+	if err != nil {
+		return err
 	}
 	found := false
 	var errs []error

@@ -83,3 +83,77 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 		t.Errorf("after cleaning up team-a:\n%s", left)
 	}
 }
+
+// TestCleanupAllInNamespace runs `shardproxy cleanup --all` (what deploy/cleanup runs on
+// every node at an uninstall) for real in a node namespace: every table carrying
+// shardproxy's ownership marker under the prefix goes, in both families; a table named
+// like ours without the marker, other components' tables (upstream's kube-proxy, an
+// iptables-nft table, an inet table under our prefix) and another prefix's stay, rule for
+// rule; a second run finds nothing and succeeds.
+func TestCleanupAllInNamespace(t *testing.T) {
+	testutil.RequireTools(t, "nft")
+	tp := netns.New(t)
+	if err := tp.NFT(tp.Node, strings.Join([]string{
+		`add table ip shardproxy-team-a { comment "shardproxy instance team-a" ; }`,
+		"add chain ip shardproxy-team-a nat-prerouting { type nat hook prerouting priority -67 ; }",
+		`add table ip6 shardproxy-team-a { comment "shardproxy instance team-a" ; }`,
+		`add table ip shardproxy-removed { comment "shardproxy instance removed" ; }`,
+		"add table ip shardproxy-ghost", // our name, no marker: someone else's
+		`add table ip sp2-x { comment "shardproxy instance x" ; }`,
+		`add table inet shardproxy-team-a { comment "shardproxy instance team-a" ; }`, // not a family we write
+		"add table ip kube-proxy",
+		"add chain ip kube-proxy services { type nat hook prerouting priority -100 ; }",
+		"add rule ip kube-proxy services ip daddr 10.96.0.10 tcp dport 53 dnat to 10.244.0.5",
+		"add table ip filter", // iptables-nft's
+		"add chain ip filter INPUT { type filter hook input priority 0 ; }",
+		"add rule ip filter INPUT counter accept",
+	}, "\n")+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	ruleset := func() string {
+		out, err := tp.Exec(tp.Node, "nft", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	table := func(fam, name string) string {
+		out, _ := tp.Exec(tp.Node, "nft", "list", "table", fam, name)
+		return out
+	}
+	kept := map[string]string{}
+	for _, ft := range [][2]string{{"ip", "shardproxy-ghost"}, {"ip", "sp2-x"}, {"inet", "shardproxy-team-a"}, {"ip", "kube-proxy"}, {"ip", "filter"}} {
+		kept[ft[0]+" "+ft[1]] = table(ft[0], ft[1])
+	}
+
+	out, errOut, code := runCLIIn(t, tp, tp.Node, "cleanup", "--all")
+	if code != 0 {
+		t.Fatalf("cleanup --all: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for _, want := range []string{"deleted table ip shardproxy-team-a", "deleted table ip6 shardproxy-team-a", "deleted table ip shardproxy-removed",
+		`left table ip shardproxy-ghost: not shardproxy's`, "3 shardproxy tables deleted (prefix shardproxy)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	left := ruleset()
+	for _, gone := range []string{"table ip shardproxy-team-a", "table ip6 shardproxy-team-a", "table ip shardproxy-removed"} {
+		if strings.Contains(left, gone+" ") {
+			t.Errorf("%s is still there", gone)
+		}
+	}
+	for name, before := range kept {
+		fam, tbl, _ := strings.Cut(name, " ")
+		if after := table(fam, tbl); after == "" || after != before {
+			t.Errorf("table %s changed:\nbefore:\n%s\nafter:\n%s", name, before, after)
+		}
+	}
+
+	out, errOut, code = runCLIIn(t, tp, tp.Node, "cleanup", "--all")
+	if code != 0 || !strings.Contains(out, "0 shardproxy tables deleted") {
+		t.Errorf("second cleanup --all: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if after := ruleset(); after != left {
+		t.Errorf("the second run changed the ruleset:\nbefore:\n%s\nafter:\n%s", left, after)
+	}
+}
