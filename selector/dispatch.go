@@ -59,6 +59,11 @@ type Dispatcher struct {
 
 	mu     sync.Mutex
 	owners map[types.NamespacedName]ownership
+	// joining holds, per Service being handed to instances that did not have it, the
+	// EndpointSlice events that arrived while those instances were given the Service's
+	// current slices. They are applied after that snapshot, in order: applied before, an
+	// older snapshot would overwrite them (a deleted slice would stay programmed).
+	joining map[types.NamespacedName]map[string][]sliceEvent
 	// shadows are the Services programmed in shadow, for the node status.
 	shadows map[types.NamespacedName]*shadowState
 }
@@ -83,6 +88,7 @@ func NewDispatcher(router *Router, sinks map[string]Sink, slices SliceLister, ev
 		HandoverTimeout: 30 * time.Second,
 		addresses:       newAddressBook(),
 		owners:          map[types.NamespacedName]ownership{},
+		joining:         map[types.NamespacedName]map[string][]sliceEvent{},
 		shadows:         map[types.NamespacedName]*shadowState{},
 	}
 }
@@ -174,6 +180,11 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	} else {
 		d.owners[name] = ownership{owner: dec.Instance, all: want}
 	}
+	for _, inst := range want {
+		if !slices.Contains(old.all, inst) {
+			d.queueSlices(name, inst)
+		}
+	}
 	var shadow *shadowState
 	if dec.Shadow != "" {
 		if shadow = d.shadows[name]; shadow == nil || shadow.instance != dec.Shadow {
@@ -203,6 +214,7 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 			for _, sl := range d.slices(svc.Namespace, svc.Name) {
 				sink.UpdateEndpointSlice(sl)
 			}
+			d.joined(name, inst)
 		}
 		programmed := sink.UpdateService(guarded)
 		if isNew {
@@ -285,24 +297,71 @@ func (d *Dispatcher) ServiceDeleted(svc *corev1.Service) {
 // SliceChanged handles an added or updated EndpointSlice: it goes to the owners of its
 // Service, if any.
 func (d *Dispatcher) SliceChanged(slice *discoveryv1.EndpointSlice) {
-	for _, owner := range d.sliceOwners(slice) {
-		d.sinks[owner].UpdateEndpointSlice(slice)
-	}
+	d.dispatchSlice(sliceEvent{slice: slice})
 }
 
 // SliceDeleted handles a deleted EndpointSlice.
 func (d *Dispatcher) SliceDeleted(slice *discoveryv1.EndpointSlice) {
-	for _, owner := range d.sliceOwners(slice) {
-		d.sinks[owner].DeleteEndpointSlice(slice)
+	d.dispatchSlice(sliceEvent{slice: slice, deleted: true})
+}
+
+// sliceEvent is one EndpointSlice change, as the watch delivered it.
+type sliceEvent struct {
+	slice   *discoveryv1.EndpointSlice
+	deleted bool
+}
+
+func (ev sliceEvent) apply(sink Sink) {
+	if ev.deleted {
+		sink.DeleteEndpointSlice(ev.slice)
+	} else {
+		sink.UpdateEndpointSlice(ev.slice)
 	}
 }
 
-func (d *Dispatcher) sliceOwners(slice *discoveryv1.EndpointSlice) []string {
-	name, ok := ServiceOf(slice)
+// dispatchSlice gives a slice event to the owners of its Service, or queues it for an
+// owner that is being given the Service's slices (joining).
+func (d *Dispatcher) dispatchSlice(ev sliceEvent) {
+	name, ok := ServiceOf(ev.slice)
 	if !ok {
-		return nil
+		return
 	}
+	var now []string
+	d.mu.Lock()
+	queues := d.joining[name]
+	for _, inst := range d.owners[name].all {
+		if q, joining := queues[inst]; joining {
+			queues[inst] = append(q, ev)
+			continue
+		}
+		now = append(now, inst)
+	}
+	d.mu.Unlock()
+	for _, inst := range now {
+		ev.apply(d.sinks[inst])
+	}
+}
+
+// queueSlices starts holding back the slice events of a Service for an instance that is
+// about to be given its current slices. Called with mu held.
+func (d *Dispatcher) queueSlices(name types.NamespacedName, inst string) {
+	if d.joining[name] == nil {
+		d.joining[name] = map[string][]sliceEvent{}
+	}
+	d.joining[name][inst] = nil
+}
+
+// joined applies, once an instance has the Service's slice snapshot, the slice events
+// held back meanwhile, and lets later ones through. It holds mu while it applies them so
+// that no later event overtakes them (Sink calls do not block).
+func (d *Dispatcher) joined(name types.NamespacedName, inst string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.owners[name].all
+	for _, ev := range d.joining[name][inst] {
+		ev.apply(d.sinks[inst])
+	}
+	delete(d.joining[name], inst)
+	if len(d.joining[name]) == 0 {
+		delete(d.joining, name)
+	}
 }

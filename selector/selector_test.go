@@ -2,6 +2,7 @@ package selector
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -496,5 +497,76 @@ func TestDispatchProgrammedIncludesEndpoints(t *testing.T) {
 	d.ServiceChanged(service("a1", "web", "team-b"))
 	if got := syncing["team-b"].atProgram[web]; got != 2 {
 		t.Errorf("the new owner was programmed with %d of its 2 EndpointSlices", got)
+	}
+}
+
+// sliceState is a Sink that keeps what an instance would hold of each EndpointSlice: its
+// resource version, by name.
+type sliceState struct {
+	mu     sync.Mutex
+	slices map[string]string
+}
+
+func (s *sliceState) UpdateService(*corev1.Service) <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+func (s *sliceState) DeleteService(types.NamespacedName) {}
+func (s *sliceState) UpdateEndpointSlice(sl *discoveryv1.EndpointSlice) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slices[sl.Name] = sl.ResourceVersion
+}
+func (s *sliceState) DeleteEndpointSlice(sl *discoveryv1.EndpointSlice) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.slices, sl.Name)
+}
+
+// TestDispatchHandoverSliceEventDuringSnapshot: a slice event that the watch delivers
+// while the dispatcher hands a relabeled Service's slice snapshot to the new owner (after
+// the snapshot was listed, before it was pushed) must win over the snapshot: a deleted
+// slice must not stay with the new owner, an update must not be overwritten by the older
+// version. The lister is the seam: it returns the snapshot, then plays the watch event,
+// as the informer's goroutine may at that moment.
+func TestDispatchHandoverSliceEventDuringSnapshot(t *testing.T) {
+	v := func(name, rv string) *discoveryv1.EndpointSlice {
+		sl := slice("a1", name, "web")
+		sl.ResourceVersion = rv
+		return sl
+	}
+	for _, tc := range []struct {
+		name  string
+		event func(d *Dispatcher)
+		want  map[string]string
+	}{
+		{"deleted", func(d *Dispatcher) { d.SliceDeleted(v("web-1", "1")) }, map[string]string{"web-2": "1"}},
+		{"updated", func(d *Dispatcher) { d.SliceChanged(v("web-1", "2")) }, map[string]string{"web-1": "2", "web-2": "1"}},
+		{"added", func(d *Dispatcher) { d.SliceChanged(v("web-3", "1")) }, map[string]string{"web-1": "1", "web-2": "1", "web-3": "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sinks := map[string]Sink{}
+			states := map[string]*sliceState{}
+			for _, n := range []string{"default", "team-a", "team-b"} {
+				states[n] = &sliceState{slices: map[string]string{}}
+				sinks[n] = states[n]
+			}
+			var d *Dispatcher
+			relabeled := false
+			d = NewDispatcher(testRouter(t), sinks, func(ns, svc string) []*discoveryv1.EndpointSlice {
+				snapshot := []*discoveryv1.EndpointSlice{v("web-1", "1"), v("web-2", "1")}
+				if relabeled {
+					tc.event(d)
+				}
+				return snapshot
+			}, Events{})
+			d.ServiceChanged(service("a1", "web", ""))
+			relabeled = true
+			d.ServiceChanged(service("a1", "web", "team-a"))
+			if got := states["team-a"].slices; !maps.Equal(got, tc.want) {
+				t.Errorf("the new owner holds %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
