@@ -322,7 +322,7 @@ func TestLivenessIsJudgedOnServerTime(t *testing.T) {
 			c := newCluster(t)
 			ctx := context.Background()
 			nodeNow := func() time.Time { return time.Now().Add(tc.nodeClock) }
-			pub := &Publisher{Client: c.client, Namespace: statusNS, Node: "node-1", Now: nodeNow}
+			pub := &Publisher{Client: c.client, Namespace: statusNS, Node: "node-1"}
 			st := NodeStatus{Node: "node-1", Heartbeat: nodeNow().UTC(),
 				Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}}}}
 			if err := pub.write(ctx, st); err != nil {

@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"path"
 	"slices"
@@ -30,9 +31,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 )
 
 // Labels and keys of the node status ConfigMaps.
@@ -105,42 +108,68 @@ type Publisher struct {
 	Source func() NodeStatus
 	// Interval is how often Source is polled; default 500ms.
 	Interval time.Duration
-	// Now is the clock; default time.Now.
-	Now func() time.Time
+	// Backoff spaces the retries of a failed write; default PublishBackoff(Interval). A
+	// successful write starts it over.
+	Backoff *wait.Backoff
+	// Clock is the clock; default the real one.
+	Clock clock.Clock
+}
+
+// PublishBackoff spaces a node's retries of a failed status write: from first, doubling,
+// with jitter so that the nodes of a cluster do not retry in step when the API server
+// comes back, up to 10 s (a node keeps retrying well within a reader's StaleAfter).
+func PublishBackoff(first time.Duration) wait.Backoff {
+	return wait.Backoff{Duration: first, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 10 * time.Second}
 }
 
 // Run publishes until ctx ends: at once, on every change, and every HeartbeatInterval.
-// Failures are logged and retried; they never stop the supervisor.
+// Failures are logged and retried with an exponential backoff; they never stop the
+// supervisor.
 func (p *Publisher) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("node-status")
-	if p.Interval == 0 {
-		p.Interval = 500 * time.Millisecond
-	}
-	if p.Now == nil {
-		p.Now = time.Now
-	}
+	p.defaults()
 	var last NodeStatus
 	var lastWrite time.Time
 	published := false
-	tick := time.NewTicker(p.Interval)
-	defer tick.Stop()
+	backoff := p.newBackoff()
 	for {
+		delay := p.Interval
 		cur := p.Source()
 		cur.Node = p.Node
-		if !published || !sameContent(cur, last) || p.Now().Sub(lastWrite) >= HeartbeatInterval {
-			cur.Heartbeat = p.Now().UTC().Truncate(time.Millisecond)
+		if !published || !sameContent(cur, last) || p.Clock.Since(lastWrite) >= HeartbeatInterval {
+			cur.Heartbeat = p.Clock.Now().UTC().Truncate(time.Millisecond)
 			if err := p.write(ctx, cur); err != nil {
-				logger.Error(err, "Writing the node status failed; will retry", "namespace", p.Namespace, "name", ConfigMapName(p.Node))
+				delay = backoff.Step()
+				logger.Error(err, "Writing the node status failed; will retry", "namespace", p.Namespace,
+					"name", ConfigMapName(p.Node), "retryIn", delay)
 			} else {
-				last, lastWrite, published = cur, p.Now(), true
+				last, lastWrite, published = cur, p.Clock.Now(), true
+				backoff = p.newBackoff()
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-p.Clock.After(delay):
 		}
 	}
+}
+
+func (p *Publisher) defaults() {
+	if p.Interval == 0 {
+		p.Interval = 500 * time.Millisecond
+	}
+	if p.Clock == nil {
+		p.Clock = clock.RealClock{}
+	}
+}
+
+// newBackoff returns a fresh copy of the retry backoff (wait.Backoff counts in place).
+func (p *Publisher) newBackoff() wait.Backoff {
+	if p.Backoff != nil {
+		return *p.Backoff
+	}
+	return PublishBackoff(p.Interval)
 }
 
 func (p *Publisher) write(ctx context.Context, st NodeStatus) error {
