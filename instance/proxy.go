@@ -126,8 +126,8 @@ type Proxy struct {
 	// on the node and must never wait for a sync.
 	mu      sync.Mutex
 	tracker *Tracker
-	// waiting are the channels to close once the given Service is programmed.
-	waiting map[types.NamespacedName][]chan struct{}
+	// waiting holds, per Service, the channel to close once it is programmed.
+	waiting map[types.NamespacedName]*waiter
 	// wantTables are the table settings Reconfigure asked for; reconfigured says the
 	// syncers do not have them yet. reconfigMu serializes Reconfigure calls.
 	reconfigMu   sync.Mutex
@@ -174,7 +174,7 @@ func New(opts Options) (*Proxy, error) {
 		logger:     klog.Background().WithValues("instance", opts.Name),
 		syncers:    map[tables.Family]*tables.Syncer{},
 		tracker:    NewTracker(opts.Node),
-		waiting:    map[types.NamespacedName][]chan struct{}{},
+		waiting:    map[types.NamespacedName]*waiter{},
 		wantTables: opts.Tables,
 		trigger:    make(chan struct{}, 1),
 		cfg:        opts.Tables,
@@ -222,16 +222,32 @@ func (p *Proxy) queue() {
 	}
 }
 
-// UpdateService adds or updates a Service; the channel closes once it is programmed.
+// waiter is the channel UpdateService hands out for one Service. There is one per
+// Service at a time, shared by every update until a sync programs them, so that waiters
+// cannot pile up while the instance cannot sync, however often the Service changes.
+type waiter struct {
+	ch chan struct{}
+	// taken: a sync in flight took the Service's changes. renewed: the Service was
+	// updated since, so that sync does not program the latest version and must not
+	// close the channel; the next one does.
+	taken, renewed bool
+}
+
+// UpdateService adds or updates a Service; the channel closes once it is programmed
+// (this version or a later one).
 func (p *Proxy) UpdateService(svc *corev1.Service) <-chan struct{} {
-	ch := make(chan struct{})
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	p.mu.Lock()
 	p.tracker.UpdateService(svc)
-	p.waiting[name] = append(p.waiting[name], ch)
+	w := p.waiting[name]
+	if w == nil {
+		w = &waiter{ch: make(chan struct{})}
+		p.waiting[name] = w
+	}
+	w.renewed = w.taken
 	p.mu.Unlock()
 	p.queue()
-	return ch
+	return w.ch
 }
 
 // DeleteService removes a Service and its EndpointSlices (selector.Sink: the slices'
@@ -383,6 +399,7 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 		// answers them.
 		if !answered {
 			p.putWaitersBack(plan.waiting)
+			p.keepOldestTriggers()
 		}
 	}()
 	if plan.reconfig != nil {
@@ -404,11 +421,7 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	p.appliedMu.Unlock()
 	slices.SortFunc(res.Changed, func(a, b ChangedService) int { return compareNames(a.Name, b.Name) })
 	p.summarize(res)
-	for _, chs := range plan.waiting {
-		for _, ch := range chs {
-			close(ch)
-		}
-	}
+	p.answerWaiters(plan.waiting)
 	p.finishSync(start, res)
 	return res, nil
 }
@@ -426,8 +439,8 @@ type syncPlan struct {
 	changed map[types.NamespacedName]*ServiceModel
 	// all are the models of every Service the instance owns; set only when full.
 	all map[types.NamespacedName]*ServiceModel
-	// waiting are the channels to close once this sync succeeds.
-	waiting map[types.NamespacedName][]chan struct{}
+	// waiting are the waiters this sync answers if it succeeds.
+	waiting map[types.NamespacedName]*waiter
 }
 
 // takeChanges takes the tracker's changes and a snapshot of what their models are
@@ -452,9 +465,12 @@ func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
 	} else {
 		plan.snap = p.tracker.Snapshot(plan.dirty)
 	}
-	// Channels to close after this sync: only those registered before it started.
-	plan.waiting = p.waiting
-	p.waiting = map[types.NamespacedName][]chan struct{}{}
+	// Waiters this sync answers: those registered before it started.
+	plan.waiting = make(map[types.NamespacedName]*waiter, len(p.waiting))
+	for n, w := range p.waiting {
+		w.taken, w.renewed = true, false
+		plan.waiting[n] = w
+	}
 	return plan
 }
 
@@ -587,14 +603,45 @@ func (p *Proxy) syncFamily(ctx context.Context, fam tables.Family, s *tables.Syn
 	return st, err
 }
 
-// putWaitersBack returns a failed sync's waiters to p.waiting, ahead of those registered
-// since: they are answered by the next successful sync.
-func (p *Proxy) putWaitersBack(waiting map[types.NamespacedName][]chan struct{}) {
+// putWaitersBack releases a failed sync's waiters: they stay registered, for the next
+// successful sync to answer.
+func (p *Proxy) putWaitersBack(waiting map[types.NamespacedName]*waiter) {
 	p.mu.Lock()
-	for n, chs := range waiting {
-		p.waiting[n] = append(chs, p.waiting[n]...)
+	defer p.mu.Unlock()
+	for _, w := range waiting {
+		w.taken = false
 	}
-	p.mu.Unlock()
+}
+
+// keepOldestTriggers keeps, after a failed sync, only the oldest endpoint change of
+// each family for the next successful sync to report: its latency is the longest, and
+// the changes of every failed attempt do not pile up while the instance cannot sync.
+// (Upstream drops them all on a failure.)
+func (p *Proxy) keepOldestTriggers() {
+	oldest := map[tables.Family]Trigger{}
+	for _, t := range p.triggers {
+		if o, ok := oldest[t.Family]; !ok || t.At.Before(o.At) {
+			oldest[t.Family] = t
+		}
+	}
+	p.triggers = slices.Collect(maps.Values(oldest))
+}
+
+// answerWaiters closes, after a successful sync, the channels of the Services it
+// programmed, except those updated again while it ran: they stay for the next sync.
+func (p *Proxy) answerWaiters(waiting map[types.NamespacedName]*waiter) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n, w := range waiting {
+		w.taken = false
+		if w.renewed {
+			continue
+		}
+		close(w.ch)
+		if p.waiting[n] == w {
+			delete(p.waiting, n)
+		}
+	}
 }
 
 // recordFull records a full sync: res.Changed gets every Service whose model differs
