@@ -73,12 +73,29 @@ type Dispatcher struct {
 type ownership struct {
 	owner string
 	all   []string
+	// synced tracks whether owner has programmed the Service since it became the owner.
+	synced *shadowState
 }
 
-// shadowState tracks one Service in shadow on one instance.
+// shadowState tracks whether one instance has programmed one Service (in shadow, or as
+// its owner) since it took it.
 type shadowState struct {
 	instance   string
 	programmed bool
+	// watched: a goroutine waits for the first sync that programs it. One is enough (any
+	// later version is programmed by the same sync or a later one), and one per update
+	// would pile up while the instance cannot sync.
+	watched bool
+}
+
+// watch tells whether the caller is to start the goroutine that waits for the state's
+// first programming. Called with the Dispatcher's mu held.
+func (st *shadowState) watch() bool {
+	if st.watched {
+		return false
+	}
+	st.watched = true
+	return true
 }
 
 // NewDispatcher returns a Dispatcher over one sink per instance of the router.
@@ -178,19 +195,27 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	if len(want) == 0 {
 		delete(d.owners, name)
 	} else {
-		d.owners[name] = ownership{owner: dec.Instance, all: want}
+		synced := old.synced
+		if dec.Instance == "" || dec.Instance != old.owner || synced == nil {
+			synced = &shadowState{instance: dec.Instance}
+		}
+		d.owners[name] = ownership{owner: dec.Instance, all: want, synced: synced}
 	}
+	ownerSynced := d.owners[name].synced
+	watchOwner := ownerSynced != nil && ownerSynced.watch()
 	for _, inst := range want {
 		if !slices.Contains(old.all, inst) {
 			d.queueSlices(name, inst)
 		}
 	}
 	var shadow *shadowState
+	watchShadow := false
 	if dec.Shadow != "" {
 		if shadow = d.shadows[name]; shadow == nil || shadow.instance != dec.Shadow {
 			shadow = &shadowState{instance: dec.Shadow}
 			d.shadows[name] = shadow
 		}
+		watchShadow = shadow.watch()
 	} else {
 		delete(d.shadows, name)
 	}
@@ -220,8 +245,11 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 		if isNew {
 			added = append(added, programmed)
 		}
-		if inst == dec.Shadow {
+		if inst == dec.Shadow && watchShadow {
 			go d.shadowProgrammed(name, shadow, programmed)
+		}
+		if inst == dec.Instance && watchOwner {
+			go d.ownerProgrammed(ownerSynced, programmed)
 		}
 	}
 	if old.owner != dec.Instance && d.events.Handover != nil {
@@ -254,6 +282,24 @@ func (d *Dispatcher) shadowProgrammed(name types.NamespacedName, st *shadowState
 	if d.shadows[name] == st {
 		st.programmed = true
 	}
+}
+
+// ownerProgrammed marks an owner's programming of a Service once its instance synced it.
+func (d *Dispatcher) ownerProgrammed(st *shadowState, programmed <-chan struct{}) {
+	<-programmed
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st.programmed = true
+}
+
+// OwnerProgrammed returns the instance that owns a Service by its label ("" if none
+// local) and whether it has programmed the Service since it became the owner: the
+// evidence a rollback to another local proxy waits on before the shadow goes.
+func (d *Dispatcher) OwnerProgrammed(name types.NamespacedName) (owner string, programmed bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	own := d.owners[name]
+	return own.owner, own.owner != "" && own.synced != nil && own.synced.programmed
 }
 
 // release tells the old owners to drop a Service once every new owner has it, unless the

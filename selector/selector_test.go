@@ -3,6 +3,7 @@ package selector
 import (
 	"fmt"
 	"maps"
+	"runtime"
 	"net/netip"
 	"slices"
 	"strings"
@@ -175,7 +176,8 @@ type recorder struct {
 	name     string
 	log      *[]string
 	logMu    *sync.Mutex
-	programs map[types.NamespacedName]chan struct{}
+	// programs are the channels handed out per Service not yet programmed.
+	programs map[types.NamespacedName][]chan struct{}
 	auto     bool
 }
 
@@ -193,15 +195,21 @@ func (r *recorder) UpdateService(svc *corev1.Service) <-chan struct{} {
 		return ch
 	}
 	r.mu.Lock()
-	r.programs[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}] = ch
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	r.programs[name] = append(r.programs[name], ch)
 	r.mu.Unlock()
 	return ch
 }
 
+// program "syncs" a Service: as an instance's sync, it programs every version handed
+// over before it.
 func (r *recorder) program(name types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	close(r.programs[name])
+	for _, ch := range r.programs[name] {
+		close(ch)
+	}
+	delete(r.programs, name)
 }
 
 func (r *recorder) DeleteService(name types.NamespacedName) { r.add("delete service " + name.String()) }
@@ -225,7 +233,7 @@ func newDispatchFixture(t *testing.T, auto bool) *dispatchFixture {
 	f := &dispatchFixture{sinks: map[string]*recorder{}, slices: map[string][]*discoveryv1.EndpointSlice{}}
 	sinks := map[string]Sink{}
 	for _, n := range []string{"default", "team-a", "team-b"} {
-		rec := &recorder{name: n, log: &f.log, logMu: &f.logMu, programs: map[types.NamespacedName]chan struct{}{}, auto: auto}
+		rec := &recorder{name: n, log: &f.log, logMu: &f.logMu, programs: map[types.NamespacedName][]chan struct{}{}, auto: auto}
 		f.sinks[n] = rec
 		sinks[n] = rec
 	}
@@ -480,7 +488,7 @@ func TestDispatchProgrammedIncludesEndpoints(t *testing.T) {
 	sinks := map[string]Sink{}
 	syncing := map[string]*syncingSink{}
 	for _, n := range []string{"default", "team-a", "team-b"} {
-		s := &syncingSink{recorder: recorder{name: n, log: &log, logMu: &logMu, programs: map[types.NamespacedName]chan struct{}{}},
+		s := &syncingSink{recorder: recorder{name: n, log: &log, logMu: &logMu, programs: map[types.NamespacedName][]chan struct{}{}},
 			slicesOf: map[types.NamespacedName]int{}, atProgram: map[types.NamespacedName]int{}}
 		sinks[n], syncing[n] = s, s
 	}
@@ -569,4 +577,30 @@ func TestDispatchHandoverSliceEventDuringSnapshot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDispatchGoroutinesBoundedWhileInstancesCannotSync: while the instances never
+// program anything (they cannot sync), every update of a Service in shadow and with a
+// new owner must not leave one more goroutine waiting for its programming: one per
+// Service and role is enough.
+func TestDispatchGoroutinesBoundedWhileInstancesCannotSync(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	before := runtime.NumGoroutine()
+	for i := range 500 {
+		svc := shadowed(service("a1", "web", "team-b"), "team-a")
+		svc.ResourceVersion = fmt.Sprint(i + 1)
+		f.d.ServiceChanged(svc)
+	}
+	if grew := runtime.NumGoroutine() - before; grew > 5 {
+		t.Errorf("500 updates of one Service left %d more goroutines", grew)
+	}
+	owner, programmed := f.d.OwnerProgrammed(types.NamespacedName{Namespace: "a1", Name: "web"})
+	if owner != "team-b" || programmed {
+		t.Errorf("OwnerProgrammed = %q, %v before any sync", owner, programmed)
+	}
+	f.sinks["team-b"].program(types.NamespacedName{Namespace: "a1", Name: "web"})
+	testutil.Eventually(t, 5*time.Second, "the owner to be programmed", func() bool {
+		_, programmed := f.d.OwnerProgrammed(types.NamespacedName{Namespace: "a1", Name: "web"})
+		return programmed
+	})
 }
