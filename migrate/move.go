@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -48,10 +49,13 @@ type Mover struct {
 	// APIServerClock. Default: LocalClock(Now), right only for an API server on this
 	// machine's clock (a fake clientset).
 	Clock ServerClock
-	// LegacyGrace is how long a rollback keeps the shadow after handing Services back, so
-	// the legacy proxy (which reports nothing) has programmed them; default 10s. It counts
-	// from the hand-back, which comes only after every node confirmed the shadow.
-	LegacyGrace time.Duration
+	// LegacyTimeout bounds how long a rollback waits, after handing Services back, for
+	// every live node to confirm that their new proxy programmed them (HandedBack in its
+	// status: kube-proxy's rules for them are in the node's kernel, or a local instance
+	// owns and programmed them); the shadow serves them until then. Default 5m (upstream
+	// kube-proxy's first sync of 10,000 Services takes ~30 s here). Past it the shadow
+	// stays on the Services that were not confirmed, and the rollback fails.
+	LegacyTimeout time.Duration
 	// Poll is how often node statuses are read; default 250ms.
 	Poll time.Duration
 	// Now is the local clock, for deadlines and durations; default time.Now.
@@ -68,8 +72,8 @@ func (m *Mover) defaults() {
 	if m.StaleAfter == 0 {
 		m.StaleAfter = 3 * HeartbeatInterval
 	}
-	if m.LegacyGrace == 0 {
-		m.LegacyGrace = 10 * time.Second
+	if m.LegacyTimeout == 0 {
+		m.LegacyTimeout = 5 * time.Minute
 	}
 	if m.Poll == 0 {
 		m.Poll = 250 * time.Millisecond
@@ -150,6 +154,11 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 		}
 		todo = append(todo, types.NamespacedName{Namespace: s.Namespace, Name: s.Name})
 	}
+	if len(todo) > 0 {
+		if err := m.reportNodes(ctx, to); err != nil {
+			return rep, err
+		}
+	}
 	for i := 0; i < len(todo); i += m.BatchSize {
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
@@ -163,7 +172,7 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 				return rep, err
 			}
 		}
-		nodes, err := m.waitProgrammed(ctx, batch, to, before)
+		nodes, err := m.waitConfirmed(ctx, batch, to, before, m.shadowConfirmation())
 		if err != nil {
 			for _, n := range batch {
 				_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
@@ -196,7 +205,9 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 //     back is never less safe than keeping the Services, whose rules stay either way.
 //  2. One patch moves the label (removes it, or sets to); the shadow stays, so the
 //     instance keeps serving while the legacy proxy programs them (its rules run first).
-//  3. After LegacyGrace the shadow goes.
+//  3. Once every live node running from reports the batch handed back (the new proxy
+//     programmed it there, InstanceStatus.HandedBack), the shadow goes; past
+//     LegacyTimeout it stays and Rollback fails (see handBack).
 func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (Report, error) {
 	m.defaults()
 	var rep Report
@@ -220,6 +231,13 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 	if to != "" {
 		dest = to
 	}
+	if len(todo) > 0 {
+		if err := m.reportNodes(ctx, from); err != nil && ctx.Err() != nil {
+			return rep, err
+		} else if err != nil {
+			fmt.Fprintf(m.Out, "warning: %v\n", err)
+		}
+	}
 	for i := 0; i < len(todo); i += m.BatchSize {
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
@@ -232,7 +250,7 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 				return rep, ctx.Err()
 			}
 			fmt.Fprintf(m.Out, "batch %d: warning: %v; handing back without confirming %s stepped back\n", rep.Batches, err, from)
-		case len(m.liveNodes(before, from, serverNow)) == 0:
+		case len(m.liveNodes(before, from, serverNow)) == 0 && !m.anyBlocking(ctx, before, from, serverNow):
 			fmt.Fprintf(m.Out, "batch %d: warning: no live node reports an instance serving %q; handing back without confirming it stepped back\n",
 				rep.Batches, from)
 		default:
@@ -241,7 +259,7 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 					return rep, err
 				}
 			}
-			nodes, err := m.waitProgrammed(ctx, batch, from, before)
+			nodes, err := m.waitConfirmed(ctx, batch, from, before, m.shadowConfirmation())
 			switch {
 			case err == nil:
 				stepped = fmt.Sprintf("%s stepped back to a shadow on %d node(s) (%s) after %v; ",
@@ -259,32 +277,84 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 					rep.Batches, err)
 			}
 		}
-		for _, n := range batch {
-			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label},
-				map[string]*string{selector.AnnotationShadow: &from}); err != nil {
-				return rep, err
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return rep, ctx.Err()
-		case <-time.After(m.LegacyGrace):
-		}
-		for _, n := range batch {
-			if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
-				return rep, err
-			}
+		handed, err := m.handBack(ctx, batch, from, label)
+		if err != nil {
+			return rep, fmt.Errorf("batch %d: %s%w", rep.Batches, stepped, err)
 		}
 		rep.Moved += len(batch)
-		fmt.Fprintf(m.Out, "batch %d: %s%d Services handed back to %s; %s kept them in shadow for %v\n",
-			rep.Batches, stepped, len(batch), dest, from, m.LegacyGrace)
+		fmt.Fprintf(m.Out, "batch %d: %s%d Services handed back to %s; %s\n", rep.Batches, stepped, len(batch), dest, handed)
 	}
 	return rep, nil
+}
+
+// handBack moves a batch's label (to label, or removes it) while the shadow of from
+// keeps serving it, waits until every live node running from confirms that the proxy
+// the label now names has programmed the batch, and only then removes the shadow. When
+// a node does not confirm within LegacyTimeout the shadow stays (it goes on serving, so
+// no node is left without rules) and the error says so. It returns what it waited for.
+func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from string, label *string) (string, error) {
+	start := m.Now()
+	before, _, err := m.readStatuses(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range batch {
+		if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label},
+			map[string]*string{selector.AnnotationShadow: &from}); err != nil {
+			return "", err
+		}
+	}
+	nodes, err := m.waitConfirmed(ctx, batch, from, before, m.handedBackConfirmation())
+	var handed string
+	switch {
+	case errors.Is(err, errNoLiveNode):
+		handed = fmt.Sprintf("no live node runs %s to keep them in shadow", from)
+	case err != nil && ctx.Err() != nil:
+		return "", ctx.Err()
+	case err != nil:
+		return "", fmt.Errorf("%w; the batch keeps the annotation %s=%s, so %s goes on serving it: remove the annotation once the proxy runs there (kubectl annotate service -n NAMESPACE NAME %s-)",
+			err, selector.AnnotationShadow, from, from, selector.AnnotationShadow)
+	default:
+		handed = fmt.Sprintf("programmed by it on %d node(s) (%s) after %v, when %s let go", len(nodes), strings.Join(nodes, ", "),
+			m.Now().Sub(start).Round(time.Millisecond), from)
+	}
+	for _, n := range batch {
+		if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+			return "", err
+		}
+	}
+	return handed, nil
 }
 
 // errNotConfirmed: the nodes did not confirm a batch (within the Timeout, or none runs
 // an instance for the proxy name).
 var errNotConfirmed = errors.New("not programmed in shadow")
+
+// errNotHandedBack: the nodes did not confirm, within LegacyTimeout, that the proxy the
+// Services were handed back to has programmed them.
+var errNotHandedBack = errors.New("not programmed by the proxy they were handed back to")
+
+// errNoLiveNode: no live node runs an instance for the proxy name.
+var errNoLiveNode = errors.New("no live node runs an instance serving the proxy name")
+
+// confirmation is what a wait for the nodes looks for in their statuses.
+type confirmation struct {
+	// listed returns the Services an instance's status confirms.
+	listed func(InstanceStatus) []string
+	// failed wraps the error of a wait that timed out.
+	failed  error
+	timeout time.Duration
+}
+
+// shadowConfirmation: the instance programmed the Services in shadow.
+func (m *Mover) shadowConfirmation() confirmation {
+	return confirmation{listed: func(is InstanceStatus) []string { return is.Shadow }, failed: errNotConfirmed, timeout: m.Timeout}
+}
+
+// handedBackConfirmation: the proxy the Services were handed back to programmed them.
+func (m *Mover) handedBackConfirmation() confirmation {
+	return confirmation{listed: func(is InstanceStatus) []string { return is.HandedBack }, failed: errNotHandedBack, timeout: m.LegacyTimeout}
+}
 
 // readStatuses lists the node statuses and then asks the API server for its time, so
 // that every status was written no later than the time returned.
@@ -322,15 +392,16 @@ func (m *Mover) liveNodes(statuses []publishedStatus, proxyName string, serverNo
 	return nodes
 }
 
-// waitProgrammed waits until every live node running an instance for proxyName reports
-// every Service of the batch in shadow. It returns the nodes that confirmed.
+// waitConfirmed waits until every live node running an instance for proxyName confirms
+// every Service of the batch (c.listed), and no Ready node whose status went stale is
+// left. It returns the nodes that confirmed.
 //
 // before are the statuses read before the batch was annotated. A node whose status
 // already listed a Service then (a shadow of an earlier migration step the supervisor has
 // not reported gone yet) confirms it only in a status written since: otherwise a stale
 // entry could confirm a Service the instance is about to drop and program again.
-func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName, proxyName string, before []publishedStatus) ([]string, error) {
-	deadline := m.Now().Add(m.Timeout)
+func (m *Mover) waitConfirmed(ctx context.Context, batch []types.NamespacedName, proxyName string, before []publishedStatus, c confirmation) ([]string, error) {
+	deadline := m.Now().Add(c.timeout)
 	earlier := map[string]publishedStatus{}
 	for _, st := range before {
 		earlier[st.Node] = st
@@ -343,6 +414,15 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 		}
 		var nodes []string
 		missing = missing[:0]
+		blocking, err := m.silentNodes(ctx, statuses, proxyName, serverNow)
+		if err != nil {
+			return nil, err
+		}
+		for _, sn := range blocking {
+			if sn.blocks() {
+				missing = append(missing, sn.String())
+			}
+		}
 		for _, st := range statuses {
 			if !m.live(st, serverNow) {
 				continue
@@ -354,16 +434,16 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 			nodes = append(nodes, st.Node)
 			prev, seen := earlier[st.Node]
 			for _, n := range batch {
-				listed := slices.Contains(st.Instances[inst].Shadow, n.String())
-				stale := seen && prev.version == st.version && slices.Contains(prev.Instances[inst].Shadow, n.String())
+				listed := slices.Contains(c.listed(st.Instances[inst]), n.String())
+				stale := seen && prev.version == st.version && slices.Contains(c.listed(prev.Instances[inst]), n.String())
 				if !listed || stale {
 					missing = append(missing, st.Node+": "+n.String())
 				}
 			}
 		}
 		sort.Strings(nodes)
-		if len(nodes) == 0 {
-			return nil, fmt.Errorf("%w: no live node runs an instance serving proxy name %q (node statuses in %s)", errNotConfirmed, proxyName, m.StatusNamespace)
+		if len(nodes) == 0 && len(missing) == 0 {
+			return nil, fmt.Errorf("%w: %w %q (node statuses in %s)", c.failed, errNoLiveNode, proxyName, m.StatusNamespace)
 		}
 		if len(missing) == 0 {
 			return nodes, nil
@@ -372,7 +452,7 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 			if len(missing) > 10 {
 				missing = append(missing[:10], fmt.Sprintf("and %d more", len(missing)-10))
 			}
-			return nil, fmt.Errorf("%w within %v: %s", errNotConfirmed, m.Timeout, strings.Join(missing, ", "))
+			return nil, fmt.Errorf("%w within %v: %s", c.failed, c.timeout, strings.Join(missing, ", "))
 		}
 		select {
 		case <-ctx.Done():
@@ -380,6 +460,111 @@ func (m *Mover) waitProgrammed(ctx context.Context, batch []types.NamespacedName
 		case <-time.After(m.Poll):
 		}
 	}
+}
+
+// silentNode is a node that ran an instance for a proxy name (its status says so) but
+// has not written its status within StaleAfter.
+type silentNode struct {
+	name  string
+	since time.Duration
+	// state is the Node object's: "Ready", "NotReady", or "gone" when there is none.
+	state string
+}
+
+// blocks tells whether the node holds up a batch: a Ready node whose supervisor stopped
+// reporting may still be running the legacy rules that the label move would take away,
+// with nothing of shardproxy's to replace them. A node that is NotReady or gone serves
+// nothing either way.
+func (n silentNode) blocks() bool { return n.state == "Ready" }
+
+func (n silentNode) String() string {
+	return fmt.Sprintf("%s: no status for %v, Node %s", n.name, n.since.Round(time.Second), n.state)
+}
+
+// silentNodes returns the nodes whose status names an instance for proxyName but is
+// stale at serverNow, with their Node's readiness.
+func (m *Mover) silentNodes(ctx context.Context, statuses []publishedStatus, proxyName string, serverNow time.Time) ([]silentNode, error) {
+	var out []silentNode
+	for _, st := range statuses {
+		if _, ok := st.ServesProxyName(proxyName); !ok || m.live(st, serverNow) {
+			continue
+		}
+		sn := silentNode{name: st.Node, since: serverNow.Sub(st.written), state: "gone"}
+		node, err := m.Client.CoreV1().Nodes().Get(ctx, st.Node, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return nil, fmt.Errorf("reading Node %s, whose shardproxy status is stale: %w", st.Node, err)
+		default:
+			sn.state = "NotReady"
+			if nodeReady(node) {
+				sn.state = "Ready"
+			}
+		}
+		if st.written.IsZero() {
+			sn.since = m.StaleAfter
+		}
+		out = append(out, sn)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out, nil
+}
+
+// anyBlocking tells whether a silent node holds up a batch (an error reading Nodes counts
+// as yes: the wait then names it).
+func (m *Mover) anyBlocking(ctx context.Context, statuses []publishedStatus, proxyName string, serverNow time.Time) bool {
+	silent, err := m.silentNodes(ctx, statuses, proxyName, serverNow)
+	return err != nil || slices.ContainsFunc(silent, silentNode.blocks)
+}
+
+func nodeReady(node *corev1.Node) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// reportNodes prints, before a move or rollback, the nodes it does not wait for: those
+// whose status is stale while their Node is NotReady or gone (they serve nothing), and
+// the Nodes that never published a status (not running shardproxy, or never started).
+// A stale status of a Ready node is not among them: it holds up every batch.
+func (m *Mover) reportNodes(ctx context.Context, proxyName string) error {
+	statuses, serverNow, err := m.readStatuses(ctx)
+	if err != nil {
+		return err
+	}
+	silent, err := m.silentNodes(ctx, statuses, proxyName, serverNow)
+	if err != nil {
+		return err
+	}
+	for _, sn := range silent {
+		if !sn.blocks() {
+			fmt.Fprintf(m.Out, "not waiting for %s\n", sn)
+		}
+	}
+	nodes, err := m.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(m.Out, "warning: cannot list Nodes to name those without a shardproxy status: %v\n", err)
+		return nil
+	}
+	published := map[string]bool{}
+	for _, st := range statuses {
+		published[st.Node] = true
+	}
+	var never []string
+	for _, n := range nodes.Items {
+		if !published[n.Name] {
+			never = append(never, n.Name)
+		}
+	}
+	if len(never) > 0 {
+		sort.Strings(never)
+		fmt.Fprintf(m.Out, "not waiting for %d Node(s) without a shardproxy status in %s (not running it, or it never started): %s\n",
+			len(never), m.StatusNamespace, strings.Join(never, ", "))
+	}
+	return nil
 }
 
 // patch sets (or with nil, removes) labels and annotations with one merge patch.

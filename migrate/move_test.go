@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 const statusNS = "shardproxy-system"
@@ -91,6 +93,10 @@ type node struct {
 	mu      sync.Mutex
 	listed  map[string]time.Time
 	confirm func(svc string) bool // nil: confirm every shadow
+	// legacy says whether the node's kube-proxy has programmed an unlabeled Service (nil:
+	// at once); handedBack records when the status first listed each as handed back.
+	legacy     func(svc string) bool
+	handedBack map[string]time.Time
 }
 
 func startNode(t *testing.T, c *cluster, n *node) {
@@ -99,7 +105,7 @@ func startNode(t *testing.T, c *cluster, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.listed = map[string]time.Time{}
+	n.listed, n.handedBack = map[string]time.Time{}, map[string]time.Time{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -112,6 +118,9 @@ func startNode(t *testing.T, c *cluster, n *node) {
 					name := s.Namespace + "/" + s.Name
 					if router.Route(&s).Shadow == "team-a" && (n.confirm == nil || n.confirm(name)) {
 						is.Shadow = append(is.Shadow, name)
+						if _, labeled := s.Labels[selector.LabelServiceProxyName]; !labeled && (n.legacy == nil || n.legacy(name)) {
+							is.HandedBack = append(is.HandedBack, name)
+						}
 					}
 				}
 			}
@@ -121,10 +130,22 @@ func startNode(t *testing.T, c *cluster, n *node) {
 					n.listed[s] = time.Now()
 				}
 			}
+			for _, s := range is.HandedBack {
+				if _, ok := n.handedBack[s]; !ok {
+					n.handedBack[s] = time.Now()
+				}
+			}
 			n.mu.Unlock()
 			return NodeStatus{Instances: map[string]InstanceStatus{"team-a": is}}
 		}}
 	go func() { defer close(done); pub.Run(ctx) }()
+}
+
+func (n *node) firstHandedBack(svc string) (time.Time, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	at, ok := n.handedBack[svc]
+	return at, ok
 }
 
 func (n *node) firstListed(svc string) (time.Time, bool) {
@@ -168,7 +189,7 @@ func TestRollbackStepsBackBeforeHandingBack(t *testing.T) {
 	waitStatus(t, c, 2)
 	var out bytes.Buffer
 	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
-		Timeout: 5 * time.Second, LegacyGrace: 50 * time.Millisecond}
+		Timeout: 5 * time.Second, LegacyTimeout: 5 * time.Second}
 	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
 	if err != nil || rep.Moved != 2 || rep.Batches != 1 {
 		t.Fatalf("rollback: %+v %v\n%s", rep, err, out.String())
@@ -215,17 +236,19 @@ func TestRollbackStepsBackBeforeHandingBack(t *testing.T) {
 
 // TestRollbackHandsBackWithoutConfirmation: a node that never reports the shadow (an
 // older supervisor, a stuck one) delays the hand-back by Timeout, never blocks it: a
-// rollback must always be able to give Services back.
+// rollback must always be able to give Services back. Nor does it confirm that the legacy
+// proxy programmed them, so the shadow stays (it serves there until then; the legacy
+// rules run first once they exist) and the rollback fails saying so.
 func TestRollbackHandsBackWithoutConfirmation(t *testing.T) {
 	c := newCluster(t, svc("shop", "cart", "team-a"))
 	startNode(t, c, &node{name: "node-1", confirm: func(string) bool { return false }})
 	waitStatus(t, c, 1)
 	var out bytes.Buffer
 	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
-		Timeout: 100 * time.Millisecond, LegacyGrace: 10 * time.Millisecond}
+		Timeout: 100 * time.Millisecond, LegacyTimeout: 100 * time.Millisecond}
 	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
-	if err != nil || rep.Moved != 1 {
-		t.Fatalf("rollback: %+v %v\n%s", rep, err, out.String())
+	if err == nil || rep.Moved != 0 || !strings.Contains(err.Error(), "the batch keeps the annotation shardproxy.io/shadow=team-a") {
+		t.Fatalf("rollback: %+v %v, want an error keeping the shadow\n%s", rep, err, out.String())
 	}
 	if !strings.Contains(out.String(), "warning: not programmed in shadow within 100ms: node-1: shop/cart; handing back anyway") {
 		t.Errorf("no warning about the missing confirmation:\n%s", out.String())
@@ -234,8 +257,61 @@ func TestRollbackHandsBackWithoutConfirmation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, labeled := got.Labels[selector.LabelServiceProxyName]; labeled || got.Annotations[selector.AnnotationShadow] != "" {
-		t.Errorf("after the rollback: labels %v annotations %v", got.Labels, got.Annotations)
+	if _, labeled := got.Labels[selector.LabelServiceProxyName]; labeled || got.Annotations[selector.AnnotationShadow] != "team-a" {
+		t.Errorf("after the rollback: labels %v annotations %v, want no label and the shadow", got.Labels, got.Annotations)
+	}
+}
+
+// TestRollbackWaitsForLegacyProxy: the shadow goes only once every node reports that
+// the legacy proxy programmed the Services (however long it takes, up to LegacyTimeout),
+// not after a fixed grace: here node-2's kube-proxy is slow.
+func TestRollbackWaitsForLegacyProxy(t *testing.T) {
+	c := newCluster(t, svc("shop", "cart", "team-a"))
+	var slow atomic.Bool
+	slow.Store(true)
+	var reads atomic.Int32
+	c.client.PrependReactor("list", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		reads.Add(1)
+		return false, nil, nil
+	})
+	nodes := []*node{{name: "node-1"}, {name: "node-2", legacy: func(string) bool { return !slow.Load() }}}
+	for _, n := range nodes {
+		startNode(t, c, n)
+	}
+	waitStatus(t, c, 2)
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
+		Timeout: 5 * time.Second, LegacyTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
+		done <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, "node-1 to report the Service handed back", func() bool {
+		_, ok := nodes[0].firstHandedBack("shop/cart")
+		return ok
+	})
+	// The rollback reads the statuses ten more times; node-2's kube-proxy has still not
+	// programmed the Service, so the shadow stays.
+	seen := reads.Load()
+	testutil.Eventually(t, 5*time.Second, "ten more status reads", func() bool { return reads.Load() >= seen+10 })
+	if got, _ := c.client.CoreV1().Services("shop").Get(context.Background(), "cart", metav1.GetOptions{}); got.Annotations[selector.AnnotationShadow] != "team-a" {
+		t.Fatalf("the shadow went before node-2's legacy proxy programmed the Service: %v", got.Annotations)
+	}
+	slow.Store(false)
+	if err := <-done; err != nil {
+		t.Fatalf("rollback: %v\n%s", err, out.String())
+	}
+	at, ok := nodes[1].firstHandedBack("shop/cart")
+	var last patchRecord
+	for _, p := range c.patchLog() {
+		last = p
+	}
+	if !ok || !at.Before(last.at) || !strings.Contains(last.body, `"shardproxy.io/shadow":null`) {
+		t.Errorf("the shadow went at %v (%s), node-2 reported the hand-back at %v (%v)", last.at, last.body, at, ok)
+	}
+	if !strings.Contains(out.String(), "programmed by it on 2 node(s) (node-1, node-2)") {
+		t.Errorf("the output does not report the nodes' confirmation:\n%s", out.String())
 	}
 }
 
@@ -244,7 +320,7 @@ func TestRollbackHandsBackWithoutConfirmation(t *testing.T) {
 func TestRollbackWithoutNodeStatuses(t *testing.T) {
 	c := newCluster(t, svc("shop", "cart", "team-a"))
 	var out bytes.Buffer
-	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Timeout: time.Minute, LegacyGrace: 10 * time.Millisecond}
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Timeout: time.Minute, LegacyTimeout: 5 * time.Second}
 	start := time.Now()
 	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
 	if err != nil || rep.Moved != 1 {
@@ -418,6 +494,103 @@ func TestAPIServerClock(t *testing.T) {
 				}
 			case err != nil || !got.Equal(tc.want):
 				t.Errorf("ServerNow() = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// writeStaleStatus stores a status for node, running an instance for proxy name team-a,
+// that the API server last wrote ago. (The fake clientset stamps managedFields itself, so
+// the lists its readers make are rewritten.)
+func writeStaleStatus(t *testing.T, c *cluster, node string, ago time.Duration) {
+	t.Helper()
+	st := NodeStatus{Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}}}}
+	if err := (&Publisher{Client: c.client, Namespace: statusNS, Node: node}).write(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	c.client.PrependReactor("list", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj, err := c.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("configmaps"),
+			corev1.SchemeGroupVersion.WithKind("ConfigMap"), a.GetNamespace())
+		if err != nil {
+			return true, nil, err
+		}
+		list := obj.(*corev1.ConfigMapList).DeepCopy()
+		for i := range list.Items {
+			if list.Items[i].Name == ConfigMapName(node) {
+				for j := range list.Items[i].ManagedFields {
+					list.Items[i].ManagedFields[j].Time = &metav1.Time{Time: time.Now().Add(-ago)}
+				}
+			}
+		}
+		return true, list, nil
+	})
+}
+
+func nodeObject(name string, ready corev1.ConditionStatus) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready}}}}
+}
+
+// TestMoveWithSilentNodes: nodes a move cannot hear from are never skipped silently. A
+// Ready node whose status names the target but went stale (its supervisor is down, or
+// cannot write) blocks the batch: moving the label there would take the Service from the
+// legacy proxy with nothing to replace it. A stale node that is NotReady or gone, and a
+// Node that never published a status, are named in the output and not waited for.
+func TestMoveWithSilentNodes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		nodes   []*corev1.Node
+		stale   bool
+		wantErr string
+		wantOut string
+	}{
+		{name: "stale status of a Ready node blocks the move", stale: true,
+			nodes:   []*corev1.Node{nodeObject("node-1", corev1.ConditionTrue), nodeObject("node-2", corev1.ConditionTrue)},
+			wantErr: "node-2: no status for 10m0s, Node Ready"},
+		{name: "stale status of a NotReady node is named", stale: true,
+			nodes:   []*corev1.Node{nodeObject("node-1", corev1.ConditionTrue), nodeObject("node-2", corev1.ConditionFalse)},
+			wantOut: "not waiting for node-2: no status for 10m0s, Node NotReady"},
+		{name: "stale status of a deleted node is named", stale: true,
+			nodes:   []*corev1.Node{nodeObject("node-1", corev1.ConditionTrue)},
+			wantOut: "not waiting for node-2: no status for 10m0s, Node gone"},
+		{name: "a Node without a status is named",
+			nodes:   []*corev1.Node{nodeObject("node-1", corev1.ConditionTrue), nodeObject("node-3", corev1.ConditionTrue)},
+			wantOut: "not waiting for 1 Node(s) without a shardproxy status in shardproxy-system (not running it, or it never started): node-3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, svc("shop", "cart", ""))
+			ctx := context.Background()
+			for _, n := range tc.nodes {
+				if _, err := c.client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.stale {
+				writeStaleStatus(t, c, "node-2", 10*time.Minute)
+			}
+			startNode(t, c, &node{name: "node-1"})
+			waitStatus(t, c, map[bool]int{true: 2, false: 1}[tc.stale])
+			var out bytes.Buffer
+			m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond, Timeout: 300 * time.Millisecond}
+			rep, err := m.Move(ctx, Selection{Namespace: "shop"}, "team-a")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || rep.Moved != 0 {
+					t.Fatalf("move: %+v %v, want an error naming %q\n%s", rep, err, tc.wantErr, out.String())
+				}
+				got, err := c.client.CoreV1().Services("shop").Get(ctx, "cart", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got.Labels)+len(got.Annotations) != 0 {
+					t.Errorf("a blocked move left labels %v annotations %v", got.Labels, got.Annotations)
+				}
+				return
+			}
+			if err != nil || rep.Moved != 1 {
+				t.Fatalf("move: %+v %v\n%s", rep, err, out.String())
+			}
+			if !strings.Contains(out.String(), tc.wantOut) {
+				t.Errorf("output does not name the node (%q):\n%s", tc.wantOut, out.String())
 			}
 		})
 	}

@@ -73,6 +73,12 @@ type InstanceStatus struct {
 	ProxyNames []string `json:"proxyNames,omitempty"`
 	// Shadow lists "namespace/name" of the Services it has programmed in shadow.
 	Shadow []string `json:"shadow,omitempty"`
+	// HandedBack lists the Services of Shadow that the proxy their label names has
+	// programmed on this node: kube-proxy's rules for them are in the kernel (for a
+	// Service of a proxy no local instance serves, or unlabeled without a local default
+	// instance), or the local instance that owns them has programmed them. A rollback
+	// removes the shadow only once every node lists the Service here.
+	HandedBack []string `json:"handedBack,omitempty"`
 }
 
 // ServesProxyName returns the name of the instance serving proxyName, if any.

@@ -3,8 +3,8 @@ package selector
 import (
 	"fmt"
 	"maps"
-	"runtime"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -172,10 +172,10 @@ func TestGuardKeepsOnlyAddressesInsideTheTenantRanges(t *testing.T) {
 
 // recorder is a Sink that logs what it receives and "programs" on demand.
 type recorder struct {
-	mu       sync.Mutex
-	name     string
-	log      *[]string
-	logMu    *sync.Mutex
+	mu    sync.Mutex
+	name  string
+	log   *[]string
+	logMu *sync.Mutex
 	// programs are the channels handed out per Service not yet programmed.
 	programs map[types.NamespacedName][]chan struct{}
 	auto     bool

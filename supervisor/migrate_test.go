@@ -3,11 +3,15 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"maps"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/shardproxy/shardproxy/legacy"
 	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -25,7 +29,7 @@ func TestMigrateMoveAndRollback(t *testing.T) {
 
 	var out bytes.Buffer
 	m := &migrate.Mover{Client: f.client, StatusNamespace: "shardproxy-system", Out: &out, BatchSize: 1,
-		Timeout: 10 * time.Second, Poll: 20 * time.Millisecond, LegacyGrace: 50 * time.Millisecond}
+		Timeout: 10 * time.Second, Poll: 20 * time.Millisecond, LegacyTimeout: 10 * time.Second}
 	testutil.Eventually(t, waitTimeout, "the node status to be published", func() bool {
 		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
 		return err == nil && len(st) == 1 && st[0].Node == "node-1" && len(st[0].Instances) == 3
@@ -97,4 +101,56 @@ func TestMigrateMoveTimesOutWithoutTarget(t *testing.T) {
 	if svc.Labels[selector.LabelServiceProxyName] != "legacy" || svc.Annotations[selector.AnnotationShadow] != "" {
 		t.Errorf("a failed move left labels %v annotations %v", svc.Labels, svc.Annotations)
 	}
+}
+
+// TestNodeStatusReportsHandedBack: the node status lists a Service in shadow as handed
+// back once the proxy its label names has programmed it on this node: a legacy
+// kube-proxy (its rules, sending the cluster IP to endpoints, since the Service has a
+// ready one: its "no endpoints" reject alone is kube-proxy before the EndpointSlices
+// reach it), or the local instance that owns it.
+func TestNodeStatusReportsHandedBack(t *testing.T) {
+	var mu sync.Mutex
+	rules := map[string]legacy.ServiceRules{}
+	setRules := func(svc string, r legacy.ServiceRules) {
+		mu.Lock()
+		defer mu.Unlock()
+		rules[svc] = r
+	}
+	f := startSupervisorWith(t, fixtureOptions{legacyRules: func(context.Context) (map[string]legacy.ServiceRules, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(rules), nil
+	}})
+	ctx := context.Background()
+	f.createService("shop", "cart", "legacy", "10.96.0.50")
+	f.createService("shop", "web", "", "10.96.0.51")
+	for _, name := range []string{"cart", "web"} {
+		svc, err := f.client.CoreV1().Services("shop").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.Annotations = map[string]string{selector.AnnotationShadow: "team-a"}
+		if _, err := f.client.CoreV1().Services("shop").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func() migrate.InstanceStatus {
+		st, err := migrate.ReadStatuses(ctx, f.client, "shardproxy-system")
+		if err != nil || len(st) != 1 {
+			return migrate.InstanceStatus{}
+		}
+		return st[0].Instances["team-a"]
+	}
+	testutil.Eventually(t, waitTimeout, "both shadows, web handed back to its local owner (default)", func() bool {
+		is := status()
+		return slices.Equal(is.Shadow, []string{"shop/cart", "shop/web"}) && slices.Equal(is.HandedBack, []string{"shop/web"})
+	})
+	setRules("shop/cart", legacy.ServiceRules{NoEndpoints: true})
+	if is := f.sup.nodeStatus(f.sup.dispatcher).Instances["team-a"]; slices.Contains(is.HandedBack, "shop/cart") {
+		t.Fatalf("a legacy reject counted as programmed although the Service has a ready endpoint: %+v", is)
+	}
+	setRules("shop/cart", legacy.ServiceRules{Endpoints: true})
+	testutil.Eventually(t, waitTimeout, "cart handed back to the legacy proxy", func() bool {
+		return slices.Equal(status().HandedBack, []string{"shop/cart", "shop/web"})
+	})
 }

@@ -69,6 +69,9 @@ type Deps struct {
 	// find the tables of instances removed from the configuration; default: netlink
 	// (tables.ListTables).
 	ListTables func(ctx context.Context, fam tables.Family) ([]tables.ListedTable, error)
+	// LegacyRules reads which Services a legacy kube-proxy programmed on the node, for
+	// the node status during a rollback; default: its iptables rules (iptables-save).
+	LegacyRules LegacyRules
 }
 
 // Supervisor runs one node's instances.
@@ -139,6 +142,9 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	if deps.Recorder == nil {
 		deps.Recorder = newEventRecorder(deps.Client, cfg.NodeName)
+	}
+	if deps.LegacyRules == nil {
+		deps.LegacyRules = hostLegacyRules
 	}
 	s := &Supervisor{
 		cfg:       cfg,
@@ -560,17 +566,23 @@ func (s *Supervisor) metricsHandler() http.Handler {
 	return mux
 }
 
-// nodeStatus is what this node reports for `shardproxy migrate`: its instances and the
-// Services each has programmed in shadow.
+// nodeStatus is what this node reports for `shardproxy migrate`: its instances, the
+// Services each has programmed in shadow, and which of those their label's proxy has
+// programmed here.
 func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
 	st := migrate.NodeStatus{Instances: map[string]migrate.InstanceStatus{}}
 	shadows := d.Shadows()
+	handed := s.handedBack(d, shadows)
 	for _, in := range s.cfg.Instances {
 		is := migrate.InstanceStatus{Default: in.Default, ProxyNames: in.ProxyNames}
 		for _, n := range shadows[in.Name] {
 			is.Shadow = append(is.Shadow, n.String())
+			if handed[n] {
+				is.HandedBack = append(is.HandedBack, n.String())
+			}
 		}
 		slices.Sort(is.Shadow)
+		slices.Sort(is.HandedBack)
 		st.Instances[in.Name] = is
 	}
 	return st

@@ -23,6 +23,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/knftables"
 
+	"github.com/shardproxy/shardproxy/legacy"
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
@@ -193,6 +194,8 @@ type fixtureOptions struct {
 	panicOnEvent string
 	// enableProfiling sets the configuration's enableProfiling.
 	enableProfiling bool
+	// legacyRules reads a legacy kube-proxy's rules; default: none programmed.
+	legacyRules LegacyRules
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -216,11 +219,15 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	for _, key := range opts.seed {
 		f.tables.seed(t, key)
 	}
+	if opts.legacyRules == nil {
+		opts.legacyRules = func(context.Context) (map[string]legacy.ServiceRules, error) { return nil, nil }
+	}
 	f.sup, err = New(cfg, Deps{
 		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
 		Sysctl:            func(string, string) error { return nil },
 		ConntrackHashsize: func(int) error { return nil },
 		ListTables:        f.tables.list,
+		LegacyRules:       opts.legacyRules,
 	})
 	if err != nil {
 		t.Fatal(err)

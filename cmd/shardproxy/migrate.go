@@ -53,7 +53,7 @@ func migrateCommand() *cli.Command {
 			return nil, migrate.Selection{}, err
 		}
 		m := &migrate.Mover{Client: client, Clock: clock, StatusNamespace: c.String("status-namespace"), Out: c.App.Writer,
-			BatchSize: c.Int("batch-size"), Timeout: c.Duration("timeout"), LegacyGrace: c.Duration("legacy-grace")}
+			BatchSize: c.Int("batch-size"), Timeout: c.Duration("timeout"), LegacyTimeout: c.Duration("legacy-timeout")}
 		return m, migrate.Selection{Namespace: c.String("namespace"), LabelSelector: c.String("selector"), Names: c.Args().Slice()}, nil
 	}
 	return &cli.Command{
@@ -66,7 +66,10 @@ rules still win), waits until every node running the target reports them program
 service.kubernetes.io/service-proxy-name, which makes the legacy proxy let go. A rollback
 first has the owning instance step back to a shadow (it keeps the rules but gives up the
 health-check node port), waits until every node reports it, then moves the label back;
-the shadow stays until the legacy proxy has had --legacy-grace to program the Services.
+the shadow stays until every node reports that the proxy now named programmed the
+Services (kube-proxy's iptables rules for them on the node), for up to --legacy-timeout,
+past which it stays and the rollback fails. Nodes whose status went stale block a batch
+while their Node is Ready; others, and Nodes without a status, are named.
 Services are chosen by --namespace, --selector or names (namespace/name) as arguments.`,
 		Subcommands: []*cli.Command{
 			{
@@ -108,7 +111,7 @@ Services are chosen by --namespace, --selector or names (namespace/name) as argu
 				Flags: append(append([]cli.Flag{
 					&cli.StringFlag{Name: "from", Required: true, Usage: "the proxy name (label value) the Services carry now"},
 					&cli.StringFlag{Name: "to", Usage: "the proxy name to give them (default: remove the label, for the legacy proxy)"},
-					&cli.DurationFlag{Name: "legacy-grace", Value: 10 * time.Second, Usage: "how long the instance keeps serving in shadow while the legacy proxy programs them"},
+					&cli.DurationFlag{Name: "legacy-timeout", Value: 5 * time.Minute, Usage: "how long the instance keeps serving in shadow, at most, while waiting for every node to report that the legacy proxy programmed them"},
 				}, selection...), batch...),
 				Action: func(c *cli.Context) error {
 					m, sel, err := mover(c)

@@ -110,10 +110,14 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	time.Sleep(time.Second)
 
 	start = time.Now()
-	rollback := migrate("rollback", "--from", "team-a", "--legacy-grace", "3s")
+	rollback := migrate("rollback", "--from", "team-a", "--legacy-timeout", "2m")
 	rolledBack := time.Since(start)
 	if !strings.Contains(rollback, "team-a stepped back to a shadow on 1 node(s) (node-1)") {
 		t.Errorf("the rollback handed the Services back without the node confirming team-a stepped back:\n%s", rollback)
+	}
+	// The shadow went on the node's evidence (kube-proxy's rules), not after a fixed grace.
+	if !strings.Contains(rollback, "programmed by it on 1 node(s) (node-1)") {
+		t.Errorf("the rollback removed the shadow without the node confirming kube-proxy programmed the Services:\n%s", rollback)
 	}
 	testutil.Eventually(t, waitTimeout, "kube-proxy to serve them again and team-a to let go", func() bool {
 		save := strings.Join(iptablesSave(t, e), "\n")

@@ -1,0 +1,83 @@
+package legacy
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// ServiceRules is what kube-proxy (iptables mode) has written for one Service.
+type ServiceRules struct {
+	// Endpoints: a nat KUBE-SERVICES rule sends a cluster IP of it to its endpoints.
+	Endpoints bool
+	// NoEndpoints: a filter KUBE-SERVICES rule rejects a port of it for want of
+	// endpoints.
+	NoEndpoints bool
+}
+
+// ProgrammedServices reads, with every tool, which Services kube-proxy in iptables mode
+// has programmed, by "namespace/name": the evidence a rollback waits on before the
+// shadow that served them meanwhile goes. It reads kube-proxy's rule comments
+// ("ns/name:port cluster IP", "ns/name:port has no endpoints"), which upstream writes for
+// every Service port in both backends.
+func ProgrammedServices(ctx context.Context, ex Exec, tools []Tool) (map[string]ServiceRules, error) {
+	out := map[string]ServiceRules{}
+	for _, tool := range tools {
+		// Without -t, as planTool: asking for a table by name creates it (legacy backend).
+		data, err := ex.Run(ctx, nil, tool.save())
+		if err != nil {
+			return nil, fmt.Errorf("reading rules with %s: %w", tool.save(), err)
+		}
+		tables, err := parseSave(data)
+		if err != nil {
+			return nil, fmt.Errorf("parsing %s output: %w", tool.save(), err)
+		}
+		for _, t := range tables {
+			collectServiceRules(t, out)
+		}
+	}
+	return out, nil
+}
+
+func collectServiceRules(t *savedTable, out map[string]ServiceRules) {
+	for _, r := range t.rules {
+		if r.chain != "KUBE-SERVICES" {
+			continue
+		}
+		svc, what, ok := serviceComment(r.spec)
+		if !ok {
+			continue
+		}
+		rules := out[svc]
+		switch {
+		case t.name == tableNAT && what == "cluster IP" && (strings.HasPrefix(r.target, "KUBE-SVC-") || strings.HasPrefix(r.target, "KUBE-SVL-")):
+			rules.Endpoints = true
+		case t.name == tableFilter && what == "has no endpoints":
+			rules.NoEndpoints = true
+		default:
+			continue
+		}
+		out[svc] = rules
+	}
+}
+
+// serviceComment splits a rule's "--comment" into the Service ("namespace/name", the
+// port name cut off: neither part may hold a colon) and what the rule is for.
+func serviceComment(spec string) (svc, what string, ok bool) {
+	words, err := splitWords(spec)
+	if err != nil {
+		return "", "", false
+	}
+	for i := 0; i+1 < len(words); i++ {
+		if words[i] != "--comment" {
+			continue
+		}
+		port, what, found := strings.Cut(words[i+1], " ")
+		svc, _, _ = strings.Cut(port, ":")
+		if !found || strings.Count(svc, "/") != 1 {
+			return "", "", false
+		}
+		return svc, what, true
+	}
+	return "", "", false
+}
