@@ -104,6 +104,8 @@ type Supervisor struct {
 
 	nodeMu sync.Mutex
 	node   *corev1.Node
+	// nodeChanged is closed (and replaced) when node changes.
+	nodeChanged chan struct{}
 
 	// reservedMu serializes updateReserved.
 	reservedMu sync.Mutex
@@ -153,6 +155,8 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		metrics:   metrics.New(),
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
+
+		nodeChanged: make(chan struct{}),
 	}
 	if deps.Version == "" {
 		deps.Version = "unknown"
@@ -345,6 +349,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // instance's failure never stops the others.
 func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
 	logger := s.logger.WithValues("instance", p.Name())
+	if !s.waitForPodCIDRs(ctx, p.Name()) {
+		return
+	}
 	backoff := time.Second
 	for {
 		s.metrics.SetInstanceUp(p.Name(), true)
@@ -410,9 +417,7 @@ func (s *Supervisor) waitForNode(ctx context.Context) *corev1.Node {
 	for {
 		n, err := s.deps.Client.CoreV1().Nodes().Get(ctx, s.cfg.NodeName, metav1GetOptions)
 		if err == nil {
-			s.nodeMu.Lock()
-			s.node = n
-			s.nodeMu.Unlock()
+			s.setNode(n)
 			return n
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -433,10 +438,7 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	if deleted {
 		return
 	}
-	s.nodeMu.Lock()
-	old := s.node
-	s.node = node
-	s.nodeMu.Unlock()
+	old := s.setNode(node)
 	s.updateReserved()
 	addrsChanged := old == nil || !slices.Equal(nodeAddresses(old), nodeAddresses(node)) || !slices.Equal(old.Spec.PodCIDRs, node.Spec.PodCIDRs)
 	for name, p := range s.instances {

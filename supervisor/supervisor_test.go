@@ -196,6 +196,8 @@ type fixtureOptions struct {
 	enableProfiling bool
 	// legacyRules reads a legacy kube-proxy's rules; default: none programmed.
 	legacyRules LegacyRules
+	// configure changes the test configuration before it is validated.
+	configure func(*config.Config)
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -204,6 +206,9 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	cfg, err := config.Decode([]byte(testConfigYAML), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.configure != nil {
+		opts.configure(cfg)
 	}
 	cfg.Default()
 	if err := cfg.Validate(); err != nil {
