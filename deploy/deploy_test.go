@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
 // kustomization is one directory a user applies with `kubectl apply -k`, and what its
@@ -198,8 +199,9 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, sa *corev1.ServiceAccoun
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/livez" {
 		t.Errorf("liveness probe %+v, want an HTTP GET of /livez", c.LivenessProbe)
 	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/healthz" {
-		t.Errorf("readiness probe %+v, want an HTTP GET of /healthz", c.ReadinessProbe)
+	// /readyz, not /healthz: a kube-proxy still holding the port answers /healthz.
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != healthcheck.ReadyzPath {
+		t.Errorf("readiness probe %+v, want an HTTP GET of %s", c.ReadinessProbe, healthcheck.ReadyzPath)
 	}
 	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
 		if p != nil && p.HTTPGet != nil && p.HTTPGet.Port.String() != "healthz" {

@@ -16,13 +16,24 @@ type Recorder interface {
 
 // eventRecorder sends events through the API, from component "shardproxy" on this node.
 type eventRecorder struct {
-	rec record.EventRecorder
+	rec  record.EventRecorder
+	node string
 }
 
 func newEventRecorder(client kubernetes.Interface, node string) *eventRecorder {
 	b := record.NewBroadcasterWithCorrelatorOptions(record.CorrelatorOptions{})
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	return &eventRecorder{rec: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "shardproxy", Host: node})}
+	return &eventRecorder{rec: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "shardproxy", Host: node}), node: node}
+}
+
+// eventRecorder records the node-wide servers' failures on this Node.
+var _ NodeRecorder = (*eventRecorder)(nil)
+
+// NodeEventf records an event on this Node, referenced as upstream kube-proxy does (its
+// UID is the node name).
+func (r *eventRecorder) NodeEventf(eventType, reason, messageFmt string, args ...any) {
+	ref := &corev1.ObjectReference{Kind: "Node", Name: r.node, UID: types.UID(r.node)}
+	r.rec.Eventf(ref, eventType, reason, messageFmt, args...)
 }
 
 func (r *eventRecorder) Eventf(svc types.NamespacedName, eventType, reason, messageFmt string, args ...any) {

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
@@ -312,8 +311,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.retryHealthChecks(ctx, healthCheckRetryInterval)
 	}()
-	serve("healthz", func() error { return serveHTTP(ctx, s.cfg.HealthzBindAddress, s.countedHealth()) })
-	serve("metrics", func() error { return serveHTTP(ctx, s.cfg.MetricsBindAddress, s.metricsHandler()) })
+	serve("healthz", func() error {
+		return s.serveRetrying(ctx, "healthz", s.cfg.HealthzBindAddress, reasonFailedToStartHealthz, s.countedHealth())
+	})
+	serve("metrics", func() error {
+		return s.serveRetrying(ctx, "metrics", s.cfg.MetricsBindAddress, reasonFailedToStartMetrics, s.metricsHandler())
+	})
 
 	if err := w.Start(ctx, 2*time.Minute); err != nil {
 		if ctx.Err() != nil {
@@ -535,23 +538,6 @@ func (r *statusRecorder) WriteHeader(code int) {
 }
 
 // serveHTTP serves h on addr until ctx is done.
-func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", addr, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
-}
 
 // metricsHandler serves /metrics and, with enableProfiling, Go's pprof handlers.
 func (s *Supervisor) metricsHandler() http.Handler {
@@ -606,6 +592,7 @@ func (s *Supervisor) retryHealthChecks(ctx context.Context, every time.Duration)
 			return
 		case <-t.C:
 			s.svcHC.RetryFailed()
+			s.reportUnboundHealthChecks()
 		}
 	}
 }

@@ -164,6 +164,12 @@ func (r *fakeRecorder) Eventf(svc types.NamespacedName, eventType, reason, forma
 	r.events = append(r.events, fmt.Sprintf("%s %s %s: %s", svc, eventType, reason, fmt.Sprintf(format, args...)))
 }
 
+func (r *fakeRecorder) NodeEventf(eventType, reason, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf("node %s %s: %s", eventType, reason, fmt.Sprintf(format, args...)))
+}
+
 func (r *fakeRecorder) all() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -198,6 +204,8 @@ type fixtureOptions struct {
 	legacyRules LegacyRules
 	// configure changes the test configuration before it is validated.
 	configure func(*config.Config)
+	// metricsBindAddress replaces the metrics server's any-free-port address.
+	metricsBindAddress string
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -216,6 +224,9 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	}
 	// Any free ports: the tests talk to the handlers directly.
 	cfg.HealthzBindAddress, cfg.MetricsBindAddress = "127.0.0.1:0", "127.0.0.1:0"
+	if opts.metricsBindAddress != "" {
+		cfg.MetricsBindAddress = opts.metricsBindAddress
+	}
 	cfg.EnableProfiling = opts.enableProfiling
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}

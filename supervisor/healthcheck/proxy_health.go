@@ -74,6 +74,8 @@ type ProxyHealth struct {
 	mu           sync.RWMutex
 	instances    map[string]*instanceState
 	nodeDeleting bool
+	// listenErrors says, per server (readiness.go), why its address is not bound.
+	listenErrors map[string]string
 }
 
 // instanceState is what ProxyHealth knows about one instance.
@@ -330,6 +332,9 @@ type StatusResponse struct {
 	NodeDeleting bool `json:"nodeDeleting"`
 	// Instances is the status of each instance, by name.
 	Instances map[string]InstanceStatus `json:"instances"`
+	// ListenErrors says, per server ("healthz", "metrics", "healthCheckNodePorts"), why
+	// it does not listen (another process holds its address); retried with backoff.
+	ListenErrors map[string]string `json:"listenErrors,omitempty"`
 }
 
 // InstanceStatus is the state of one instance as /status reports it: its health plus the
@@ -351,6 +356,7 @@ type InstanceStatus struct {
 type snapshot struct {
 	now          time.Time
 	nodeDeleting bool
+	listenErrors map[string]string
 	instances    map[string]InstanceStatus
 	// live is each instance's /livez verdict.
 	live map[string]bool
@@ -364,6 +370,7 @@ func (h *ProxyHealth) snapshot() snapshot {
 	s := snapshot{
 		now:          h.clock.Now(),
 		nodeDeleting: h.nodeDeleting,
+		listenErrors: maps.Clone(h.listenErrors),
 		instances:    make(map[string]InstanceStatus, len(h.instances)),
 		live:         make(map[string]bool, len(h.instances)),
 		families:     make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
@@ -468,8 +475,10 @@ func (h *ProxyHealth) Handler() http.Handler {
 			CurrentTime:  s.now,
 			NodeDeleting: s.nodeDeleting,
 			Instances:    s.instances,
+			ListenErrors: s.listenErrors,
 		})
 	})
+	mux.HandleFunc(ReadyzPath, h.serveReadyz)
 	return mux
 }
 

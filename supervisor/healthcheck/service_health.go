@@ -345,3 +345,21 @@ func sortedNames(ports map[types.NamespacedName]int32) []types.NamespacedName {
 func compareNames(a, b types.NamespacedName) int {
 	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
+
+// Unbound lists the health checks whose node port is not bound (another process or
+// another Service holds it, or it is invalid), as "port N (Service ns/name, instance
+// I)", sorted; RetryFailed tries them again.
+func (s *ServiceHealth) Unbound() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []string
+	for instance, services := range s.services {
+		for _, svc := range services {
+			if svc.server == nil {
+				out = append(out, fmt.Sprintf("port %d (Service %s, instance %s)", svc.port, svc.name, instance))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

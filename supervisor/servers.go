@@ -1,0 +1,90 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// Event reasons of the node-wide servers, on this Node (as upstream kube-proxy records
+// FailedToStartProxierHealthcheck on its Node).
+const (
+	reasonFailedToStartHealthz = "FailedToStartProxierHealthcheck"
+	reasonFailedToStartMetrics = "FailedToStartMetricServer"
+)
+
+// listenBackoff paces the attempts to bind a server's address that another process
+// holds (kube-proxy during a switch): soon at first, then every ~10 s.
+func listenBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 10 * time.Second}
+}
+
+// NodeRecorder records events on this Node; a Recorder that also implements it gets the
+// node-wide servers' failures.
+type NodeRecorder interface {
+	NodeEventf(eventType, reason, messageFmt string, args ...any)
+}
+
+// serveRetrying serves h on addr until ctx is done. While addr cannot be bound it
+// retries with backoff, and says so once per episode in the log and as an event on the
+// Node, and throughout in /status (listenErrors) and /readyz (not ready), so a pod whose
+// port another process still holds is not Ready and the operator sees why.
+func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason string, h http.Handler) error {
+	logger := s.logger.WithValues("server", server, "address", addr)
+	backoff := listenBackoff()
+	failures := 0
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			s.health.SetListenError(server, "")
+			if failures > 0 {
+				logger.Info("Listening now", "attempts", failures+1)
+			}
+			return serveListener(ctx, l, h)
+		}
+		msg := fmt.Sprintf("listening on %s: %v (retrying)", addr, err)
+		s.health.SetListenError(server, msg)
+		if failures == 0 {
+			logger.Error(err, "Cannot listen; retrying with backoff (is kube-proxy or another process holding the port?)")
+			if r, ok := s.deps.Recorder.(NodeRecorder); ok {
+				r.NodeEventf(corev1.EventTypeWarning, reason, "%s server: %s", server, msg)
+			}
+		} else {
+			logger.V(2).Info("Still cannot listen", "err", err, "attempts", failures+1)
+		}
+		failures++
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff.Step()):
+		}
+	}
+}
+
+// serveListener serves h on l until ctx is done, then shuts down gracefully.
+func serveListener(ctx context.Context, l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// reportUnboundHealthChecks puts the health-check node ports that are not bound into
+// /status and /readyz (their Services already got a FailedToStartServiceHealthcheck event).
+func (s *Supervisor) reportUnboundHealthChecks() {
+	s.health.SetListenError("healthCheckNodePorts", strings.Join(s.svcHC.Unbound(), "; "))
+}
