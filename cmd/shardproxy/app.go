@@ -214,7 +214,7 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	rc, err := restConfig(cfg.Kubeconfig)
+	rc, err := restConfig(cfg.Kubeconfig, cfg.ClientConnection)
 	if err != nil {
 		return err
 	}
@@ -233,18 +233,20 @@ func runSupervisor(ctx context.Context, path string) error {
 	return s.Run(ctx)
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// restConfig is the supervisor's API client configuration: the kubeconfig (else
+// in-cluster), paced and encoded as clientConnection says.
+func restConfig(kubeconfig string, cc config.ClientConnection) (*rest.Config, error) {
+	var rc *rest.Config
+	var err error
 	if kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
+		if rc, err = rest.InClusterConfig(); err != nil {
 			return nil, fmt.Errorf("no kubeconfig in the configuration and not running in a cluster: %w", err)
 		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
+	} else if rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
 		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
 	}
+	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
+	rc.ContentType, rc.AcceptContentTypes = cc.ContentType, cc.AcceptContentTypes
 	return rc, nil
 }
 

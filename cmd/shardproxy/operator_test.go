@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
@@ -114,5 +120,54 @@ users:
 	}
 	if rc.Host != "https://192.0.2.1:6443" || rc.BearerToken != "secret-token" {
 		t.Errorf("host %q token %q: want the cluster of the first file and the user of the second", rc.Host, rc.BearerToken)
+	}
+}
+
+// TestSupervisorClientConnection: the supervisor's client takes clientConnection's rate
+// and content type, and its requests really ask the API server for protobuf (kube-proxy's
+// default) or JSON.
+func TestSupervisorClientConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cc         config.ClientConnection
+		wantAccept string
+	}{
+		{name: "defaults: protobuf", cc: config.ClientConnection{}, wantAccept: "application/vnd.kubernetes.protobuf,application/json"},
+		{name: "json", cc: config.ClientConnection{QPS: 50, Burst: 100, ContentType: "application/json"}, wantAccept: "application/json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			accepts := make(chan string, 1)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case accepts <- r.Header.Get("Accept"):
+				default:
+				}
+				http.NotFound(w, r)
+			}))
+			defer srv.Close()
+			kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+			body := "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: " + srv.URL + "}\n" +
+				"contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n"
+			if err := os.WriteFile(kubeconfig, []byte(body), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := &config.Config{ClientConnection: tc.cc}
+			cfg.Default()
+			rc, err := restConfig(kubeconfig, cfg.ClientConnection)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.QPS != cfg.ClientConnection.QPS || rc.Burst != int(cfg.ClientConnection.Burst) {
+				t.Errorf("QPS %v burst %d, want %v %d", rc.QPS, rc.Burst, cfg.ClientConnection.QPS, cfg.ClientConnection.Burst)
+			}
+			client, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+			if got := <-accepts; got != tc.wantAccept {
+				t.Errorf("Accept %q, want %q", got, tc.wantAccept)
+			}
+		})
 	}
 }

@@ -64,6 +64,8 @@ type Config struct {
 	NodeName string `yaml:"nodeName"`
 	// Kubeconfig is the path of a kubeconfig file; empty means in-cluster config.
 	Kubeconfig string `yaml:"kubeconfig"`
+	// ClientConnection paces and encodes the API client, as kube-proxy's.
+	ClientConnection ClientConnection `yaml:"clientConnection"`
 	// HealthzBindAddress is the ip:port of the node health server. Default 0.0.0.0:10256.
 	HealthzBindAddress string `yaml:"healthzBindAddress"`
 	// MetricsBindAddress is the ip:port of the metrics server. Default 127.0.0.1:10249.
@@ -200,6 +202,7 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 			c.NodeName = strings.ToLower(strings.TrimSpace(h))
 		}
 	}
+	c.ClientConnection.defaults()
 	if c.HealthzBindAddress == "" {
 		c.HealthzBindAddress = DefaultHealthzBindAddress
 	}

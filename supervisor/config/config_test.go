@@ -92,6 +92,17 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			wantErr: []string{"test.yaml: line 8: a second YAML document"},
 		},
 		{name: "empty file", yaml: "# nothing\n", wantErr: []string{"test.yaml: empty file"}},
+		{
+			name: "clientConnection problems are all listed",
+			yaml: minimal + "clientConnection:\n  qps: -1\n  burst: -2\n  contentType: application/yaml\n",
+			wantErr: []string{"clientConnection.qps: -1 is negative", "clientConnection.burst: -2 is negative",
+				`clientConnection.contentType: "application/yaml" is not application/vnd.kubernetes.protobuf or application/json`},
+		},
+		{
+			name:    "clientConnection burst below qps",
+			yaml:    minimal + "clientConnection:\n  qps: 20\n  burst: 5\n",
+			wantErr: []string{"clientConnection.burst: 5 is below qps 20"},
+		},
 		{name: "syntax error", yaml: header + "instances: [\n", wantErr: []string{"test.yaml: line"}},
 		{
 			name:    "duplicate key",
@@ -594,6 +605,13 @@ conntrack:
 			},
 		},
 		{
+			name: "clientConnection as written; JSON accepts JSON only",
+			yaml: minimal + "clientConnection:\n  qps: 50\n  burst: 100\n  contentType: application/json\n",
+			want: func(c *Config) {
+				c.ClientConnection = ClientConnection{QPS: 50, Burst: 100, ContentType: "application/json", AcceptContentTypes: "application/json"}
+			},
+		},
+		{
 			name: "fullSyncPeriod follows a long syncPeriod",
 			yaml: minimal + "  syncPeriod: 2h\n",
 			want: func(c *Config) {
@@ -611,6 +629,8 @@ conntrack:
 				APIVersion:         APIVersion,
 				Kind:               Kind,
 				NodeName:           "node-1",
+				ClientConnection: ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf",
+					AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json"},
 				HealthzBindAddress: "0.0.0.0:10256",
 				MetricsBindAddress: "127.0.0.1:10249",
 				MasqueradeBit:      ptr(14),

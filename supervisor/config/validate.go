@@ -38,6 +38,7 @@ func (c *Config) Validate() error {
 		p.add("metricsBindAddress", "%q overlaps healthzBindAddress %q", c.MetricsBindAddress, c.HealthzBindAddress)
 	}
 
+	c.ClientConnection.validate(&p)
 	if c.MasqueradeBit != nil && (*c.MasqueradeBit < 0 || *c.MasqueradeBit > 31) {
 		p.add("masqueradeBit", "%d is out of range [0, 31]", *c.MasqueradeBit)
 	}
