@@ -626,9 +626,9 @@ conntrack:
 				t.Fatal(err)
 			}
 			want := &Config{
-				APIVersion:         APIVersion,
-				Kind:               Kind,
-				NodeName:           "node-1",
+				APIVersion: APIVersion,
+				Kind:       Kind,
+				NodeName:   "node-1",
 				ClientConnection: ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf",
 					AcceptContentTypes: "application/vnd.kubernetes.protobuf,application/json"},
 				HealthzBindAddress: "0.0.0.0:10256",
