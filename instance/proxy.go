@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -34,6 +35,8 @@ func (realClock) Now() time.Time { return time.Now() }
 type Options struct {
 	// Name is the instance's name (also in its table names).
 	Name string
+	// Logger receives the instance's log lines (with its name); default klog's.
+	Logger logr.Logger
 	// Tables is the table configuration; Family is set per family by the instance.
 	Tables tables.Config
 	// Families are the IP families to program (both, normally).
@@ -169,9 +172,12 @@ func New(opts Options) (*Proxy, error) {
 	if opts.MaxServiceElements == 0 {
 		opts.MaxServiceElements = DefaultMaxServiceElements
 	}
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = klog.Background()
+	}
 	p := &Proxy{
 		opts:       opts,
-		logger:     klog.Background().WithValues("instance", opts.Name),
+		logger:     opts.Logger.WithValues("instance", opts.Name),
 		syncers:    map[tables.Family]*tables.Syncer{},
 		tracker:    NewTracker(opts.Node),
 		waiting:    map[types.NamespacedName]*waiter{},

@@ -39,9 +39,25 @@ type addressBook struct {
 	claimants map[types.NamespacedName]*claimant
 	// byAddr indexes the claimants by user address.
 	byAddr map[netip.Addr]map[types.NamespacedName]bool
-	// reserved are node addresses and Service CIDRs no user address may take.
-	nodeIPs      []netip.Addr
-	serviceCIDRs []netip.Prefix
+	// reserved are the addresses no user address may take.
+	reserved Reserved
+}
+
+// Reserved are addresses no Service's user addresses (external IPs, load-balancer IPs)
+// may take, whoever serves them.
+type Reserved struct {
+	// NodeIPs are this node's addresses: served, a user address would capture the
+	// node's own traffic.
+	NodeIPs []netip.Addr
+	// ServiceCIDRs are the cluster's Service CIDRs: the apiserver allocates from them.
+	ServiceCIDRs []netip.Prefix
+	// PodCIDRs are the cluster's (or this node's) pod ranges: served, a user address
+	// would capture the traffic of the pod that has it.
+	PodCIDRs []netip.Prefix
+}
+
+func (r Reserved) equal(o Reserved) bool {
+	return slices.Equal(r.NodeIPs, o.NodeIPs) && slices.Equal(r.ServiceCIDRs, o.ServiceCIDRs) && slices.Equal(r.PodCIDRs, o.PodCIDRs)
 }
 
 // claimant is a Service that writes user addresses.
@@ -159,15 +175,15 @@ func (b *addressBook) forget(name types.NamespacedName) []*corev1.Service {
 	return b.claimantsOf(touched, name)
 }
 
-// setReserved replaces the node's addresses and the Service CIDRs, returning every
-// claimant when they changed.
-func (b *addressBook) setReserved(nodeIPs []netip.Addr, cidrs []netip.Prefix) []*corev1.Service {
+// setReserved replaces the reserved addresses, returning every claimant when they
+// changed.
+func (b *addressBook) setReserved(r Reserved) []*corev1.Service {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if slices.Equal(b.nodeIPs, nodeIPs) && slices.Equal(b.serviceCIDRs, cidrs) {
+	if b.reserved.equal(r) {
 		return nil
 	}
-	b.nodeIPs, b.serviceCIDRs = slices.Clone(nodeIPs), slices.Clone(cidrs)
+	b.reserved = Reserved{NodeIPs: slices.Clone(r.NodeIPs), ServiceCIDRs: slices.Clone(r.ServiceCIDRs), PodCIDRs: slices.Clone(r.PodCIDRs)}
 	out := make([]*corev1.Service, 0, len(b.claimants))
 	for _, c := range b.claimants {
 		out = append(out, c.svc)
@@ -205,12 +221,17 @@ func (b *addressBook) reservedWhy(a netip.Addr) string {
 		return "it is the cluster IP of " + b.clusterIPs[a].String()
 	case a.IsLoopback(), a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast(), a.IsUnspecified(), a.IsMulticast():
 		return "it is a loopback, link-local, unspecified or multicast address"
-	case slices.Contains(b.nodeIPs, a):
+	case slices.Contains(b.reserved.NodeIPs, a):
 		return "it is an address of this node"
 	}
-	for _, p := range b.serviceCIDRs {
+	for _, p := range b.reserved.ServiceCIDRs {
 		if p.Contains(a) {
 			return "it is inside the Service CIDR " + p.String()
+		}
+	}
+	for _, p := range b.reserved.PodCIDRs {
+		if p.Contains(a) {
+			return "it is inside the pod CIDR " + p.String()
 		}
 	}
 	return ""

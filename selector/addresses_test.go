@@ -136,7 +136,7 @@ func TestAddressPrecedence(t *testing.T) {
 			for _, s := range cidrs {
 				ps = append(ps, netip.MustParsePrefix(s))
 			}
-			f.d.SetReserved(ips, ps)
+			f.d.SetReserved(Reserved{NodeIPs: ips, ServiceCIDRs: ps})
 		}
 	}
 	victim := svcAt("b", "victim", "team-b", 10, "10.96.0.10")
@@ -242,5 +242,51 @@ func TestAddressPrecedence(t *testing.T) {
 				t.Errorf("no event %q; got %q", tc.wantProblem, f.problems)
 			}
 		})
+	}
+}
+
+// TestRefusalsReportedOnce: a refused address is reported (an event and a log line by
+// the supervisor) when it becomes refused, not again on every update or re-dispatch of
+// the Service while it stays refused; a new refusal is reported; one that went and came
+// back is reported again.
+func TestRefusalsReportedOnce(t *testing.T) {
+	f := newPrecedenceFixture(t)
+	victim := svcAt("x", "victim", "", 1, "10.96.0.10")
+	thief := func(rv string, addrs ...string) *corev1.Service {
+		s := svcAt("x", "thief", "team-a", 2, "10.96.0.11", addrs...)
+		s.ResourceVersion = rv
+		return s
+	}
+	f.d.ServiceChanged(victim)
+	f.d.ServiceChanged(thief("1", "10.96.0.10"))
+	f.d.ServiceChanged(thief("2", "10.96.0.10"))
+	f.d.SetReserved(Reserved{NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.0.1")}})
+	f.d.ServiceChanged(thief("3", "10.96.0.10", "192.168.0.1"))
+	f.d.ServiceChanged(thief("4"))
+	f.d.ServiceChanged(thief("5", "10.96.0.10"))
+	want := []string{
+		"x/thief: externalIP 10.96.0.10 refused: it is the cluster IP of x/victim",
+		"x/thief: externalIP 10.96.0.10 refused: it is the cluster IP of x/victim",
+		"x/thief: externalIP 192.168.0.1 refused: it is an address of this node",
+		"x/thief: externalIP 10.96.0.10 refused: it is the cluster IP of x/victim",
+	}
+	if !slices.Equal(f.problems, want) {
+		t.Errorf("reported:\n%s\nwant:\n%s", strings.Join(f.problems, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestUserAddressInPodCIDRRefused: a load-balancer or external IP inside a pod CIDR would
+// take the traffic of the pod that has the address (any pod on the node, and off-node
+// clients routed to it); it is refused like a node address.
+func TestUserAddressInPodCIDRRefused(t *testing.T) {
+	f := newPrecedenceFixture(t)
+	f.d.SetReserved(Reserved{PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}})
+	f.d.ServiceChanged(svcAt("x", "lb", "", 1, "10.96.0.10", "lb:10.244.3.7", "192.0.2.1"))
+	want := []string{"x/lb: load-balancer IP 10.244.3.7 refused: it is inside the pod CIDR 10.244.0.0/16"}
+	if !slices.Equal(f.problems, want) {
+		t.Errorf("reported %q, want %q", f.problems, want)
+	}
+	if got := f.sinks["default"].addresses("x", "lb"); !slices.Equal(got, []string{"192.0.2.1"}) {
+		t.Errorf("served user addresses %q, want only 192.0.2.1", got)
 	}
 }

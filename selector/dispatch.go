@@ -3,6 +3,7 @@ package selector
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,7 +56,12 @@ type Dispatcher struct {
 	addresses *addressBook
 	// dispatchMu serializes the handling of Services, so that a Service re-dispatched
 	// because another one changed (address precedence) never overtakes a newer version.
+	// It guards reported.
 	dispatchMu sync.Mutex
+	// reported are the refusals last reported per Service, by instance ("" for the
+	// label's refusal), so that each is reported (an event, a log line) once, not on
+	// every update or re-dispatch of the Service while it lasts.
+	reported map[types.NamespacedName]map[string]string
 
 	mu     sync.Mutex
 	owners map[types.NamespacedName]ownership
@@ -106,6 +112,7 @@ func NewDispatcher(router *Router, sinks map[string]Sink, slices SliceLister, ev
 		addresses:       newAddressBook(),
 		owners:          map[types.NamespacedName]ownership{},
 		joining:         map[types.NamespacedName]map[string][]sliceEvent{},
+		reported:        map[types.NamespacedName]map[string]string{},
 		shadows:         map[types.NamespacedName]*shadowState{},
 	}
 }
@@ -159,13 +166,13 @@ func (d *Dispatcher) claimable(svc *corev1.Service) map[netip.Addr]bool {
 	return out
 }
 
-// SetReserved tells the Dispatcher this node's addresses and the cluster's Service CIDRs,
-// which no Service's user addresses may take; the Services that write user addresses
-// are re-dispatched when they change.
-func (d *Dispatcher) SetReserved(nodeIPs []netip.Addr, serviceCIDRs []netip.Prefix) {
+// SetReserved tells the Dispatcher the addresses no Service's user addresses may take
+// (sorted, for change detection); the Services that write user addresses are
+// re-dispatched when they change.
+func (d *Dispatcher) SetReserved(r Reserved) {
 	d.dispatchMu.Lock()
 	defer d.dispatchMu.Unlock()
-	d.redispatch(d.addresses.setReserved(nodeIPs, serviceCIDRs))
+	d.redispatch(d.addresses.setReserved(r))
 }
 
 // redispatch hands Services again to their instances, with their user addresses as the
@@ -185,7 +192,7 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	if dec.Shadow != "" && d.sinks[dec.Shadow] == nil {
 		dec.Shadow = ""
 	}
-	if dec.Rejected != "" && d.events.Rejected != nil {
+	if d.report(name, "", dec.Rejected) && d.events.Rejected != nil {
 		d.events.Rejected(svc, dec.Rejected)
 	}
 	want := dec.Owners()
@@ -225,7 +232,8 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	arbitrated, refusals := withoutRefused(svc, d.addresses.refused(svc))
 	for _, inst := range want {
 		guarded, problems := d.router.Guard(inst, arbitrated)
-		if problems = append(slices.Clip(refusals), problems...); len(problems) > 0 && d.events.Guarded != nil {
+		problems = append(slices.Clip(refusals), problems...)
+		if d.report(name, inst, strings.Join(problems, "; ")) && d.events.Guarded != nil {
 			d.events.Guarded(svc, inst, problems)
 		}
 		sink := d.sinks[inst]
@@ -272,6 +280,29 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	default:
 		go d.release(name, removed, added)
 	}
+}
+
+// report records what is refused of a Service for one instance ("" for the label's
+// refusal) and tells whether it is to be reported: not empty, and not reported last
+// time. Called with dispatchMu held.
+func (d *Dispatcher) report(name types.NamespacedName, inst, refusal string) bool {
+	last := d.reported[name]
+	if last[inst] == refusal {
+		return false
+	}
+	if refusal == "" {
+		delete(last, inst)
+		if len(last) == 0 {
+			delete(d.reported, name)
+		}
+		return false
+	}
+	if last == nil {
+		last = map[string]string{}
+		d.reported[name] = last
+	}
+	last[inst] = refusal
+	return true
 }
 
 // shadowProgrammed marks a shadow programmed once its instance synced it.
@@ -330,6 +361,7 @@ func (d *Dispatcher) ServiceDeleted(svc *corev1.Service) {
 	d.dispatchMu.Lock()
 	defer d.dispatchMu.Unlock()
 	defer d.redispatch(d.addresses.forget(name))
+	delete(d.reported, name)
 	d.mu.Lock()
 	old := d.owners[name]
 	delete(d.owners, name)

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -71,6 +72,8 @@ type Deps struct {
 	// LegacyRules reads which Services a legacy kube-proxy programmed on the node, for
 	// the node status during a rollback; default: its iptables rules (iptables-save).
 	LegacyRules LegacyRules
+	// Logger receives the supervisor's and its instances' log lines; default klog's.
+	Logger logr.Logger
 }
 
 // Supervisor runs one node's instances.
@@ -147,10 +150,13 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	if deps.LegacyRules == nil {
 		deps.LegacyRules = hostLegacyRules
 	}
+	if deps.Logger.GetSink() == nil {
+		deps.Logger = klog.Background()
+	}
 	s := &Supervisor{
 		cfg:       cfg,
 		deps:      deps,
-		logger:    klog.Background().WithValues("node", cfg.NodeName),
+		logger:    deps.Logger.WithValues("node", cfg.NodeName),
 		metrics:   metrics.New(),
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
@@ -400,6 +406,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 	}
 	return instance.New(instance.Options{
 		Name:               spec.Name,
+		Logger:             s.deps.Logger,
 		Tables:             cfg,
 		NFT:                s.deps.NFT,
 		Direct:             s.deps.Direct,
@@ -489,19 +496,8 @@ func (s *Supervisor) updateReserved() {
 		s.logger.Error(err, "Listing this node's addresses for the address precedence")
 	}
 	slices.SortFunc(ips, netip.Addr.Compare)
-	var cidrs []netip.Prefix
-	for _, c := range s.watches.ServiceCIDRs() {
-		if p, err := netip.ParsePrefix(c); err == nil {
-			cidrs = append(cidrs, p.Masked())
-		}
-	}
-	slices.SortFunc(cidrs, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
-	s.dispatcher.SetReserved(slices.Compact(ips), cidrs)
+	s.dispatcher.SetReserved(selector.Reserved{NodeIPs: slices.Compact(ips),
+		ServiceCIDRs: sortedPrefixes(s.watches.ServiceCIDRs()), PodCIDRs: s.podCIDRs(node)})
 }
 
 func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -206,12 +207,20 @@ type fixtureOptions struct {
 	configure func(*config.Config)
 	// metricsBindAddress replaces the metrics server's any-free-port address.
 	metricsBindAddress string
+	// configYAML replaces testConfigYAML; node replaces node-1 at 192.168.100.1.
+	configYAML string
+	node       *corev1.Node
+	// logger receives the supervisor's log lines; default klog's.
+	logger logr.Logger
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	t.Helper()
 	failTable := opts.failTable
-	cfg, err := config.Decode([]byte(testConfigYAML), "test.yaml")
+	if opts.configYAML == "" {
+		opts.configYAML = testConfigYAML
+	}
+	cfg, err := config.Decode([]byte(opts.configYAML), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,8 +237,11 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		cfg.MetricsBindAddress = opts.metricsBindAddress
 	}
 	cfg.EnableProfiling = opts.enableProfiling
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
-		Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
+	node := opts.node
+	if node == nil {
+		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
+	}
 	f := &fixture{t: t, client: copyingClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	for _, key := range opts.seed {
@@ -244,6 +256,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		ConntrackHashsize: func(int) error { return nil },
 		ListTables:        f.tables.list,
 		LegacyRules:       opts.legacyRules,
+		Logger:            opts.logger,
 	})
 	if err != nil {
 		t.Fatal(err)
