@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// testEachProxyServesItsOwnServices: kube-proxy (iptables) serves the unlabeled Service,
-// team-a and team-b the Services labeled for them, from a pod and from the node itself,
-// and each proxy's rules hold only its own Services.
+// testEachProxyServesItsOwnServices: kube-proxy (in either mode) serves the unlabeled
+// Service, team-a and team-b the Services labeled for them, from a pod and from the node
+// itself, and each proxy's rules hold only its own Services.
 func testEachProxyServesItsOwnServices(t *testing.T) {
 	e, _ := environment(t)
 	servers(t, e)
@@ -23,9 +23,13 @@ func testEachProxyServesItsOwnServices(t *testing.T) {
 		reach(t, e, e.TP.Node, ip)
 	}
 
-	save := strings.Join(iptablesSave(t, e), "\n")
-	if !regexp.MustCompile(`(?m)-A KUBE-SERVICES -d ` + regexp.QuoteMeta(plain) + `/32 .*coexist/plain:http.* -j KUBE-SVC-`).MatchString(save) {
-		t.Errorf("kube-proxy has no KUBE-SVC jump for coexist/plain (%s) in iptables-save:\n%s", plain, save)
+	save := strings.Join(kubeProxyRules(t, e), "\n")
+	programmed := regexp.MustCompile(`(?m)-A KUBE-SERVICES -d ` + regexp.QuoteMeta(plain) + `/32 .*coexist/plain:http.* -j KUBE-SVC-`)
+	if mode == modeNFTables { // an element of its service-ips verdict map
+		programmed = regexp.MustCompile(regexp.QuoteMeta(plain + " . tcp . 80 : goto service-"))
+	}
+	if !programmed.MatchString(save) {
+		t.Errorf("kube-proxy (%s) has not programmed coexist/plain (%s):\n%s", mode, plain, save)
 	}
 	for _, ip := range []string{webA, webB} {
 		if strings.Contains(save, ip) {
@@ -45,13 +49,17 @@ func testEachProxyServesItsOwnServices(t *testing.T) {
 		}
 	}
 	got := tables(t, e)
-	for _, want := range append(ourTables, "ip nat", "ip filter", "ip6 nat", "ip6 filter") {
+	kubeProxyTables := []string{"ip nat", "ip filter", "ip6 nat", "ip6 filter"} // iptables-nft's
+	if mode == modeNFTables {
+		kubeProxyTables = []string{"ip kube-proxy", "ip6 kube-proxy"}
+	}
+	for _, want := range append(ourTables, kubeProxyTables...) {
 		if !got[want] {
 			t.Errorf("nft list tables: no %q (have %v)", want, got)
 		}
 	}
-	if got["ip kube-proxy"] || got["ip6 kube-proxy"] {
-		t.Errorf("an nftables-mode kube-proxy table exists: %v", got)
+	if mode == modeIPTables && (got["ip kube-proxy"] || got["ip6 kube-proxy"]) {
+		t.Errorf("an nftables-mode kube-proxy table exists beside kube-proxy in iptables mode: %v", got)
 	}
 }
 
@@ -69,9 +77,12 @@ func testKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
 	reach(t, e, e.TP.Pod2, webA)
 	before := tableState(t, e)
 	// Decoys: what an nftables-mode kube-proxy would have left behind. kube-proxy in
-	// iptables mode deletes these at start; seeing them go proves its cleanup ran.
-	if err := e.TP.NFT(e.TP.Node, "add table ip kube-proxy\nadd table ip6 kube-proxy\n"); err != nil {
-		t.Fatal(err)
+	// iptables mode deletes these at start; seeing them go proves its cleanup ran. (In
+	// nftables mode the tables are its own, rewritten at start.)
+	if mode == modeIPTables {
+		if err := e.TP.NFT(e.TP.Node, "add table ip kube-proxy\nadd table ip6 kube-proxy\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	ours := startLoad(e, "team-a Service during the kube-proxy restart", e.TP.Pod2, webA)
@@ -96,7 +107,7 @@ func testKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
 	theirs.finish(t)
 
 	got := tables(t, e)
-	if got["ip kube-proxy"] || got["ip6 kube-proxy"] {
+	if mode == modeIPTables && (got["ip kube-proxy"] || got["ip6 kube-proxy"]) {
 		t.Errorf("kube-proxy did not delete the nftables-mode decoy tables at start (its cleanup did not run?): %v", got)
 	}
 	after := tableState(t, e)
@@ -110,8 +121,8 @@ func testKubeProxyRestartLeavesShardproxyAlone(t *testing.T) {
 }
 
 // testShardproxyRestartLeavesKubeProxyAlone: the supervisor stopped (SIGTERM) and started
-// again never touches iptables: kube-proxy's Service keeps answering throughout and
-// iptables-save is the same line for line.
+// again never touches kube-proxy's rules: its Service keeps answering throughout and
+// its rules (iptables-save, or its nftables tables) are the same line for line.
 func testShardproxyRestartLeavesKubeProxyAlone(t *testing.T) {
 	e, _ := environment(t)
 	ctx := context.Background()
@@ -120,7 +131,7 @@ func testShardproxyRestartLeavesKubeProxyAlone(t *testing.T) {
 	webB := service(t, e, "web-b-sp-restart", "team-b")
 	reach(t, e, e.TP.Pod2, plain)
 	reach(t, e, e.TP.Pod2, webB)
-	before := iptablesSave(t, e)
+	before := kubeProxyRules(t, e)
 
 	theirs := startLoad(e, "kube-proxy Service during the shardproxy restart", e.TP.Pod2, plain)
 	ours := startLoad(e, "team-b's own Service during the shardproxy restart", e.TP.Pod2, webB)
@@ -141,10 +152,10 @@ func testShardproxyRestartLeavesKubeProxyAlone(t *testing.T) {
 	}
 	ours.finish(t)
 
-	after := iptablesSave(t, e)
+	after := kubeProxyRules(t, e)
 	if onlyBefore, onlyAfter := diffLines(before, after); len(onlyBefore)+len(onlyAfter) > 0 {
-		t.Errorf("iptables changed across the shardproxy restart:\ngone:\n%s\nnew:\n%s",
-			strings.Join(onlyBefore, "\n"), strings.Join(onlyAfter, "\n"))
+		t.Errorf("kube-proxy's %s rules changed across the shardproxy restart:\ngone:\n%s\nnew:\n%s",
+			mode, strings.Join(onlyBefore, "\n"), strings.Join(onlyAfter, "\n"))
 	}
 	reach(t, e, e.TP.Pod2, plain)
 	reach(t, e, e.TP.Pod2, webB)

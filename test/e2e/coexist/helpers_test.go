@@ -46,6 +46,9 @@ func servers(t *testing.T, e *env.Env) {
 // unless it is "", and returns its cluster IP.
 func service(t *testing.T, e *env.Env, name, proxyName string) string {
 	t.Helper()
+	if mode == modeNFTables {
+		name += "-nft" // the iptables pass, which runs after, keeps the names it always had
+	}
 	var edits []env.ServiceSpec
 	if proxyName != "" {
 		edits = append(edits, env.WithProxyName(proxyName))
@@ -177,6 +180,26 @@ func iptablesSave(t *testing.T, e *env.Env) []string {
 }
 
 // tables returns `nft list tables` of the node namespace, one "family name" per entry.
+// kubeProxyRules are the running kube-proxy's rules, one entry per line, without
+// counters: iptables-save's in iptables mode, its "kube-proxy" tables in nftables mode.
+func kubeProxyRules(t *testing.T, e *env.Env) []string {
+	t.Helper()
+	if mode == modeIPTables {
+		return iptablesSave(t, e)
+	}
+	var lines []string
+	for _, fam := range []string{"ip", "ip6"} {
+		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "table", fam, "kube-proxy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(counterless(out), "\n") {
+			lines = append(lines, fam+" "+strings.TrimSpace(line))
+		}
+	}
+	return lines
+}
+
 func tables(t *testing.T, e *env.Env) map[string]bool {
 	t.Helper()
 	out, err := e.TP.Exec(e.TP.Node, "nft", "list", "tables")

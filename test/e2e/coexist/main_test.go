@@ -1,8 +1,9 @@
-// Package coexist runs upstream kube-proxy (iptables mode, the same v1.36.3 the control
-// plane is built from) and the shardproxy supervisor side by side in one node namespace,
-// for real: kube-proxy serves the unlabeled Services, two shardproxy instances (no default
-// instance) serve the labeled ones, and each survives the other's restarts. Root only (CI
-// is root); it needs iptables (hack/install-deps.sh installs it).
+// Package coexist runs upstream kube-proxy (the same v1.36.3 the control plane is built
+// from) and the shardproxy supervisor side by side in one node namespace, for real, once
+// with kube-proxy in nftables mode and once in iptables mode: kube-proxy serves the
+// unlabeled Services, two shardproxy instances (no default instance) serve the labeled
+// ones, and each survives the other's restarts. Root only (CI is root); it needs
+// iptables (hack/install-deps.sh installs it).
 package coexist
 
 import (
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -41,6 +43,16 @@ const instances = `
 var (
 	shared    *env.Env
 	kubeProxy *env.KubeProxy
+	// kubeProxyBinary is upstream kube-proxy, started in each mode by TestCoexist.
+	kubeProxyBinary string
+	// mode is the proxy mode of the running kube-proxy: modeIPTables or modeNFTables.
+	mode string
+)
+
+// kube-proxy's proxy modes the suite runs against.
+const (
+	modeIPTables = "iptables"
+	modeNFTables = "nftables"
 )
 
 func TestMain(m *testing.M) {
@@ -93,50 +105,85 @@ func runMain(m *testing.M) int {
 			fmt.Println("coexist: cleanup:", err)
 		}
 	}()
-	logf("starting %s --proxy-mode=iptables in %s", binary, e.TP.Node)
-	kp := e.NewKubeProxy(binary, "kube-proxy", e.KubeProxyArgs("iptables")...)
-	if err := kp.Start(); err != nil {
-		fmt.Println("coexist:", err)
-		return 1
-	}
-	if err := kp.WaitHealthy(ctx, time.Minute); err != nil {
-		fmt.Println("coexist:", err)
-		return 1
-	}
-	logf("environment with kube-proxy up in %v", time.Since(start).Round(time.Millisecond))
-	shared, kubeProxy = e, kp
+	logf("environment up in %v", time.Since(start).Round(time.Millisecond))
+	shared, kubeProxyBinary = e, binary
 	code := m.Run()
-	// kube-proxy's klog error lines ("E1122 ..."), for the record: a namespace it could
-	// not configure shows up here first.
+	if code != 0 {
+		fmt.Println("coexist: supervisor log (end):\n" + tail(e.SupervisorLog(), 60))
+		if kubeProxy != nil {
+			fmt.Printf("coexist: kube-proxy (%s mode) log (end):\n%s\n", mode, kubeProxy.LogTail(60))
+		}
+	}
+	return code
+}
+
+// startKubeProxy stops the running kube-proxy, if any, and starts one in proxy mode m,
+// which at start removes what the other mode left (its chains or its tables).
+func startKubeProxy(t *testing.T, e *env.Env, m string) {
+	t.Helper()
+	if kubeProxy != nil {
+		if err := kubeProxy.Stop(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kp := e.NewKubeProxy(kubeProxyBinary, "kube-proxy-"+m, e.KubeProxyArgs(m)...)
+	if err := kp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	kubeProxy, mode = kp, m
+	if err := kp.WaitHealthy(context.Background(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reportKubeProxyErrors(kp) })
+}
+
+// reportKubeProxyErrors prints kube-proxy's klog error lines ("E1122 ..."), for the
+// record: a namespace it could not configure shows up here first.
+func reportKubeProxyErrors(kp *env.KubeProxy) {
 	var errLines []string
 	for _, line := range strings.Split(kp.Log(), "\n") {
 		if strings.HasPrefix(line, "E") && len(line) > 5 && line[1] >= '0' && line[1] <= '9' {
 			errLines = append(errLines, line)
 		}
 	}
-	logf("kube-proxy logged %d error lines%s", len(errLines), strings.Join(append([]string{""}, firstN(errLines, 5)...), "\n  "))
-	if code != 0 {
-		fmt.Println("coexist: supervisor log (end):\n" + tail(e.SupervisorLog(), 60))
-		fmt.Println("coexist: kube-proxy log (end):\n" + kp.LogTail(60))
-	}
-	return code
+	fmt.Printf("coexist: kube-proxy logged %d error lines%s\n", len(errLines), strings.Join(append([]string{""}, firstN(errLines, 5)...), "\n  "))
 }
 
-// TestCoexist runs the suite against the one shared environment in a fixed order, written
-// here rather than left to file and declaration order: the legacy cleanup stops
-// kube-proxy for good, so it runs last.
+// TestCoexist runs the suite against the one shared environment, first beside kube-proxy
+// in nftables mode, then in iptables mode, in a fixed order written here rather than
+// left to file and declaration order: the legacy cleanup stops kube-proxy for good, so it
+// runs last. Services get the mode in their names, so the passes do not meet.
+//
+// Not in the nftables pass: the migration, whose rollback keeps the shadow until the node
+// sees kube-proxy's rules for the Services, which the supervisor reads from iptables only
+// (legacy.ProgrammedServices), so there the rollback waits out --legacy-timeout and
+// fails; and the iptables cleanup after kube-proxy, which is about iptables mode.
 func TestCoexist(t *testing.T) {
-	for _, tc := range []struct {
+	type step struct {
 		name string
 		run  func(t *testing.T)
-	}{
+	}
+	coexist := []step{
 		{"EachProxyServesItsOwnServices", testEachProxyServesItsOwnServices},
 		{"KubeProxyRestartLeavesShardproxyAlone", testKubeProxyRestartLeavesShardproxyAlone},
 		{"ShardproxyRestartLeavesKubeProxyAlone", testShardproxyRestartLeavesKubeProxyAlone},
-		{"MigrateMoveAndRollback", testMigrateMoveAndRollback},
-		{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy},
+	}
+	for _, pass := range []struct {
+		mode  string
+		steps []step
+	}{
+		{modeNFTables, coexist},
+		{modeIPTables, append(coexist,
+			step{"MigrateMoveAndRollback", testMigrateMoveAndRollback},
+			step{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy})},
 	} {
-		t.Run(tc.name, tc.run)
+		t.Run(pass.mode, func(t *testing.T) {
+			e, _ := environment(t)
+			startKubeProxy(t, e, pass.mode)
+			for _, s := range pass.steps {
+				t.Run(s.name, s.run)
+			}
+		})
 	}
 }
 
