@@ -15,7 +15,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -124,6 +123,12 @@ type ControlPlane struct {
 	etcdDataDir     string
 	client          kubernetes.Interface
 	dial            func(ctx context.Context, network, address string) (net.Conn, error)
+	// etcdURL is etcd's client URL; apiserverCmd is how kube-apiserver was started, for
+	// RestartAPIServer. apiMu guards apiserver, which StopAPIServer and StartAPIServer
+	// replace while tests run.
+	etcdURL      string
+	apiserverCmd apiserverCommand
+	apiMu        sync.Mutex
 }
 
 // Start starts a control plane with the default Options for the test and stops it when
@@ -331,6 +336,7 @@ func (cp *ControlPlane) startProcesses(ctx context.Context, opts Options, etcdDa
 		}
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	cp.etcdURL = etcdURL
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	cp.Port = ports[2]
 	cp.Host = "https://" + net.JoinHostPort(clientHost(opts.BindAddress), strconv.Itoa(cp.Port))
@@ -382,17 +388,8 @@ func (cp *ControlPlane) startProcesses(ctx context.Context, opts Options, etcdDa
 		// so the lease reconciler would fail and log it every 10s. Leave it without one.
 		args = append(args, "--endpoint-reconciler-type=none")
 	}
-	cp.apiserver, err = startProcess("kube-apiserver", cp.APIServerLog, opts.Netns, opts.APIServerBinary, append(args, opts.ExtraAPIServerArgs...))
-	if err != nil {
-		return err
-	}
-	// kube-apiserver serves a self-signed certificate it generated into --cert-dir.
-	httpsClient := &http.Client{
-		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: opts.Dial},
-	}
-	defer httpsClient.CloseIdleConnections()
-	if err := waitReady(ctx, cp.apiserver, httpsClient, cp.Host+"/readyz", cp.AdminToken); err != nil {
+	cp.apiserverCmd = apiserverCommand{netns: opts.Netns, binary: opts.APIServerBinary, args: append(args, opts.ExtraAPIServerArgs...)}
+	if err := cp.startAPIServer(ctx); err != nil {
 		return err
 	}
 
@@ -542,9 +539,7 @@ func (cp *ControlPlane) stop() error {
 // stopProcesses stops kube-apiserver, then etcd, which it needs until it has stopped.
 func (cp *ControlPlane) stopProcesses() error {
 	var errs []error
-	if cp.apiserver != nil {
-		errs = append(errs, cp.apiserver.stop(15*time.Second))
-	}
+	errs = append(errs, cp.StopAPIServer())
 	if cp.etcd != nil {
 		errs = append(errs, cp.etcd.stop(10*time.Second))
 	}
@@ -555,6 +550,8 @@ func (cp *ControlPlane) stopProcesses() error {
 // gone after stopping.
 func (cp *ControlPlane) PIDs() []int {
 	var pids []int
+	cp.apiMu.Lock()
+	defer cp.apiMu.Unlock()
 	for _, p := range []*process{cp.etcd, cp.apiserver} {
 		if p != nil {
 			pids = append(pids, p.cmd.Process.Pid)
