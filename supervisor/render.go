@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	goslices "slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,7 +46,8 @@ func Render(cfg *config.Config, instanceName string, services []*corev1.Service,
 		if dec.Rejected != "" {
 			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, dec.Rejected))
 		}
-		if dec.Instance != instanceName {
+		// The owner and a shadow (AnnotationShadow) program the same rules.
+		if !goslices.Contains(dec.Owners(), instanceName) {
 			continue
 		}
 		guarded, guardProblems := router.Guard(instanceName, svc)

@@ -52,6 +52,20 @@ func TestRenderOffline(t *testing.T) {
 	}
 }
 
+// TestRenderShadow: an instance renders the Services it programs as a shadow
+// (shardproxy.io/shadow), as a running instance programs them, besides the owner.
+func TestRenderShadow(t *testing.T) {
+	for _, inst := range []string{"team-a", "default"} {
+		out, errOut, code := runCLI("render", "--config", "testdata/config.yaml", "--instance", inst, "--from", "testdata/objects")
+		if code != 0 {
+			t.Fatalf("render --instance %s failed (%d): %s", inst, code, errOut)
+		}
+		if want := "add element ip shardproxy-" + inst + " service-ips { 172.30.0.30 . tcp . 80 : goto pick-1 }"; !strings.Contains(out, want) {
+			t.Errorf("render --instance %s: missing %q in\n%s", inst, want, out)
+		}
+	}
+}
+
 func TestCheckListsEveryProblem(t *testing.T) {
 	_, errOut, code := runCLI("check", "--skip-probe", "--config", "testdata/bad-config.yaml")
 	if code == 0 {
