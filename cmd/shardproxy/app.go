@@ -222,7 +222,7 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version})
+	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv)})
 	if err != nil {
 		return err
 	}
