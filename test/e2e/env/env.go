@@ -69,6 +69,9 @@ type Options struct {
 	ExtraAPIServerArgs []string
 	// ExtraConfig are node-wide fields (YAML lines) added to the supervisor's config.
 	ExtraConfig string
+	// SupervisorEnv are variables (KEY=value) added to the supervisor's environment, e.g.
+	// a PATH whose nft is a fault-injecting wrapper (the soak).
+	SupervisorEnv []string
 }
 
 // DefaultInstances are three instances: the default one and two teams. The teams serve
@@ -345,13 +348,16 @@ func (e *Env) StartSupervisor() error {
 	if e.sup != nil {
 		return errors.New("the supervisor is already running")
 	}
-	cmd, done, err := startLogged(e.TP.Node, e.logPath, "the supervisor", e.Binary, "run", "--config", e.ConfigPath, "--v", "2")
+	cmd, done, err := startLogged(e.TP.Node, e.logPath, e.opts.SupervisorEnv, "the supervisor", e.Binary, "run", "--config", e.ConfigPath, "--v", "2")
 	if err != nil {
 		return err
 	}
 	e.sup, e.supDone = cmd, done
 	return nil
 }
+
+// ControlPlaneNamespace is the network namespace etcd and kube-apiserver run in.
+func (e *Env) ControlPlaneNamespace() string { return e.cpNS }
 
 // SupervisorPid is the process id of the running supervisor (ip netns exec execs it in
 // place), or 0.

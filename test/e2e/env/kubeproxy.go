@@ -70,7 +70,7 @@ func (kp *KubeProxy) Start() error {
 	if kp.cmd != nil {
 		return errors.New("kube-proxy is already running")
 	}
-	cmd, done, err := startLogged(kp.e.TP.Node, kp.logPath, "kube-proxy", append([]string{kp.binary}, kp.args...)...)
+	cmd, done, err := startLogged(kp.e.TP.Node, kp.logPath, nil, "kube-proxy", append([]string{kp.binary}, kp.args...)...)
 	if err != nil {
 		return err
 	}

@@ -9,14 +9,17 @@ import (
 )
 
 // startLogged starts argv inside namespace ns in a process group of its own, appending
-// its output to logPath; done is closed when it exits.
-func startLogged(ns, logPath, what string, argv ...string) (cmd *exec.Cmd, done chan struct{}, err error) {
+// its output to logPath, with env added to ours; done is closed when it exits.
+func startLogged(ns, logPath string, env []string, what string, argv ...string) (cmd *exec.Cmd, done chan struct{}, err error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, err
 	}
 	cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// Pdeathsig: a test binary that dies takes its daemons with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
