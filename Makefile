@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes fuzz deps vet fmt clean demo bench bench-compare
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare
 
 all: build
 
@@ -50,6 +50,17 @@ COUNT     ?= 10
 E2E_COUNT ?= 3
 flakes: deps
 	COUNT=$(COUNT) E2E_COUNT=$(E2E_COUNT) hack/flakes.sh
+
+# soak runs the real binary with three instances against a local control plane for
+# SOAK_DURATION (default 10 minutes) of seeded random changes to ~1,000 Services and
+# injected faults (apiserver restarts, expired watches, kill -9 mid full sync, tables
+# broken by hand, nft and netlink failing, a full conntrack table), and checks at
+# quiescent checkpoints that the kernel equals `shardproxy render` and that steady
+# Services never failed a probe (hack/soak.sh, test/soak; SOAK_SEED replays a run).
+# Root only.
+SOAK_DURATION ?= 10m
+soak: deps
+	SOAK_DURATION=$(SOAK_DURATION) hack/soak.sh
 
 # demo is the README's main job: a local control plane, a node namespace running three
 # instances, sample Services, real traffic and a table of who served what. It stays up

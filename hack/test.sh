@@ -6,6 +6,8 @@
 #                and send real traffic (their unit tests run here too)
 #   integration  packages whose tests talk to a real etcd + kube-apiserver
 #   e2e          the real `shardproxy run` binary on a control plane + node namespaces
+#   soak         hack/soak.sh for 2 minutes: churn and every kind of fault once, the
+#                kernel checked against render at checkpoints (SKIP_SOAK=1 skips it)
 #   fuzz         the fuzz targets (config decoder, Service model), briefly
 #   demo         `make demo --once`: the README's main job, end to end
 #
@@ -46,6 +48,23 @@ layer unit 10m 2 ${unit}
 layer real-kernel 15m 2 ${kernel}
 layer integration 15m 2 ${integration}
 layer e2e 20m 1 ${e2e}
+
+# soak: the short soak, every fault kind once (make soak runs the long one).
+if [[ "${SKIP_SOAK:-}" == "" ]]; then
+	echo "=== layer soak: hack/soak.sh for ${soak_ci_duration}"
+	start=$(date +%s)
+	out="$(mktemp)"
+	SOAK_DURATION="${soak_ci_duration}" hack/soak.sh 2>&1 | tee "${out}" | grep -E '^SOAK|fault|checkpoint|soak: (seed|could not)'
+	status=${PIPESTATUS[0]}
+	detail="$(grep -E '^SOAK (checkpoints|steady connections):' "${out}" | sed 's/^SOAK //' | tr '\n' ';')"
+	if [[ ${status} -eq 0 ]]; then
+		summary+=("LAYER soak         ok: ${detail} $(($(date +%s) - start))s")
+	else
+		summary+=("LAYER soak         FAIL: $(grep -E '^soak: (seed|could not)' "${out}" | head -2 | tr '\n' ' ')${detail} $(($(date +%s) - start))s")
+		rc=1
+	fi
+	rm -f "${out}"
+fi
 
 # fuzz: each fuzz target briefly, beyond its seed corpus (which the unit layer runs).
 fuzz_start=$(date +%s)

@@ -38,7 +38,9 @@ import (
 // Addresses of the control-plane link (inside namespaces the environment creates).
 const (
 	ControlPlaneIP = "172.29.0.1"
-	nodeCPSideIP   = "172.29.0.2"
+	// NodeControlPlaneIP is the node's address on the control-plane link: the source of
+	// the supervisor's API connections.
+	NodeControlPlaneIP = "172.29.0.2"
 	// NodeName and Node2Name are the Node objects of the two nodes.
 	NodeName  = "node-1"
 	Node2Name = "node-2"
@@ -72,6 +74,8 @@ type Options struct {
 	// SupervisorEnv are variables (KEY=value) added to the supervisor's environment, e.g.
 	// a PATH whose nft is a fault-injecting wrapper (the soak).
 	SupervisorEnv []string
+	// SupervisorArgs are added to `shardproxy run`'s flags (e.g. a --vmodule).
+	SupervisorArgs []string
 }
 
 // DefaultInstances are three instances: the default one and two teams. The teams serve
@@ -228,7 +232,7 @@ func (e *Env) wireControlPlane() error {
 		{ns, []string{"ip", "link", "set", "lo", "up"}},
 		{ns, []string{"ip", "addr", "add", ControlPlaneIP + "/24", "dev", "cp0"}},
 		{ns, []string{"ip", "link", "set", "cp0", "up"}},
-		{e.TP.Node, []string{"ip", "addr", "add", nodeCPSideIP + "/24", "dev", "cp0"}},
+		{e.TP.Node, []string{"ip", "addr", "add", NodeControlPlaneIP + "/24", "dev", "cp0"}},
 		{e.TP.Node, []string{"ip", "link", "set", "cp0", "up"}},
 	} {
 		if out, err := e.TP.Exec(step.ns, step.args...); err != nil {
@@ -348,7 +352,8 @@ func (e *Env) StartSupervisor() error {
 	if e.sup != nil {
 		return errors.New("the supervisor is already running")
 	}
-	cmd, done, err := startLogged(e.TP.Node, e.logPath, e.opts.SupervisorEnv, "the supervisor", e.Binary, "run", "--config", e.ConfigPath, "--v", "2")
+	argv := append([]string{e.Binary, "run", "--config", e.ConfigPath, "--v", "2"}, e.opts.SupervisorArgs...)
+	cmd, done, err := startLogged(e.TP.Node, e.logPath, e.opts.SupervisorEnv, "the supervisor", argv...)
 	if err != nil {
 		return err
 	}

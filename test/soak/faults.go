@@ -1,0 +1,499 @@
+package soak
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/shardproxy/shardproxy/test/e2e/env"
+)
+
+// Fault kinds, in the order the summary lists them.
+const (
+	faultAPIServer   = "apiserver-restart"
+	faultCompaction  = "etcd-compaction"
+	faultKill        = "kill9-full-sync"
+	faultTable       = "nft-table-delete"
+	faultChain       = "nft-chain-flush"
+	faultElement     = "nft-element-remove"
+	faultNFT         = "nft-fail"
+	faultNetlink     = "netlink-fail"
+	faultConntrack   = "conntrack-full"
+	apiserverOutage  = 30 * time.Second
+	failureWindow    = 20 * time.Second
+	conntrackWindow  = 10 * time.Second
+	conntrackMark    = 0x50a1
+	victimsPerExpiry = 5
+)
+
+// watchExpiredLog is what client-go's reflector logs (at V(4)) when a watch resumed from a
+// compacted resource version: the API's message for 410 Gone.
+const watchExpiredLog = "The resourceVersion for the provided watch is too old."
+
+var faultKinds = []string{faultAPIServer, faultCompaction, faultKill, faultTable, faultChain, faultElement, faultNFT, faultNetlink, faultConntrack}
+
+// damagedInstances are the instances whose whole tables and chains the nft faults break:
+// not the default instance, which serves the steady Services (whose probes must never
+// fail). Single elements are removed from every instance, never a steady Service's.
+var damagedInstances = []string{"team-a", "team-b"}
+
+// injector injects the faults.
+type injector struct {
+	s *soak
+}
+
+// inject runs one fault of kind and returns what it did.
+func (in *injector) inject(ctx context.Context, kind string, n int, r *rand.Rand) (string, error) {
+	switch kind {
+	case faultAPIServer:
+		return in.apiserverRestart(ctx, n)
+	case faultCompaction:
+		return in.watchExpiry(ctx, n)
+	case faultKill:
+		return in.killDuringFullSync(ctx)
+	case faultTable:
+		return in.deleteTable(ctx, r)
+	case faultChain:
+		return in.flushChain(ctx, r)
+	case faultElement:
+		return in.removeElement(ctx, r)
+	case faultNFT:
+		return in.failNFT(ctx)
+	case faultNetlink:
+		return in.failNetlink(ctx)
+	case faultConntrack:
+		return in.fillConntrack(ctx)
+	}
+	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+// apiserverRestart stops kube-apiserver for apiserverOutage, starts it again, and at
+// once creates a Service, which must reach the kernel.
+func (in *injector) apiserverRestart(ctx context.Context, n int) (string, error) {
+	cp := in.s.e.CP
+	if err := cp.StopAPIServer(); err != nil {
+		return "", err
+	}
+	if err := sleep(ctx, apiserverOutage); err != nil {
+		return "", err
+	}
+	if err := cp.StartAPIServer(context.WithoutCancel(ctx)); err != nil {
+		return "", err
+	}
+	back := time.Now()
+	svc, err := in.s.createMarker(ctx, fmt.Sprintf("after-restart-%d", n))
+	if err != nil {
+		return "", fmt.Errorf("creating a Service after the restart: %w", err)
+	}
+	landed, err := in.s.waitClusterIP(ctx, svc, true, 90*time.Second)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v; a Service created right after it returned was programmed %v after its return", apiserverOutage, landed.Sub(back).Round(time.Millisecond)), nil
+}
+
+// watchExpiry makes the supervisor's watches resume from resource versions etcd no
+// longer has, with changes in between that no watch saw: kube-apiserver stops (its
+// watches end cleanly, so the informers resume rather than list again), the node is cut
+// off it (its connections are refused), it starts again, Services are deleted and etcd
+// compacted, and the node reconnects: every watch gets "too old resource version" (410)
+// and its informer lists again. The deleted Services must leave the kernel.
+func (in *injector) watchExpiry(ctx context.Context, n int) (string, error) {
+	s := in.s
+	var victims []*corev1.Service
+	for i := range victimsPerExpiry {
+		svc, err := s.createMarker(ctx, fmt.Sprintf("expiry-%d-%d", n, i))
+		if err != nil {
+			return "", err
+		}
+		victims = append(victims, svc)
+	}
+	for _, v := range victims {
+		if _, err := s.waitClusterIP(ctx, v, true, 90*time.Second); err != nil {
+			return "", err
+		}
+	}
+	expiredBefore := strings.Count(s.e.SupervisorLog(), watchExpiredLog)
+	if err := s.e.CP.StopAPIServer(); err != nil {
+		return "", err
+	}
+	if err := in.partition(ctx, true); err != nil {
+		return "", err
+	}
+	healed := false
+	defer func() {
+		if !healed {
+			_ = in.partition(context.WithoutCancel(ctx), false)
+		}
+	}()
+	if err := s.e.CP.StartAPIServer(context.WithoutCancel(ctx)); err != nil {
+		return "", err
+	}
+	for _, v := range victims {
+		if err := s.deleteService(ctx, v.Namespace, v.Name); err != nil {
+			return "", err
+		}
+	}
+	rev, err := s.e.CP.Compact(ctx)
+	if err != nil {
+		return "", err
+	}
+	if err := in.partition(ctx, false); err != nil {
+		return "", err
+	}
+	healed = true
+	back := time.Now()
+	for _, v := range victims {
+		if _, err := s.waitClusterIP(ctx, v, false, 90*time.Second); err != nil {
+			return "", fmt.Errorf("a Service deleted while the watches were cut: %w", err)
+		}
+	}
+	expired := strings.Count(s.e.SupervisorLog(), watchExpiredLog) - expiredBefore
+	if expired == 0 {
+		return "", fmt.Errorf("no watch expired after compacting etcd at revision %d (the supervisor logged no %q)", rev, watchExpiredLog)
+	}
+	return fmt.Sprintf("compacted at revision %d; %d watches expired (410) and relisted; %d Services deleted while no watch ran left the kernel %v after the node reconnected",
+		rev, expired, len(victims), time.Since(back).Round(time.Millisecond)), nil
+}
+
+// partition refuses (with a TCP reset) the node's connections to kube-apiserver, in the
+// control plane's namespace; or lifts that.
+func (in *injector) partition(ctx context.Context, on bool) error {
+	cpNS := in.s.e.ControlPlaneNamespace()
+	if !on {
+		_, err := in.s.check.run(ctx, cpNS, nil, "delete", "table", "inet", "soak-partition")
+		return err
+	}
+	script := fmt.Sprintf(`table inet soak-partition {
+	chain input {
+		type filter hook input priority 0;
+		ip saddr %s tcp dport %d reject with tcp reset
+	}
+}
+`, env.NodeControlPlaneIP, in.s.e.CP.Port)
+	_, err := in.s.check.run(ctx, cpNS, []byte(script), "-f", "-")
+	return err
+}
+
+// killDuringFullSync holds the next full sync's nft transaction (the nft wrapper waits
+// while ctl/hold-full exists), kills the supervisor with SIGKILL while it waits, and
+// starts it again.
+func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
+	s := in.s
+	hold := filepath.Join(s.ctl, "hold-full")
+	if err := os.WriteFile(hold, nil, 0o644); err != nil {
+		return "", err
+	}
+	defer os.Remove(hold)
+	held := ""
+	deadline := time.Now().Add(2 * time.Minute)
+	for held == "" && time.Now().Before(deadline) {
+		if m, _ := filepath.Glob(filepath.Join(s.ctl, "held.*")); len(m) > 0 {
+			held = m[0]
+			break
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
+	if held == "" {
+		return "", fmt.Errorf("no full sync started within 2m")
+	}
+	table, _ := os.ReadFile(held)
+	if err := s.e.StopSupervisor(syscall.SIGKILL); err != nil {
+		return "", err
+	}
+	os.Remove(hold)
+	if m, _ := filepath.Glob(filepath.Join(s.ctl, "held.*")); len(m) > 0 {
+		for _, f := range m {
+			os.Remove(f)
+		}
+	}
+	if err := s.e.StartSupervisor(); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	if err := s.e.WaitHealthy(ctx, 3*time.Minute); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("killed while the full sync of %s waited to commit; restarted, healthy after %v", strings.TrimSpace(string(table)), time.Since(start).Round(time.Millisecond)), nil
+}
+
+// deleteTable deletes a whole table of a team instance and waits for it to come back.
+func (in *injector) deleteTable(ctx context.Context, r *rand.Rand) (string, error) {
+	k := tableKey{damagedInstances[r.IntN(len(damagedInstances))], families[r.IntN(len(families))]}
+	name := k.String()
+	if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, append([]string{"delete", "table"}, strings.Fields(name)...)...); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	for time.Since(start) < time.Minute {
+		if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "list", "chain", k.family, k.table(), "nat-prerouting"); err == nil {
+			return fmt.Sprintf("deleted table %s; rebuilt after %v", name, time.Since(start).Round(time.Millisecond)), nil
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("table %s not rebuilt within 1m", name)
+}
+
+// flushChain flushes a random chain of a team instance's table; the next full sync
+// (fullSyncPeriod) restores it.
+func (in *injector) flushChain(ctx context.Context, r *rand.Rand) (string, error) {
+	k := tableKey{damagedInstances[r.IntN(len(damagedInstances))], families[r.IntN(len(families))]}
+	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "chains", k.family)
+	if err != nil {
+		return "", err
+	}
+	var doc struct {
+		Nftables []struct {
+			Chain *struct{ Table, Name string } `json:"chain"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return "", err
+	}
+	var chains []string
+	for _, o := range doc.Nftables {
+		if o.Chain != nil && o.Chain.Table == k.table() {
+			chains = append(chains, o.Chain.Name)
+		}
+	}
+	if len(chains) == 0 {
+		return "", fmt.Errorf("table %s has no chains", k)
+	}
+	slices.Sort(chains)
+	chain := chains[r.IntN(len(chains))]
+	if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "flush", "chain", k.family, k.table(), chain); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("flushed chain %s of table %s", chain, k), nil
+}
+
+// removeElement removes one service-ips element of a churned Service from any instance.
+func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, error) {
+	k := tableKey{in.s.instances[r.IntN(len(in.s.instances))], families[r.IntN(len(families))]}
+	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "map", k.family, k.table(), "service-ips")
+	if err != nil {
+		return "", err
+	}
+	var doc struct {
+		Nftables []struct {
+			Map *struct {
+				Elem [][]json.RawMessage `json:"elem"`
+			} `json:"map"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return "", err
+	}
+	var keys []string
+	for _, o := range doc.Nftables {
+		if o.Map == nil {
+			continue
+		}
+		for _, el := range o.Map.Elem {
+			var key struct {
+				Concat []any `json:"concat"`
+			}
+			if len(el) != 2 || json.Unmarshal(el[0], &key) != nil || len(key.Concat) != 3 {
+				continue
+			}
+			parts := make([]string, len(key.Concat))
+			for i, p := range key.Concat {
+				parts[i] = fmt.Sprint(p)
+			}
+			if in.s.steadyKey(parts[0], parts[2]) {
+				continue
+			}
+			keys = append(keys, strings.Join(parts, " . "))
+		}
+	}
+	if len(keys) == 0 {
+		return "no element to remove in " + k.String(), nil
+	}
+	slices.Sort(keys)
+	key := keys[r.IntN(len(keys))]
+	if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "delete", "element", k.family, k.table(), "service-ips", "{ "+key+" }"); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("removed element { %s } of service-ips in %s", key, k), nil
+}
+
+// failNFT makes the nft wrapper fail half of the supervisor's nft transactions for
+// failureWindow.
+func (in *injector) failNFT(ctx context.Context) (string, error) {
+	path := filepath.Join(in.s.ctl, "nft-fail")
+	failed := filepath.Join(in.s.ctl, "nft-failed")
+	before := countLines(failed)
+	if err := os.WriteFile(path, []byte("50\n"), 0o644); err != nil {
+		return "", err
+	}
+	err := sleep(ctx, failureWindow)
+	os.Remove(path)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("50%% of nft transactions failed for %v: %d failed", failureWindow, countLines(failed)-before), nil
+}
+
+// failNetlink makes half of the supervisor's netlink transactions fail for failureWindow
+// (SHARDPROXY_TEST_NETLINK_FAULTS).
+func (in *injector) failNetlink(ctx context.Context) (string, error) {
+	path := filepath.Join(in.s.ctl, "netlink-fail")
+	before := strings.Count(in.s.e.SupervisorLog(), "injected netlink fault")
+	if err := os.WriteFile(path, []byte("0.5\n"), 0o644); err != nil {
+		return "", err
+	}
+	err := sleep(ctx, failureWindow)
+	os.Remove(path)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("50%% of netlink transactions failed for %v: %d failed (supervisor log)", failureWindow,
+		strings.Count(in.s.e.SupervisorLog(), "injected netlink fault")-before), nil
+}
+
+// fillConntrack fills the node's conntrack table (assured entries nobody uses, which the
+// kernel cannot evict) for conntrackWindow, then deletes them. nf_conntrack_max cannot be
+// lowered in a network namespace other than the host's on this kernel (the sysctl is
+// read-only there), so the table is filled up to it instead. The steady probes pause: a
+// full table drops new flows in the kernel, by design.
+func (in *injector) fillConntrack(ctx context.Context) (string, error) {
+	s := in.s
+	read := func(name string) (int, error) {
+		out, err := s.e.TP.Exec(s.e.TP.Node, "cat", "/proc/sys/net/netfilter/"+name)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s", err, out)
+		}
+		return strconv.Atoi(strings.TrimSpace(out))
+	}
+	limit, err := read("nf_conntrack_max")
+	if err != nil {
+		return "", err
+	}
+	count, err := read("nf_conntrack_count")
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for i := range limit - count {
+		fmt.Fprintf(&b, "-I -s 10.%d.%d.%d -d 10.254.0.1 -p tcp --sport 1000 --dport 80 --state ESTABLISHED -u ASSURED -t 300 -m %d\n",
+			128+(i>>16), (i>>8)&255, i&255, conntrackMark)
+	}
+	file := filepath.Join(s.dir, "conntrack-fill")
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		return "", err
+	}
+	resume := s.probes.Pause()
+	defer resume()
+	defer func() {
+		_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-D", "-m", strconv.Itoa(conntrackMark))
+	}()
+	// conntrack -R stops at the first entry the full table refuses: fine.
+	_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-R", file)
+	full, err := read("nf_conntrack_count")
+	if err != nil {
+		return "", err
+	}
+	_, dialErr := s.e.TP.DialWith(s.e.TP.Client, "tcp", steadyNodeIP, int(s.steadyNodePort), dialOnce)
+	if err := sleep(ctx, conntrackWindow); err != nil {
+		return "", err
+	}
+	effect := "a new connection to a steady NodePort still got through"
+	if dialErr != nil {
+		effect = "a new connection to a steady NodePort was dropped"
+	}
+	return fmt.Sprintf("conntrack table full (%d of %d entries) for %v; %s", full, limit, conntrackWindow, effect), nil
+}
+
+func countLines(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(data), "\n")
+}
+
+// createMarker creates a one-port Service in soak-x (the default instance's) with one
+// ready endpoint, and returns it.
+func (s *soak) createMarker(ctx context.Context, name string) (*corev1.Service, error) {
+	var created *corev1.Service
+	err := retry(ctx, func() error {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "soak-x", Name: name},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "p", Protocol: corev1.ProtocolTCP, Port: 7000, TargetPort: intstr.FromInt32(8000)}}}}
+		var err error
+		created, err = s.e.Client.CoreV1().Services("soak-x").Create(ctx, svc, metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = retry(ctx, func() error {
+		sl := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "soak-x", Name: name + "-ipv4", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("p"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr(int32(8000))}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.2.99"}, NodeName: ptr("node-2"), Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
+		}
+		_, err := s.e.Client.DiscoveryV1().EndpointSlices("soak-x").Create(ctx, sl, metav1.CreateOptions{})
+		return err
+	})
+	return created, err
+}
+
+func (s *soak) deleteService(ctx context.Context, ns, name string) error {
+	return retry(ctx, func() error {
+		if err := s.e.Client.CoreV1().Services(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !refused(err) {
+			return err
+		}
+		return s.e.Client.DiscoveryV1().EndpointSlices(ns).DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+	})
+}
+
+// waitClusterIP waits until the default instance's service-ips map holds (present) or
+// no longer holds the Service's cluster IP, and returns when it did.
+func (s *soak) waitClusterIP(ctx context.Context, svc *corev1.Service, present bool, timeout time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(timeout)
+	want := svc.Spec.ClusterIP + " . tcp . 7000"
+	for time.Now().Before(deadline) {
+		out, err := s.check.run(ctx, s.e.TP.Node, nil, "list", "map", "ip", tablePrefix+"-default", "service-ips")
+		if err == nil && strings.Contains(string(out), svc.Spec.ClusterIP+" . tcp . 7000") == present {
+			return time.Now(), nil
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return time.Time{}, err
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s/%s: %q still %s the kernel after %v", svc.Namespace, svc.Name, want, map[bool]string{true: "not in", false: "in"}[present], timeout)
+}
+
+// retry calls f until it succeeds, ctx ends or 3 minutes passed (an apiserver restart
+// in between).
+func retry(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		if err := sleep(ctx, 250*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
