@@ -34,6 +34,7 @@ const (
 	faultConntrack   = "conntrack-full"
 	apiserverOutage  = 30 * time.Second
 	failureWindow    = 20 * time.Second
+	maxFailureWindow = 2 * time.Minute
 	conntrackWindow  = 10 * time.Second
 	conntrackMark    = 0x50a1
 	victimsPerExpiry = 5
@@ -335,37 +336,40 @@ func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, er
 }
 
 // failNFT makes the nft wrapper fail half of the supervisor's nft transactions for
-// failureWindow.
+// failureWindow, and longer (up to maxFailureWindow) until at least one failed: a window
+// in which nothing synced (the apiserver down, say) would test nothing.
 func (in *injector) failNFT(ctx context.Context) (string, error) {
-	path := filepath.Join(in.s.ctl, "nft-fail")
 	failed := filepath.Join(in.s.ctl, "nft-failed")
-	before := countLines(failed)
-	if err := os.WriteFile(path, []byte("50\n"), 0o644); err != nil {
-		return "", err
-	}
-	err := sleep(ctx, failureWindow)
-	os.Remove(path)
-	if err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("50%% of nft transactions failed for %v: %d failed", failureWindow, countLines(failed)-before), nil
+	return in.failureWindow(ctx, "nft-fail", "50", "50% of nft", func() int { return countLines(failed) })
 }
 
-// failNetlink makes half of the supervisor's netlink transactions fail for failureWindow
-// (SHARDPROXY_TEST_NETLINK_FAULTS).
+// failNetlink makes half of the supervisor's netlink transactions fail
+// (SHARDPROXY_TEST_NETLINK_FAULTS), as failNFT.
 func (in *injector) failNetlink(ctx context.Context) (string, error) {
-	path := filepath.Join(in.s.ctl, "netlink-fail")
-	before := strings.Count(in.s.e.SupervisorLog(), "injected netlink fault")
-	if err := os.WriteFile(path, []byte("0.5\n"), 0o644); err != nil {
+	return in.failureWindow(ctx, "netlink-fail", "0.5", "50% of netlink", func() int { return strings.Count(in.s.e.SupervisorLog(), "injected netlink fault") })
+}
+
+// failureWindow writes share into the control file name for failureWindow, or until
+// failures() grew (at most maxFailureWindow), and says how many transactions failed.
+func (in *injector) failureWindow(ctx context.Context, name, share, what string, failures func() int) (string, error) {
+	path := filepath.Join(in.s.ctl, name)
+	before := failures()
+	if err := os.WriteFile(path, []byte(share+"\n"), 0o644); err != nil {
 		return "", err
 	}
-	err := sleep(ctx, failureWindow)
+	defer os.Remove(path)
+	start := time.Now()
+	for time.Since(start) < failureWindow || (failures() == before && time.Since(start) < maxFailureWindow) {
+		if err := sleep(ctx, 500*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
 	os.Remove(path)
-	if err != nil {
-		return "", err
+	n := failures() - before
+	if n == 0 {
+		return "", fmt.Errorf("no transaction failed in %v (nothing synced?)", time.Since(start).Round(time.Second))
 	}
-	return fmt.Sprintf("50%% of netlink transactions failed for %v: %d failed (supervisor log)", failureWindow,
-		strings.Count(in.s.e.SupervisorLog(), "injected netlink fault")-before), nil
+	return fmt.Sprintf("%s transactions set to fail for %v: %d failed", what, time.Since(start).Round(time.Second), n), nil
 }
 
 // fillConntrack fills the node's conntrack table (assured entries nobody uses, which the
@@ -386,33 +390,48 @@ func (in *injector) fillConntrack(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	count, err := read("nf_conntrack_count")
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	for i := range limit - count {
-		fmt.Fprintf(&b, "-I -s 10.%d.%d.%d -d 10.254.0.1 -p tcp --sport 1000 --dport 80 --state ESTABLISHED -u ASSURED -t 300 -m %d\n",
-			128+(i>>16), (i>>8)&255, i&255, conntrackMark)
-	}
-	file := filepath.Join(s.dir, "conntrack-fill")
-	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
-		return "", err
-	}
 	resume := s.probes.Pause()
 	defer resume()
 	defer func() {
 		_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-D", "-m", strconv.Itoa(conntrackMark))
 	}()
-	// conntrack -R stops at the first entry the full table refuses: fine.
-	_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-R", file)
+	// Entries of other flows expire meanwhile: top the table up until it is full, and
+	// through the window.
+	next := 0
+	fill := func() error {
+		count, err := read("nf_conntrack_count")
+		if err != nil || count >= limit {
+			return err
+		}
+		var b strings.Builder
+		for range limit - count + 16 {
+			fmt.Fprintf(&b, "-I -s 10.%d.%d.%d -d 10.254.0.1 -p tcp --sport 1000 --dport 80 --state ESTABLISHED -u ASSURED -t 300 -m %d\n",
+				128+(next>>16), (next>>8)&255, next&255, conntrackMark)
+			next++
+		}
+		file := filepath.Join(s.dir, "conntrack-fill")
+		if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+		// conntrack -R stops at the first entry the full table refuses: fine.
+		_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-R", file)
+		return nil
+	}
+	if err := fill(); err != nil {
+		return "", err
+	}
 	full, err := read("nf_conntrack_count")
 	if err != nil {
 		return "", err
 	}
 	_, dialErr := s.e.TP.DialWith(s.e.TP.Client, "tcp", steadyNodeIP, int(s.steadyNodePort), dialOnce)
-	if err := sleep(ctx, conntrackWindow); err != nil {
-		return "", err
+	for start := time.Now(); time.Since(start) < conntrackWindow; {
+		if err := sleep(ctx, time.Second); err != nil {
+			return "", err
+		}
+		if err := fill(); err != nil {
+			return "", err
+		}
 	}
 	effect := "a new connection to a steady NodePort still got through"
 	if dialErr != nil {

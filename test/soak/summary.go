@@ -240,13 +240,13 @@ func (sum *Summary) String() string {
 		p("  steady %s: %d connections, %d failed", pr.Name, pr.OK+pr.Failed, pr.Failed)
 	}
 	p("steady connections: %d, failed: %d (probes paused %v in all while conntrack was full)", ok+failed, failed, sum.ProbesPaused.Round(time.Second))
-	var first, last checkpointResult
+	rest := "fewer than two checkpoints with churn: no growth measured"
 	if n := len(sum.Checkpoints); n >= 3 {
-		first, last = sum.Checkpoints[1], sum.Checkpoints[n-1]
+		first, last := sum.Checkpoints[1], sum.Checkpoints[n-1]
+		rest = fmt.Sprintf("at rest: first checkpoint %s / %d goroutines, last %s / %d (bound: RSS ≤ %.1f× + %s, goroutines ≤ %.2f× + %d)",
+			mb(first.RSS), first.Goroutines, mb(last.RSS), last.Goroutines, rssGrowthFactor, mb(rssGrowthSlack), goroutineGrowth, goroutineGrowthSlack)
 	}
-	p("supervisor: peak RSS %s, peak goroutines %d; at rest: first checkpoint %s / %d goroutines, last %s / %d (bound: RSS ≤ %.1f× + %s, goroutines ≤ %.2f× + %d)",
-		mb(sum.PeakRSS), sum.PeakGoroutines, mb(first.RSS), first.Goroutines, mb(last.RSS), last.Goroutines,
-		rssGrowthFactor, mb(rssGrowthSlack), goroutineGrowth, goroutineGrowthSlack)
+	p("supervisor: peak RSS %s, peak goroutines %d; %s", mb(sum.PeakRSS), sum.PeakGoroutines, rest)
 	if problems := sum.Problems(); len(problems) > 0 {
 		p("FAIL:\n  %s", strings.Join(problems, "\n  "))
 	} else {

@@ -27,7 +27,8 @@ tmp=$(mktemp /tmp/soak-nft.XXXXXX) || exit 1
 trap 'rm -f "$tmp"' EXIT
 cat >"$tmp"
 if [ -e "$ctl/hold-full" ] && grep -q '^flush map' "$tmp"; then
-	sed -n 's/^add table \([a-z0-9]* [^ ]*\).*/\1/p' "$tmp" | head -1 >"$ctl/held.$$"
+	sed -n 's/^add table \([a-z0-9]* [^ ]*\).*/\1/p' "$tmp" | head -1 >"$ctl/.held.$$"
+	mv "$ctl/.held.$$" "$ctl/held.$$"
 	n=0
 	while [ -e "$ctl/hold-full" ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
 fi
