@@ -292,7 +292,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		},
 	})
 	s.dispatcher = d
-	if err := w.Connect(d, s.onNode, s.updateReserved); err != nil {
+	cidrDrop := s.newServiceCIDRDrop(serviceCIDRs)
+	onServiceCIDRs := s.updateReserved
+	if cidrDrop != nil {
+		onServiceCIDRs = func() { s.updateReserved(); cidrDrop.Changed() }
+	}
+	if err := w.Connect(d, s.onNode, onServiceCIDRs); err != nil {
 		return err
 	}
 
@@ -332,6 +337,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
+	wg.Add(1)
+	go func() { defer wg.Done(); s.runServiceCIDRDrop(ctx, cidrDrop) }()
 	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
 		wg.Add(1)
 		go func() {

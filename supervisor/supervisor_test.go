@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -212,6 +213,10 @@ type fixtureOptions struct {
 	node       *corev1.Node
 	// logger receives the supervisor's log lines; default klog's.
 	logger logr.Logger
+	// serviceCIDRs, when set, makes the API serve ServiceCIDRs, with one object holding these.
+	serviceCIDRs []string
+	// noServiceCIDRDrop sets the configuration's serviceCIDRDrop to false.
+	noServiceCIDRDrop bool
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -237,13 +242,26 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		cfg.MetricsBindAddress = opts.metricsBindAddress
 	}
 	cfg.EnableProfiling = opts.enableProfiling
+	if opts.noServiceCIDRDrop {
+		no := false
+		cfg.ServiceCIDRDrop = &no
+	}
 	node := opts.node
 	if node == nil {
 		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
 	}
-	f := &fixture{t: t, client: copyingClientset(node), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
+	objects := []runtime.Object{node}
+	if opts.serviceCIDRs != nil {
+		objects = append(objects, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
+			Spec: networkingv1.ServiceCIDRSpec{CIDRs: opts.serviceCIDRs}})
+	}
+	f := &fixture{t: t, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
+	if opts.serviceCIDRs != nil {
+		f.client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
+			APIResources: []metav1.APIResource{{Name: "servicecidrs", Kind: "ServiceCIDR"}}}}
+	}
 	for _, key := range opts.seed {
 		f.tables.seed(t, key)
 	}

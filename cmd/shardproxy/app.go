@@ -38,6 +38,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/tables/servicecidr"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -274,6 +275,7 @@ func check(ctx context.Context, w, ew io.Writer, path string, probe bool) error 
 		fmt.Fprintf(tw, "%s\t%s\tip %s, ip6 %s\t%d\t%d\t%d\t%d\t%d\n", inst.Name, serves, name, name, *inst.Slot, p.Firewall, p.DNAT, p.Filter, p.SNAT)
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(w, "\n"+nodeTableLine(cfg))
 	if !probe {
 		return nil
 	}
@@ -282,6 +284,16 @@ func check(ctx context.Context, w, ew io.Writer, path string, probe bool) error 
 	}
 	fmt.Fprintln(w, "\nhost probe: nft and the kernel accept every rule shape (IPv4 and IPv6)")
 	return nil
+}
+
+// nodeTableLine says what `check` shows of the supervisor's node-wide table.
+func nodeTableLine(cfg *config.Config) string {
+	name := servicecidr.TableName(cfg.TablePrefix)
+	if !*cfg.ServiceCIDRDrop {
+		return fmt.Sprintf("node table: off (serviceCIDRDrop: false); ip %s and ip6 %s are deleted if present", name, name)
+	}
+	return fmt.Sprintf("node table: ip %s, ip6 %s: drops new connections still addressed into a ServiceCIDR "+
+		"(forward and output hooks, filter priority %d; only while the API server serves ServiceCIDRs)", name, name, servicecidr.Priority)
 }
 
 // checkWarnings lists what a valid configuration exposes that it probably should not.
@@ -336,7 +348,7 @@ func cleanupPrefix(opts cleanupOptions) (string, []config.Instance, error) {
 }
 
 // cleanupAll deletes every ip and ip6 table carrying shardproxy's ownership marker
-// under the prefix (an uninstall: the configuration may be gone or out of date), and
+// under the prefix, instances' and the supervisor's node table (an uninstall: the configuration may be gone or out of date), and
 // lists the tables under the prefix without it, which are someone else's and stay. It
 // succeeds when there is nothing to delete, so that it can run again.
 func cleanupAll(ctx context.Context, w io.Writer, opts cleanupOptions) error {
@@ -372,6 +384,15 @@ func cleanupAll(ctx context.Context, w io.Writer, opts cleanupOptions) error {
 			fmt.Fprintf(w, "deleted table %s %s\n", tables.KnftFamily(fam), t.Name)
 		}
 	}
+	// The supervisor's node table, named and marked on its own (tables/servicecidr).
+	nodeDeleted, err := servicecidr.Remove(ctx, prefix, tables.NewNFT, tables.ListTables)
+	for _, fam := range nodeDeleted {
+		deleted++
+		fmt.Fprintf(w, "deleted table %s %s\n", tables.KnftFamily(fam), servicecidr.TableName(prefix))
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("node table: %w", err))
+	}
 	fmt.Fprintf(w, "%d shardproxy tables deleted (prefix %s)\n", deleted, prefix)
 	return errors.Join(errs...)
 }
@@ -402,6 +423,16 @@ func cleanup(ctx context.Context, w io.Writer, opts cleanupOptions) error {
 	}
 	if !found {
 		return cleanupUnconfigured(ctx, w, opts, prefix)
+	}
+	if opts.instance == "" {
+		// The whole configuration: the supervisor's node table goes with its instances.
+		deleted, err := servicecidr.Remove(ctx, prefix, tables.NewNFT, tables.ListTables)
+		for _, fam := range deleted {
+			fmt.Fprintf(w, "deleted table %s %s\n", tables.KnftFamily(fam), servicecidr.TableName(prefix))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node table: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

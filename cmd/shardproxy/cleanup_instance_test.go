@@ -25,6 +25,8 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 		`add table ip6 shardproxy-x { comment "shardproxy instance x" ; }`, // another instance's, under the default prefix
 		"add table ip kube-proxy",                                          // upstream's, no marker
 		`add table ip6 kube-proxy { comment "rules for Kubernetes Services" ; }`,
+		`add table ip shardproxy_node { comment "shardproxy node-wide rules" ; }`, // the supervisor's node table
+		`add table ip6 shardproxy_node { comment "shardproxy node-wide rules" ; }`,
 	}, "\n")+"\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +81,17 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "deleted table ip shardproxy-team-a (if it existed)") {
 		t.Fatalf("cleanup of a configured instance: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	if left := tablesLeft(); strings.Contains(left, "shardproxy-team-a") || !strings.Contains(left, "table ip other") {
-		t.Errorf("after cleaning up team-a:\n%s", left)
+	if left := tablesLeft(); strings.Contains(left, "shardproxy-team-a") || !strings.Contains(left, "table ip other") ||
+		!strings.Contains(left, "table ip shardproxy_node") {
+		t.Errorf("after cleaning up team-a (the node table stays while other instances may run):\n%s", left)
+	}
+
+	out, errOut, code = cli("cleanup", "--config", "testdata/config.yaml")
+	if code != 0 || !strings.Contains(out, "deleted table ip shardproxy_node") || !strings.Contains(out, "deleted table ip6 shardproxy_node") {
+		t.Fatalf("cleanup of the whole configuration: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if left := tablesLeft(); strings.Contains(left, "shardproxy_node") || !strings.Contains(left, "table ip other") {
+		t.Errorf("after cleaning up the whole configuration:\n%s", left)
 	}
 }
 
@@ -98,6 +109,7 @@ func TestCleanupAllInNamespace(t *testing.T) {
 		"add chain ip shardproxy-team-a nat-prerouting { type nat hook prerouting priority -67 ; }",
 		`add table ip6 shardproxy-team-a { comment "shardproxy instance team-a" ; }`,
 		`add table ip shardproxy-removed { comment "shardproxy instance removed" ; }`,
+		`add table ip6 shardproxy_node { comment "shardproxy node-wide rules" ; }`, // the supervisor's node table
 		"add table ip shardproxy-ghost", // our name, no marker: someone else's
 		`add table ip sp2-x { comment "shardproxy instance x" ; }`,
 		`add table inet shardproxy-team-a { comment "shardproxy instance team-a" ; }`, // not a family we write
@@ -131,13 +143,13 @@ func TestCleanupAllInNamespace(t *testing.T) {
 		t.Fatalf("cleanup --all: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	for _, want := range []string{"deleted table ip shardproxy-team-a", "deleted table ip6 shardproxy-team-a", "deleted table ip shardproxy-removed",
-		`left table ip shardproxy-ghost: not shardproxy's`, "3 shardproxy tables deleted (prefix shardproxy)"} {
+		"deleted table ip6 shardproxy_node", `left table ip shardproxy-ghost: not shardproxy's`, "4 shardproxy tables deleted (prefix shardproxy)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}
 	}
 	left := ruleset()
-	for _, gone := range []string{"table ip shardproxy-team-a", "table ip6 shardproxy-team-a", "table ip shardproxy-removed"} {
+	for _, gone := range []string{"table ip shardproxy-team-a", "table ip6 shardproxy-team-a", "table ip shardproxy-removed", "table ip6 shardproxy_node"} {
 		if strings.Contains(left, gone+" ") {
 			t.Errorf("%s is still there", gone)
 		}

@@ -87,6 +87,13 @@ type Config struct {
 	// Default "shardproxy-system" (deploy/ creates it, with a Role for exactly this);
 	// "-" turns the node status off.
 	StatusNamespace string `yaml:"statusNamespace"`
+	// ServiceCIDRDrop drops, node-wide, new connections to addresses inside the
+	// cluster's ServiceCIDRs that no proxy on the node translated (a deleted Service, an
+	// unallocated address, a Service of a proxy name nothing here runs), as upstream
+	// kube-proxy does, in the supervisor's table "<tablePrefix>_node"; off by itself
+	// where the API server does not serve ServiceCIDRs. A pointer so that an explicit
+	// false survives Default. Default true.
+	ServiceCIDRDrop *bool `yaml:"serviceCIDRDrop"`
 	// Conntrack holds the node-wide conntrack sysctls the supervisor sets once.
 	Conntrack Conntrack `yaml:"conntrack"`
 	// Instances are the proxies run side by side; at least one.
@@ -217,6 +224,9 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	}
 	if c.StatusNamespace == "" {
 		c.StatusNamespace = DefaultStatusNamespace
+	}
+	if c.ServiceCIDRDrop == nil {
+		c.ServiceCIDRDrop = ptr(true)
 	}
 
 	ct := &c.Conntrack

@@ -612,6 +612,11 @@ conntrack:
 			},
 		},
 		{
+			name: "an explicit serviceCIDRDrop false stays",
+			yaml: "serviceCIDRDrop: false\n" + minimal,
+			want: func(c *Config) { c.ServiceCIDRDrop = ptr(false) },
+		},
+		{
 			name: "fullSyncPeriod follows a long syncPeriod",
 			yaml: minimal + "  syncPeriod: 2h\n",
 			want: func(c *Config) {
@@ -636,6 +641,7 @@ conntrack:
 				MasqueradeBit:      ptr(14),
 				TablePrefix:        "shardproxy",
 				StatusNamespace:    "shardproxy-system",
+				ServiceCIDRDrop:    ptr(true),
 				Conntrack: Conntrack{
 					MaxPerCore:            ptr[int32](32768),
 					Min:                   ptr[int32](131072),
