@@ -3,7 +3,7 @@
 # anything not listed as kernel, integration or e2e is unit. Needs ${go}.
 
 module="$(${go} list -m)"
-kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|legacy|cmd/shardproxy)(/.*)?$"
+kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|supervisor/healthcheck|legacy|cmd/shardproxy)(/.*)?$"
 integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
 e2e_re="^${module}/test/e2e(/.*)?$"
 

@@ -119,7 +119,7 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	o.changes.synced(inst)
 	o.observeFamilies(res)
 	o.metrics.SetOwned(inst, res.Services, res.Endpoints)
-	o.svcHC.SyncServices(inst, o.ownedHealthChecks(inst, res.HealthCheckNodePorts))
+	o.svcHC.SyncServices(inst, o.healthChecks(inst, res.HealthCheckNodePorts))
 	o.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
 	if o.conntrack != nil {
 		o.conntrack.Synced(inst, res.Changed, res.Full)
@@ -181,6 +181,26 @@ func ipFamilies(stats map[tables.Family]tables.Stats) []corev1.IPFamily {
 		fams = append(fams, corev1.IPFamily(fam.String()))
 	}
 	return fams
+}
+
+// healthChecks are the health checks inst serves: those of the Services it owns, each in
+// the IP families the Service has (upstream's per-family proxiers serve each family's).
+func (o *observer) healthChecks(inst string, ports map[types.NamespacedName]int32) map[types.NamespacedName]healthcheck.HealthCheck {
+	owned := o.ownedHealthChecks(inst, ports)
+	if len(owned) == 0 {
+		return nil
+	}
+	applied := o.services.appliedBy(inst)
+	out := make(map[types.NamespacedName]healthcheck.HealthCheck, len(owned))
+	for name, port := range owned {
+		hc := healthcheck.HealthCheck{Port: port, IPv4: true, IPv6: true}
+		if m := applied[name]; m != nil {
+			_, hc.IPv4 = m.Ports[tables.IPv4]
+			_, hc.IPv6 = m.Ports[tables.IPv6]
+		}
+		out[name] = hc
+	}
+	return out
 }
 
 // ownedHealthChecks keeps the health-check node ports of the Services inst owns by

@@ -51,7 +51,8 @@ type Deps struct {
 	// Conntrack is the kernel's conntrack table; default: netlink. A nil interface after
 	// defaulting (netlink unavailable) disables conntrack cleanup with a log line.
 	Conntrack conntrack.Interface
-	// HealthCheckListener opens healthCheckNodePort servers; default: all addresses.
+	// HealthCheckListener opens healthCheckNodePort servers on node addresses; default:
+	// TCP sockets (healthcheck.TCPListener).
 	HealthCheckListener healthcheck.Listener
 	// Recorder records Kubernetes events; default: events through Client.
 	Recorder Recorder
@@ -178,7 +179,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		return healthcheck.DefaultHealthTimeout
 	})
 	if deps.HealthCheckListener == nil {
-		deps.HealthCheckListener = healthcheck.NewTCPListener(nil)
+		deps.HealthCheckListener = healthcheck.TCPListener{}
 	}
 	s.svcHC = healthcheck.NewServiceHealth(deps.HealthCheckListener, deps.Recorder, s.health.Healthy)
 	if deps.Conntrack == nil {
@@ -407,6 +408,8 @@ func runContained(ctx context.Context, p *instance.Proxy) (err error) {
 // newInstance builds one instance from its configuration and this node.
 func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*instance.Proxy, error) {
 	cfg := s.tableConfigs.forInstance(spec, node)
+	// Health-check node ports listen where the instance serves NodePorts, as upstream's.
+	s.svcHC.SetInstanceAddrs(spec.Name, cfg.NodePortIPs)
 	minSync := time.Duration(0)
 	if spec.MinSyncPeriod != nil {
 		minSync = spec.MinSyncPeriod.Duration
@@ -462,7 +465,10 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 		p.SetNode(nodeInfo(s.cfg.NodeName, node))
 		if addrsChanged {
 			spec := s.specs[name]
-			if err := p.Reconfigure(func(cfg *tables.Config) { s.tableConfigs.applyNode(spec, node, cfg) }); err != nil {
+			if err := p.Reconfigure(func(cfg *tables.Config) {
+				s.tableConfigs.applyNode(spec, node, cfg)
+				s.svcHC.SetInstanceAddrs(name, cfg.NodePortIPs)
+			}); err != nil {
 				s.logger.Error(err, "Reconfiguring instance for new node addresses", "instance", name)
 			}
 		}

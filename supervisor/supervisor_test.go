@@ -29,6 +29,7 @@ import (
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
@@ -217,6 +218,8 @@ type fixtureOptions struct {
 	serviceCIDRs []string
 	// noServiceCIDRDrop sets the configuration's serviceCIDRDrop to false.
 	noServiceCIDRDrop bool
+	// hcListener opens the health-check node ports (default: real sockets).
+	hcListener healthcheck.Listener
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -270,11 +273,12 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	}
 	f.sup, err = New(cfg, Deps{
 		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
-		Sysctl:            func(string, string) error { return nil },
-		ConntrackHashsize: func(int) error { return nil },
-		ListTables:        f.tables.list,
-		LegacyRules:       opts.legacyRules,
-		Logger:            opts.logger,
+		Sysctl:              func(string, string) error { return nil },
+		ConntrackHashsize:   func(int) error { return nil },
+		ListTables:          f.tables.list,
+		LegacyRules:         opts.legacyRules,
+		Logger:              opts.logger,
+		HealthCheckListener: opts.hcListener,
 	})
 	if err != nil {
 		t.Fatal(err)

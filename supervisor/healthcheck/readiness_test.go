@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ import (
 // refusingListener fails to listen on the ports in held, as if another process had them.
 type refusingListener struct{ held map[int]bool }
 
-func (l refusingListener) Listen(port int) (net.Listener, error) {
+func (l refusingListener) Listen(_ netip.Addr, port int) (net.Listener, error) {
 	if l.held[port] {
 		return nil, errors.New("bind: address already in use")
 	}
@@ -78,7 +79,8 @@ func TestUnboundHealthChecks(t *testing.T) {
 	l := refusingListener{held: map[int]bool{30001: true}}
 	s := NewServiceHealth(l, nil, nil)
 	defer s.Close()
-	s.SyncServices("team-a", map[types.NamespacedName]int32{{Namespace: "shop", Name: "web"}: 30001, {Namespace: "shop", Name: "api"}: 30002})
+	s.SetInstanceAddrs("team-a", []netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	s.SyncServices("team-a", checks(map[types.NamespacedName]int32{{Namespace: "shop", Name: "web"}: 30001, {Namespace: "shop", Name: "api"}: 30002}))
 	want := []string{"port 30001 (Service shop/web, instance team-a)"}
 	if got := s.Unbound(); !slices.Equal(got, want) {
 		t.Errorf("Unbound() = %q, want %q", got, want)

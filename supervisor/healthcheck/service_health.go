@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,20 +32,31 @@ type EventRecorder interface {
 	Eventf(service types.NamespacedName, eventType, reason, messageFmt string, args ...any)
 }
 
+// HealthCheck is one Service's health-check node port and the IP families it is served
+// in: the Service's, as upstream's per-family proxiers serve it in each of them.
+type HealthCheck struct {
+	Port       int32
+	IPv4, IPv6 bool
+}
+
 // ServiceHealth runs one HTTP server per health-check node port of the node's
 // LoadBalancer Services with externalTrafficPolicy Local, for every instance. Load
 // balancers probe the port to learn whether this node has ready local endpoints for the
-// Service. It is safe for concurrent use.
+// Service. As upstream's, a port listens only on the owning instance's node port
+// addresses (SetInstanceAddrs) of the Service's IP families, never on every address of
+// the node. It is safe for concurrent use.
 type ServiceHealth struct {
 	listen   Listener
 	recorder EventRecorder
 	healthy  func(instance string) bool
 	logger   klog.Logger
 
-	// mu guards everything below and every hcService's endpoints.
+	// mu guards everything below and every hcService's fields.
 	mu sync.RWMutex
 	// services holds each instance's wanted health checks, bound or not, by Service.
 	services map[string]map[types.NamespacedName]*hcService
+	// addrs holds each instance's node port addresses.
+	addrs map[string][]netip.Addr
 	// ports holds the health check serving each bound port; one port serves one Service.
 	ports  map[int32]*hcService
 	closed bool
@@ -54,22 +67,25 @@ type hcService struct {
 	// instance owns the health check; it changes when another instance adopts it.
 	instance string
 	name     types.NamespacedName
-	port     int32
+	check    HealthCheck
 	// endpoints is the number of local ready endpoints, guarded by ServiceHealth.mu.
 	endpoints int
-	// server is nil while the port is not bound; the next SyncServices retries it.
+	// server serves every listener; nil while none is open.
 	server *http.Server
-	// listener is the server's socket, closed by us too: the server only learns of it once
-	// its Serve goroutine runs, and the port must be free as soon as it is given up.
-	listener net.Listener
+	// listeners are the open sockets by address, closed by us too: the server only learns
+	// of one once its Serve goroutine runs, and the port must be free as soon as it is
+	// given up.
+	listeners map[netip.Addr]net.Listener
+	// incomplete is set while an address it should listen on could not be bound.
+	incomplete bool
 }
 
 // NewServiceHealth returns a ServiceHealth with no servers. listen opens ports (nil means
-// NewTCPListener(nil)); recorder records events on Services (nil records none); healthy
-// reports whether an instance is healthy, usually ProxyHealth.Healthy (nil means always).
+// TCPListener); recorder records events on Services (nil records none); healthy reports
+// whether an instance is healthy, usually ProxyHealth.Healthy (nil means always).
 func NewServiceHealth(listen Listener, recorder EventRecorder, healthy func(instance string) bool) *ServiceHealth {
 	if listen == nil {
-		listen = NewTCPListener(nil)
+		listen = TCPListener{}
 	}
 	if healthy == nil {
 		healthy = func(string) bool { return true }
@@ -80,18 +96,49 @@ func NewServiceHealth(listen Listener, recorder EventRecorder, healthy func(inst
 		healthy:  healthy,
 		logger:   klog.Background().WithName("service-health"),
 		services: map[string]map[types.NamespacedName]*hcService{},
+		addrs:    map[string][]netip.Addr{},
 		ports:    map[int32]*hcService{},
 	}
 }
 
-// SyncServices makes ports the complete set of health-check node ports of the instance's
-// Services: servers for Services that are gone or changed port are closed, new ones are
-// opened, and other instances' servers are left alone. A port already serving another
-// Service goes to whichever asked first (within one call, the first by namespace/name);
-// a port that cannot be opened is logged, recorded as a Warning event on the Service, and
-// retried on the next call. Ports given up here are handed at once to Services of any
-// instance still waiting for them.
-func (s *ServiceHealth) SyncServices(instance string, ports map[types.NamespacedName]int32) {
+// SetInstanceAddrs sets the node addresses an instance's health checks listen on (its
+// nodePortAddresses resolved on this node) and moves its open health checks to them:
+// new addresses are opened before old ones are closed.
+func (s *ServiceHealth) SetInstanceAddrs(instance string, addrs []netip.Addr) {
+	logger := s.logger.WithValues("instance", instance)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addrs = slices.Clone(addrs)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	if slices.Equal(s.addrs[instance], addrs) {
+		return
+	}
+	s.addrs[instance] = addrs
+	if s.closed {
+		return
+	}
+	var freed []int32
+	for _, name := range sortedNames(s.services[instance]) {
+		svc := s.services[instance][name]
+		if s.ports[svc.check.Port] != nil && s.ports[svc.check.Port] != svc {
+			continue // waiting for a port another Service holds
+		}
+		if s.reconcileLocked(logger, svc, true) {
+			freed = append(freed, svc.check.Port)
+		}
+	}
+	s.openWaitingLocked(freed)
+	logger.V(2).Info("Set service health check addresses", "addresses", addrs)
+}
+
+// SyncServices makes checks the complete set of health-check node ports of the
+// instance's Services: servers for Services that are gone or changed port are closed,
+// new ones are opened, changed families are followed, and other instances' servers are
+// left alone. A port already serving another Service goes to whichever asked first
+// (within one call, the first by namespace/name); an address that cannot be bound is
+// logged, recorded as a Warning event on the Service, and retried on the next call. Ports
+// given up here are handed at once to Services of any instance still waiting for them.
+func (s *ServiceHealth) SyncServices(instance string, checks map[types.NamespacedName]HealthCheck) {
 	logger := s.logger.WithValues("instance", instance)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -103,27 +150,31 @@ func (s *ServiceHealth) SyncServices(instance string, ports map[types.Namespaced
 	old := s.services[instance]
 	var freed []int32
 	for name, svc := range old {
-		if port, ok := ports[name]; ok && port == svc.port {
+		if c, ok := checks[name]; ok && c.Port == svc.check.Port {
 			continue
 		}
 		if s.closeLocked(logger, svc) {
-			freed = append(freed, svc.port)
+			freed = append(freed, svc.check.Port)
 		}
 		delete(old, name)
 	}
 
-	wanted := make(map[types.NamespacedName]*hcService, len(ports))
-	for _, name := range sortedNames(ports) {
+	wanted := make(map[types.NamespacedName]*hcService, len(checks))
+	for _, name := range sortedNames(checks) {
 		svc := old[name]
 		if svc == nil {
-			svc = s.adoptLocked(logger, instance, name, ports[name])
+			svc = s.adoptLocked(logger, instance, name, checks[name].Port)
 		}
 		if svc == nil {
-			svc = &hcService{instance: instance, name: name, port: ports[name]}
+			svc = &hcService{instance: instance, name: name}
 		}
+		changed := svc.check != checks[name]
+		svc.check = checks[name]
 		wanted[name] = svc
-		if svc.server == nil {
-			s.openLocked(logger, svc, true)
+		if svc.server == nil || svc.incomplete || changed || !slices.Equal(svc.boundAddrs(), s.wantedAddrsLocked(svc)) {
+			if s.reconcileLocked(logger, svc, true) {
+				freed = append(freed, svc.check.Port)
+			}
 		}
 	}
 	if len(wanted) == 0 {
@@ -139,8 +190,9 @@ func (s *ServiceHealth) SyncServices(instance string, ports map[types.Namespaced
 // adoptLocked hands instance the running health check of Service name on port when
 // another instance serves it there: the Service moved between instances (a relabel, or
 // the end of a migration), and the load balancer must keep finding the port open, not
-// see it closed and reopened. The new owner's endpoint count replaces the old one's in
-// the same observer pass (SyncEndpoints). It returns nil when there is nothing to adopt.
+// see it closed and reopened. The caller then moves it to instance's addresses, opening
+// before closing. The new owner's endpoint count replaces the old one's in the same
+// observer pass (SyncEndpoints). It returns nil when there is nothing to adopt.
 func (s *ServiceHealth) adoptLocked(logger klog.Logger, instance string, name types.NamespacedName, port int32) *hcService {
 	holder := s.ports[port]
 	if holder == nil || holder.name != name || holder.instance == instance {
@@ -181,7 +233,7 @@ func (s *ServiceHealth) Close() {
 	s.services = map[string]map[types.NamespacedName]*hcService{}
 }
 
-// RetryFailed tries again to open every health check whose port could not be bound,
+// RetryFailed tries again to open every health check address that could not be bound,
 // without new events: a port another process held (a legacy kube-proxy letting go of a
 // migrated Service) opens within one call of being freed, not at the owner's next sync.
 func (s *ServiceHealth) RetryFailed() {
@@ -193,51 +245,108 @@ func (s *ServiceHealth) RetryFailed() {
 	for instance, services := range s.services {
 		logger := s.logger.WithValues("instance", instance)
 		for _, svc := range services {
-			if svc.server == nil {
-				s.openLocked(logger, svc, false)
+			if svc.server == nil || svc.incomplete {
+				s.reconcileLocked(logger, svc, false)
 			}
 		}
 	}
 }
 
-// openLocked binds svc's port and starts serving it, or logs (and, with report, records
-// an event saying) why it could not.
-func (s *ServiceHealth) openLocked(logger klog.Logger, svc *hcService, report bool) {
-	logger = logger.WithValues("service", svc.name, "port", svc.port)
+// wantedAddrsLocked are the addresses svc should listen on: its instance's node port
+// addresses of the Service's families, sorted.
+func (s *ServiceHealth) wantedAddrsLocked(svc *hcService) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s.addrs[svc.instance] {
+		if (a.Is4() || a.Is4In6()) && svc.check.IPv4 || a.Is6() && !a.Is4In6() && svc.check.IPv6 {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// boundAddrs are the addresses svc listens on, sorted.
+func (svc *hcService) boundAddrs() []netip.Addr {
+	return slices.SortedFunc(maps.Keys(svc.listeners), netip.Addr.Compare)
+}
+
+// reconcileLocked makes svc listen on exactly its wanted addresses: it opens the missing
+// ones first and only then closes those no longer wanted, so a health check moving
+// between addresses (its Service moved to an instance with other nodePortAddresses)
+// answers somewhere throughout. What cannot be opened is reported (with report, as an
+// event too) and retried later; what is open stays. It reports whether the port was
+// given up entirely.
+func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, report bool) (freed bool) {
+	logger = logger.WithValues("service", svc.name, "port", svc.check.Port)
 	fail := func(err error) {
+		svc.incomplete = true
 		if report {
 			s.failLocked(logger, svc, err)
 		} else {
 			logger.V(4).Info("Service health check still cannot open", "err", err)
 		}
 	}
-	if holder, ok := s.ports[svc.port]; ok {
+	if holder, ok := s.ports[svc.check.Port]; ok && holder != svc {
 		fail(fmt.Errorf("port %d already serves the health check of Service %s (instance %q)",
-			svc.port, holder.name, holder.instance))
-		return
+			svc.check.Port, holder.name, holder.instance))
+		return false
 	}
-	if svc.port <= 0 || svc.port > 65535 {
-		fail(fmt.Errorf("port %d is not a valid port", svc.port))
-		return
+	if svc.check.Port <= 0 || svc.check.Port > 65535 {
+		fail(fmt.Errorf("port %d is not a valid port", svc.check.Port))
+		return false
 	}
-	l, err := s.listen.Listen(int(svc.port))
+	want := s.wantedAddrsLocked(svc)
+	var errs []error
+	for _, addr := range want {
+		if svc.listeners[addr] != nil {
+			continue
+		}
+		if err := s.listenLocked(logger, svc, addr); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for addr, l := range svc.listeners {
+		if !slices.Contains(want, addr) {
+			closeListener(logger, l)
+			delete(svc.listeners, addr)
+			logger.V(2).Info("Closed service health check address", "address", addr)
+		}
+	}
+	svc.incomplete = false
+	if len(want) == 0 {
+		fail(fmt.Errorf("instance %q has no node port address in the Service's IP families to listen on", svc.instance))
+	} else if len(errs) > 0 {
+		fail(errors.Join(errs...))
+	}
+	if len(svc.listeners) == 0 && svc.server != nil {
+		return s.closeLocked(logger, svc)
+	}
+	return false
+}
+
+// listenLocked opens svc's port on addr and serves it.
+func (s *ServiceHealth) listenLocked(logger klog.Logger, svc *hcService, addr netip.Addr) error {
+	l, err := s.listen.Listen(addr, int(svc.check.Port))
 	if err != nil {
-		fail(err)
-		return
+		return err
 	}
-	srv := &http.Server{
-		Handler:           hcHandler{s: s, svc: svc, logger: logger},
-		ReadHeaderTimeout: readHeaderTimeout,
+	if svc.server == nil {
+		svc.server = &http.Server{
+			Handler:           hcHandler{s: s, svc: svc, logger: logger},
+			ReadHeaderTimeout: readHeaderTimeout,
+		}
+		svc.listeners = map[netip.Addr]net.Listener{}
 	}
-	svc.server = srv
-	svc.listener = l
-	s.ports[svc.port] = svc
+	svc.listeners[addr] = l
+	s.ports[svc.check.Port] = svc
+	srv := svc.server
 	go func() {
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Service health check stopped serving")
+		// A listener closed alone (its address no longer wanted) ends Serve with ErrClosed.
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			logger.Error(err, "Service health check stopped serving", "address", addr)
 		}
 	}()
 	logger.V(2).Info("Opened service health check", "address", l.Addr().String())
+	return nil
 }
 
 // failLocked reports that svc's port could not be opened; the next sync retries.
@@ -245,7 +354,7 @@ func (s *ServiceHealth) failLocked(logger klog.Logger, svc *hcService, err error
 	logger.Error(err, "Failed to start service health check")
 	if s.recorder != nil {
 		s.recorder.Eventf(svc.name, eventTypeWarning, ReasonFailedToStartServiceHealthcheck,
-			"failed to start health check on node port %d (instance %q): %v", svc.port, svc.instance, err)
+			"failed to start health check on node port %d (instance %q): %v", svc.check.Port, svc.instance, err)
 	}
 }
 
@@ -254,20 +363,27 @@ func (s *ServiceHealth) closeLocked(logger klog.Logger, svc *hcService) bool {
 	if svc.server == nil {
 		return false
 	}
-	logger = logger.WithValues("service", svc.name, "port", svc.port)
+	logger = logger.WithValues("service", svc.name, "port", svc.check.Port)
 	// Close, not Shutdown: probes are idempotent, and the port must be free when this returns
 	// so another Service or instance can take it in the same sync.
-	err := svc.server.Close()
-	if lerr := svc.listener.Close(); lerr != nil && !errors.Is(lerr, net.ErrClosed) {
-		err = errors.Join(err, lerr)
-	}
-	if err != nil {
+	if err := svc.server.Close(); err != nil {
 		logger.Error(err, "Closing service health check")
 	}
-	svc.server, svc.listener = nil, nil
-	delete(s.ports, svc.port)
+	for _, l := range svc.listeners {
+		closeListener(logger, l)
+	}
+	svc.server, svc.listeners = nil, nil
+	if s.ports[svc.check.Port] == svc {
+		delete(s.ports, svc.check.Port)
+	}
 	logger.V(2).Info("Closed service health check")
 	return true
+}
+
+func closeListener(logger klog.Logger, l net.Listener) {
+	if err := l.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		logger.Error(err, "Closing service health check socket", "address", l.Addr().String())
+	}
 }
 
 // openWaitingLocked retries the health checks of any instance that wait for a freed port,
@@ -280,7 +396,7 @@ func (s *ServiceHealth) openWaitingLocked(freed []int32) {
 	var waiting []*hcService
 	for _, services := range s.services {
 		for _, svc := range services {
-			if svc.server == nil && slices.Contains(freed, svc.port) {
+			if svc.server == nil && slices.Contains(freed, svc.check.Port) {
 				waiting = append(waiting, svc)
 			}
 		}
@@ -289,10 +405,10 @@ func (s *ServiceHealth) openWaitingLocked(freed []int32) {
 		return cmp.Or(cmp.Compare(a.instance, b.instance), compareNames(a.name, b.name))
 	})
 	for _, svc := range waiting {
-		if _, taken := s.ports[svc.port]; taken {
+		if _, taken := s.ports[svc.check.Port]; taken {
 			continue
 		}
-		s.openLocked(s.logger.WithValues("instance", svc.instance), svc, true)
+		s.reconcileLocked(s.logger.WithValues("instance", svc.instance), svc, true)
 	}
 }
 
@@ -331,32 +447,28 @@ func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// sortedNames returns the keys of ports by namespace/name, so which of two Services asking
+// sortedNames returns the keys of m by namespace/name, so which of two Services asking
 // for one port wins does not depend on map order.
-func sortedNames(ports map[types.NamespacedName]int32) []types.NamespacedName {
-	names := make([]types.NamespacedName, 0, len(ports))
-	for name := range ports {
-		names = append(names, name)
-	}
-	slices.SortFunc(names, compareNames)
-	return names
+func sortedNames[V any](m map[types.NamespacedName]V) []types.NamespacedName {
+	return slices.SortedFunc(maps.Keys(m), compareNames)
 }
 
 func compareNames(a, b types.NamespacedName) int {
 	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
-// Unbound lists the health checks whose node port is not bound (another process or
-// another Service holds it, or it is invalid), as "port N (Service ns/name, instance
-// I)", sorted; RetryFailed tries them again.
+// Unbound lists the health checks whose node port is not bound on every address it
+// should listen on (another process or another Service holds it, it is invalid, or the
+// instance has no address in the Service's families), as "port N (Service ns/name,
+// instance I)", sorted; RetryFailed tries them again.
 func (s *ServiceHealth) Unbound() []string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []string
 	for instance, services := range s.services {
 		for _, svc := range services {
-			if svc.server == nil {
-				out = append(out, fmt.Sprintf("port %d (Service %s, instance %s)", svc.port, svc.name, instance))
+			if svc.server == nil || svc.incomplete {
+				out = append(out, fmt.Sprintf("port %d (Service %s, instance %s)", svc.check.Port, svc.name, instance))
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,7 +29,7 @@ func newLoopbackListener() *loopbackListener {
 	return &loopbackListener{addrs: map[int]string{}, calls: map[int]int{}}
 }
 
-func (l *loopbackListener) Listen(port int) (net.Listener, error) {
+func (l *loopbackListener) Listen(_ netip.Addr, port int) (net.Listener, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -120,8 +121,23 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	f := &fixture{listener: newLoopbackListener(), recorder: &fakeRecorder{}, health: &healthSet{}}
 	f.sh = NewServiceHealth(f.listener, f.recorder, f.health.healthy)
+	for _, inst := range []string{"team-a", "team-b"} {
+		f.sh.SetInstanceAddrs(inst, []netip.Addr{netip.MustParseAddr("127.0.0.1")})
+	}
 	t.Cleanup(f.sh.Close)
 	return f
+}
+
+// checks turns node ports into health checks served in both families.
+func checks(ports map[types.NamespacedName]int32) map[types.NamespacedName]HealthCheck {
+	if ports == nil {
+		return nil
+	}
+	out := make(map[types.NamespacedName]HealthCheck, len(ports))
+	for name, port := range ports {
+		out[name] = HealthCheck{Port: port, IPv4: true, IPv6: true}
+	}
+	return out
 }
 
 // checkRefused asserts nothing listens on addr any more.
@@ -197,7 +213,7 @@ func TestServiceHealthResponse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			f.health.set("team-a", tc.healthy)
-			f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+			f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{svc: 30001}))
 			f.sh.SyncEndpoints("team-a", tc.endpoints)
 
 			r := get(t, "http://"+f.listener.addr(t, 30001)+tc.path)
@@ -222,7 +238,7 @@ func TestServiceHealthResponse(t *testing.T) {
 func TestServiceHealthEndpointsFollowSync(t *testing.T) {
 	f := newFixture(t)
 	svc := nsn("shop", "frontend")
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{svc: 30001}))
 	url := "http://" + f.listener.addr(t, 30001)
 
 	if r := get(t, url); r.code != http.StatusServiceUnavailable {
@@ -248,8 +264,8 @@ func TestServiceHealthSyncServices(t *testing.T) {
 	kept, dropped, moved := nsn("shop", "kept"), nsn("shop", "dropped"), nsn("shop", "moved")
 	other := nsn("bank", "ledger")
 
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{kept: 30001, dropped: 30002, moved: 30003})
-	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{other: 30010})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{kept: 30001, dropped: 30002, moved: 30003}))
+	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{other: 30010}))
 	keptAddr := f.listener.addr(t, 30001)
 	droppedAddr := f.listener.addr(t, 30002)
 	movedAddr := f.listener.addr(t, 30003)
@@ -258,7 +274,7 @@ func TestServiceHealthSyncServices(t *testing.T) {
 		get(t, "http://"+addr)
 	}
 
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{kept: 30001, moved: 30004})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{kept: 30001, moved: 30004}))
 	checkRefused(t, droppedAddr)
 	checkRefused(t, movedAddr)
 	if got := f.listener.listenCalls(30001); got != 1 {
@@ -282,7 +298,7 @@ func TestServiceHealthSyncServices(t *testing.T) {
 
 	f.sh.Close()
 	checkRefused(t, otherAddr)
-	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{other: 30011})
+	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{other: 30011}))
 	if got := f.listener.listenCalls(30011); got != 0 {
 		t.Errorf("SyncServices after Close opened a port")
 	}
@@ -339,7 +355,7 @@ func TestServiceHealthPortConflict(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			for _, s := range tc.syncs {
-				f.sh.SyncServices(s.instance, s.ports)
+				f.sh.SyncServices(s.instance, checks(s.ports))
 			}
 			if got := f.listener.listenCalls(30001); got != 1 {
 				t.Errorf("port opened %d times, want 1", got)
@@ -366,12 +382,12 @@ func TestServiceHealthPortConflict(t *testing.T) {
 func TestServiceHealthMovedServiceKeepsItsServer(t *testing.T) {
 	f := newFixture(t)
 	svc := nsn("shop", "frontend")
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{svc: 30001})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{svc: 30001}))
 	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 1})
 	addr := f.listener.addr(t, 30001)
 
 	// The Service moves to team-b, and team-b syncs first.
-	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{svc: 30001})
+	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{svc: 30001}))
 	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{svc: 5})
 	if events := f.recorder.take(); len(events) != 0 {
 		t.Errorf("events %+v, want none: the Service only changed instance", events)
@@ -401,8 +417,8 @@ func TestServiceHealthMovedServiceKeepsItsServer(t *testing.T) {
 func TestServiceHealthFreedPortGoesToWaitingService(t *testing.T) {
 	f := newFixture(t)
 	old, waiting := nsn("shop", "old"), nsn("shop", "new")
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{old: 30001})
-	f.sh.SyncServices("team-b", map[types.NamespacedName]int32{waiting: 30001})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{old: 30001}))
+	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{waiting: 30001}))
 	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{waiting: 5})
 	if events := f.recorder.take(); len(events) != 1 || events[0].service != waiting {
 		t.Errorf("events %+v, want one for %s's conflict", events, waiting)
@@ -424,12 +440,13 @@ func TestServiceHealthBindFailure(t *testing.T) {
 	}
 	port := held.Addr().(*net.TCPAddr).Port
 	recorder := &fakeRecorder{}
-	sh := NewServiceHealth(NewTCPListener([]string{"127.0.0.1"}), recorder, nil)
+	sh := NewServiceHealth(TCPListener{}, recorder, nil)
+	sh.SetInstanceAddrs("team-a", []netip.Addr{netip.MustParseAddr("127.0.0.1")})
 	t.Cleanup(sh.Close)
 	svc := nsn("shop", "frontend")
 	ports := map[types.NamespacedName]int32{svc: int32(port)}
 
-	sh.SyncServices("team-a", ports)
+	sh.SyncServices("team-a", checks(ports))
 	sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 2})
 	events := recorder.take()
 	if len(events) != 1 {
@@ -444,7 +461,7 @@ func TestServiceHealthBindFailure(t *testing.T) {
 	}
 
 	// Still taken: the next sync retries and fails again.
-	sh.SyncServices("team-a", ports)
+	sh.SyncServices("team-a", checks(ports))
 	if events := recorder.take(); len(events) != 1 {
 		t.Errorf("events on retry %+v, want one", events)
 	}
@@ -477,7 +494,7 @@ func TestServiceHealthBindFailure(t *testing.T) {
 
 func TestServiceHealthInvalidPort(t *testing.T) {
 	f := newFixture(t)
-	f.sh.SyncServices("team-a", map[types.NamespacedName]int32{nsn("shop", "zero"): 0, nsn("shop", "big"): 70000})
+	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{nsn("shop", "zero"): 0, nsn("shop", "big"): 70000}))
 	if events := f.recorder.take(); len(events) != 2 {
 		t.Errorf("events %+v, want one per invalid port", events)
 	}
