@@ -114,7 +114,7 @@ func TestUDPEndpointReplaced(t *testing.T) {
 		deleted, time.Since(replaced).Round(10*time.Millisecond))
 }
 
-// TestTCPSynBeforeRules: a client's SYN reaches a Service's cluster IP before any proxy
+// TestTCPSynBeforeRules: a client's SYN reaches a Service's external IP before any proxy
 // has rules for it, so conntrack records the connection untranslated and unanswered for
 // two minutes; every later SYN with that tuple (a retransmission, or a new socket on the
 // same client port) follows that entry past the NAT chains and is turned away
@@ -127,19 +127,34 @@ func TestTCPSynBeforeRules(t *testing.T) {
 	const ns, srcPort = "conntrack", 40105
 	servers(t, e, 8105, "tcp")
 	ports := []env.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: 8105}}
-	// Labeled for a proxy no instance runs: the cluster IP is allocated, no rule has it.
-	svc, err := e.CreateService(ctx, ns, "early", ports, []env.Backend{env.Pod1v4}, env.WithProxyName("nobody"))
+	// Labeled for a proxy no instance runs: its addresses are allocated, no rule has them.
+	// Its cluster IP never gets an entry: the supervisor's node table drops the SYN before
+	// conntrack confirms it. Its external IP (team-a admits any) is outside every
+	// ServiceCIDR, so the SYN leaves by the default route and its entry stays.
+	const externalIP = "192.168.201.105"
+	svc, err := e.CreateService(ctx, ns, "early", ports, []env.Backend{env.Pod1v4}, env.WithProxyName("nobody"), env.WithExternalIPs(externalIP))
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusterIP := svc.Spec.ClusterIP
+	// The supervisor writes its node table once its caches are filled, alongside the
+	// instances' first syncs: the environment may be up a moment before.
+	testutil.Eventually(t, 10*time.Second, "the node table", func() bool {
+		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "set", "ip", "shardproxy_node", "service-cidrs")
+		return err == nil && strings.Contains(out, "10.96.0.0/16")
+	})
+	if _, err := e.TP.DialWith(e.TP.Pod2, "tcp", svc.Spec.ClusterIP, 80, netns.DialOptions{SourcePort: srcPort, Timeout: 500 * time.Millisecond}); err == nil {
+		t.Fatalf("connected to the unserved cluster IP %s", svc.Spec.ClusterIP)
+	}
+	if out, _ := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", svc.Spec.ClusterIP); strings.Contains(out, "SYN_SENT") {
+		t.Errorf("a SYN to the unserved cluster IP left an entry (the node table should drop it unconfirmed):\n%s", out)
+	}
 	dial := func() (netns.Reply, error) {
-		return e.TP.DialWith(e.TP.Pod2, "tcp", clusterIP, 80, netns.DialOptions{SourcePort: srcPort, Timeout: 500 * time.Millisecond})
+		return e.TP.DialWith(e.TP.Pod2, "tcp", externalIP, 80, netns.DialOptions{SourcePort: srcPort, Timeout: 500 * time.Millisecond})
 	}
 	stale := func() bool {
-		out, err := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", clusterIP, "--orig-port-src", fmt.Sprint(srcPort), "--state", "SYN_SENT")
+		out, err := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", externalIP, "--orig-port-src", fmt.Sprint(srcPort), "--state", "SYN_SENT")
 		// Untranslated: the reply comes from the cluster IP itself.
-		return err == nil && strings.Contains(out, "src="+clusterIP+" dst="+netns.Pod2IPv4)
+		return err == nil && strings.Contains(out, "src="+externalIP+" dst="+netns.Pod2IPv4)
 	}
 	// The very first packets out of a fresh pod namespace may not make it to the node in
 	// time, so try a few SYNs until one has left its entry.
@@ -147,14 +162,14 @@ func TestTCPSynBeforeRules(t *testing.T) {
 	for attempt := 0; attempt < 5 && !stale(); attempt++ {
 		r, err := dial()
 		if err == nil {
-			t.Fatalf("connected to %s:80 before any proxy served it (answered by %s)", clusterIP, r.Server)
+			t.Fatalf("connected to %s:80 before any proxy served it (answered by %s)", externalIP, r.Server)
 		}
 		firstErr = err
 	}
 	if !stale() {
-		all, _ := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", clusterIP)
+		all, _ := e.TP.Exec(e.TP.Node, "conntrack", "-L", "-p", "tcp", "--orig-dst", externalIP)
 		t.Fatalf("no untranslated SYN_SENT entry for %s:%d -> %s:80 after 5 SYNs (last: %v); the test proves nothing. Entries to the cluster IP:\n%s",
-			netns.Pod2IPv4, srcPort, clusterIP, firstErr, all)
+			netns.Pod2IPv4, srcPort, externalIP, firstErr, all)
 	}
 	before, err := e.Metrics(ctx)
 	if err != nil {
@@ -164,15 +179,15 @@ func TestTCPSynBeforeRules(t *testing.T) {
 	if err := e.Relabel(ctx, ns, "early", "team-a"); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, "team-a to program "+clusterIP, func() bool {
+	testutil.Eventually(t, 20*time.Second, "team-a to program "+externalIP, func() bool {
 		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "map", "ip", "shardproxy-team-a", "service-ips")
-		return err == nil && strings.Contains(out, clusterIP+" . tcp . 80")
+		return err == nil && strings.Contains(out, externalIP+" . tcp . 80")
 	})
 	// The cleanup follows the sync that programmed the Service.
 	testutil.Eventually(t, 10*time.Second, "the untranslated entry to go", func() bool { return !stale() })
 	r, err := dial()
 	if err != nil {
-		t.Fatalf("SYN from the same client port after team-a programmed %s: %v", clusterIP, err)
+		t.Fatalf("SYN from the same client port after team-a programmed %s: %v", externalIP, err)
 	}
 	if r.Server != "pod1" {
 		t.Errorf("answered by %s, want pod1", r.Server)

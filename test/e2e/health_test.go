@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +157,165 @@ func TestSupervisorEndpoints(t *testing.T) {
 	}
 	// The metrics port is not exposed beyond the node by default configs; here it binds
 	// 0.0.0.0 inside the node namespace, reached from the node itself.
+}
+
+// TestKubeProxyInterfaces reads, from the real binary, what tools written for kube-proxy
+// read, as they read it: /healthz and /livez with upstream v1.36's keys (and our
+// instances beside them), /metrics series with upstream's label sets (ip_family, and our
+// proxy_instance beside it), and health-check node ports with upstream's body and header,
+// listening where upstream's do: on the Node's primary IPs (the instances'
+// nodePortAddresses default), in the Service's IP families only; every other address of
+// the node refuses.
+func TestKubeProxyInterfaces(t *testing.T) {
+	e := environment(t)
+	ctx := context.Background()
+	const ns = "health"
+	ports := []env.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: 8104}}
+	lb := []env.ServiceSpec{env.WithType(corev1.ServiceTypeLoadBalancer), env.WithExternalLocal()}
+	dual, err := e.CreateService(ctx, ns, "dual-lb", ports, []env.Backend{env.Pod1v4, env.Pod1v6},
+		append(lb, env.WithProxyName("team-a"), env.WithDualStack())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4, err := e.CreateService(ctx, ns, "v4-lb", ports, []env.Backend{env.Pod1v4}, append(lb, env.WithProxyName("team-b"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPort := func(ip string, port int32) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }
+	for _, c := range []struct {
+		svc      *corev1.Service
+		answer   []string // node addresses probed from the client
+		refuse   []string // probed from the client
+		refuseN2 []string // node addresses probed from node2
+	}{
+		{dual, []string{netns.NodeIPv4, netns.NodeIPv6}, nil, []string{netns.NodeClusterIPv4, netns.NodeClusterIPv6}},
+		{v4, []string{netns.NodeIPv4}, []string{netns.NodeIPv6}, []string{netns.NodeClusterIPv4, netns.NodeClusterIPv6}},
+	} {
+		port := c.svc.Spec.HealthCheckNodePort
+		for _, ip := range c.answer {
+			addr := hostPort(ip, port)
+			var hdr http.Header
+			var body map[string]json.RawMessage
+			// Weighted as upstream: by the local endpoints, one (a dual-stack pod counts once).
+			testutil.Eventually(t, 20*time.Second, c.svc.Name+"'s health check on "+addr+" with its endpoint", func() bool {
+				var err error
+				hdr, body, err = getJSON(ctx, e, e.TP.Client, "http://"+addr+"/")
+				return err == nil && hdr.Get("X-Load-Balancing-Endpoint-Weight") == "1"
+			})
+			checkJSONKeys(t, c.svc.Name+" health check body", body, "service", "localEndpoints", "serviceProxyHealthy")
+			var svc map[string]json.RawMessage
+			if err := json.Unmarshal(body["service"], &svc); err != nil {
+				t.Errorf("%s: service %s: %v", addr, body["service"], err)
+			}
+			checkJSONKeys(t, c.svc.Name+" health check service", svc, "namespace", "name")
+		}
+		for _, probe := range []struct {
+			from  string
+			addrs []string
+		}{{e.TP.Client, c.refuse}, {e.TP.Node2, c.refuseN2}} {
+			for _, ip := range probe.addrs {
+				_, err := e.TP.Dialer(probe.from)(ctx, "tcp", hostPort(ip, port))
+				if !netns.IsRefused(err) {
+					t.Errorf("%s's health check on %s (outside its nodePortAddresses or families): %v, want refused", c.svc.Name, hostPort(ip, port), err)
+				}
+			}
+		}
+		t.Logf("%s: health check %d answers on %v, refuses on %v", c.svc.Name, port, c.answer, append(c.refuse, c.refuseN2...))
+	}
+
+	// /healthz and /livez, from the client, as a load balancer or the kubelet reads them.
+	base := fmt.Sprintf("http://%s", hostPort(netns.NodeIPv4, env.HealthzPort))
+	for path, keys := range map[string][]string{
+		"/healthz": {"lastUpdated", "currentTime", "nodeEligible", "healthy", "status", "instances"},
+		"/livez":   {"lastUpdated", "currentTime", "healthy", "status", "instances"},
+	} {
+		_, body, err := getJSON(ctx, e, e.TP.Client, base+path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		checkJSONKeys(t, path, body, keys...)
+		var status map[string]map[string]json.RawMessage
+		if err := json.Unmarshal(body["status"], &status); err != nil {
+			t.Fatalf("%s status %s: %v", path, body["status"], err)
+		}
+		for _, fam := range []string{"IPv4", "IPv6"} {
+			checkJSONKeys(t, path+" status."+fam, status[fam], "lastUpdated", "healthy")
+		}
+	}
+
+	// /metrics: upstream's series carry upstream's label sets (ip_family, traffic_policy),
+	// with our proxy_instance beside them.
+	m, err := e.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, labels := range map[string][]string{
+		"kubeproxy_sync_proxy_rules_duration_seconds":                {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_full_proxy_rules_duration_seconds":           {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds":          {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total":    {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_proxy_rules_no_local_endpoints_total":        {"ip_family", "proxy_instance", "traffic_policy"},
+		"kubeproxy_sync_proxy_rules_service_changes_total":           {"proxy_instance"},
+		"kubeproxy_proxy_healthz_total":                              {"code"},
+		"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds":   {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": {"ip_family", "proxy_instance"},
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending":        {"proxy_instance"},
+	} {
+		fam, ok := m[name]
+		if !ok || len(fam.GetMetric()) == 0 {
+			t.Errorf("/metrics: no %s", name)
+			continue
+		}
+		for _, met := range fam.GetMetric() {
+			var got []string
+			for _, lp := range met.GetLabel() {
+				got = append(got, lp.GetName())
+			}
+			slices.Sort(got)
+			if want := slices.Sorted(slices.Values(labels)); !slices.Equal(got, want) {
+				t.Errorf("/metrics: %s has labels %v, want %v", name, got, want)
+				break
+			}
+		}
+	}
+	for _, name := range []string{"kubeproxy_proxy_healthz_total", "kubeproxy_proxy_livez_total"} {
+		if m.Value(name, "code", "200") < 1 {
+			t.Errorf("/metrics: %s{code=200} not counted after our GETs", name)
+		}
+	}
+	fmt.Printf("e2e: kube-proxy interfaces: /healthz /livez keys, /metrics labels, health-check node ports on the primary IPs of the Service's families only\n")
+}
+
+// getJSON GETs url from namespace ns and decodes a JSON object body, whatever the status.
+func getJSON(ctx context.Context, e *env.Env, ns, url string) (http.Header, map[string]json.RawMessage, error) {
+	client := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: e.TP.Dialer(ns), DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	var body map[string]json.RawMessage
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return nil, nil, fmt.Errorf("decoding %s: %w", url, err)
+	}
+	return resp.Header, body, nil
+}
+
+// checkJSONKeys fails on a missing key and on one that is not listed.
+func checkJSONKeys(t *testing.T, what string, body map[string]json.RawMessage, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := body[k]; !ok {
+			t.Errorf("%s: no key %q in %v", what, k, slices.Collect(maps.Keys(body)))
+		}
+	}
+	for k := range body {
+		if !slices.Contains(keys, k) {
+			t.Errorf("%s: unexpected key %q", what, k)
+		}
+	}
 }
