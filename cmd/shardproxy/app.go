@@ -174,6 +174,7 @@ ownership marker under the prefix (--table-prefix, else the configuration's, els
 				},
 			},
 			migrateCommand(),
+			configCommand(),
 			{
 				Name:  "status",
 				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",

@@ -1,0 +1,355 @@
+package fromkubeproxy
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kpv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/shardproxy/shardproxy/supervisor/config"
+)
+
+// Upstream kube-proxy's defaults (pkg/proxy/apis/config/v1alpha1, v1.36) for fields a
+// configuration may leave at their zero value, as kubeadm's does.
+const (
+	defaultMode          = "iptables"
+	defaultHealthzPort   = 10256
+	defaultMetricsPort   = 10249
+	defaultHealthzHost   = "0.0.0.0"
+	defaultMetricsHost   = "127.0.0.1"
+	defaultMasqueradeBit = 14
+	defaultSyncPeriod    = 30 * time.Second
+	defaultMinSync       = time.Second
+	defaultDetectLocal   = "ClusterCIDR"
+	// kubeletDropBit is the kubelet's KUBE-MARK-DROP bit: never a masquerade bit.
+	kubeletDropBit = 15
+)
+
+// AlongsidePortOffset moves shardproxy's health and metrics ports off kube-proxy's when
+// both run on a node (the alongside overlay's 10356 and 10349).
+const AlongsidePortOffset = 100
+
+// Options tune Convert.
+type Options struct {
+	// Alongside writes a configuration to run beside this kube-proxy for a staged
+	// migration rather than instead of it: no default instance (kube-proxy keeps the
+	// unlabeled Services), one instance serving the proxy name "shardproxy", its own ports
+	// and masquerade bit, and the conntrack sysctls left to kube-proxy.
+	Alongside bool
+	// Namespaces are the namespaces the alongside instance serves (default: "default").
+	Namespaces []string
+	// Source says where the configuration came from, for the header comment.
+	Source string
+}
+
+// converter collects the output and the notes on what is not carried.
+type converter struct {
+	kp    *kpv1alpha1.KubeProxyConfiguration
+	opts  Options
+	mode  string
+	notes []string
+}
+
+// note records a setting the output does not carry, and why.
+func (c *converter) note(field string, value any, why string) {
+	c.notes = append(c.notes, fmt.Sprintf("%s: %v: %s", field, value, why))
+}
+
+// Convert returns the shardproxy configuration file, YAML with comments, that behaves as
+// kp does. Its header lists every setting of kp it cannot carry, each with why. The
+// result passes shardproxy's own validation; an error means kp itself is unusable.
+func Convert(kp *kpv1alpha1.KubeProxyConfiguration, opts Options) ([]byte, error) {
+	c := &converter{kp: kp, opts: opts, mode: string(kp.Mode)}
+	if c.mode == "" {
+		c.mode = defaultMode
+	}
+	switch c.mode {
+	case "iptables", "ipvs", "nftables":
+	default:
+		return nil, fmt.Errorf("mode %q: shardproxy runs on Linux nodes and replaces the iptables, ipvs and nftables modes only", c.mode)
+	}
+	root, err := c.root()
+	if err != nil {
+		return nil, err
+	}
+	doc := &yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{root.n}, HeadComment: c.header()}
+	var b strings.Builder
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("writing the configuration: %w", err)
+	}
+	out := []byte(b.String())
+	if err := validate(out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// validate checks the output as `shardproxy check` would, with a placeholder node name
+// (the DaemonSet gives it through $NODE_NAME).
+func validate(out []byte) error {
+	cfg, err := config.Decode(out, "converted")
+	if err != nil {
+		return fmt.Errorf("the converted configuration does not decode: %w", err)
+	}
+	cfg.DefaultWith(func(string) string { return "node" }, nil)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("the converted configuration is not valid: %w", err)
+	}
+	return nil
+}
+
+// header is the comment above the configuration.
+func (c *converter) header() string {
+	how := "to run instead of kube-proxy: one default instance serves every Service as it did"
+	if c.opts.Alongside {
+		how = "to run beside kube-proxy (--alongside): kube-proxy keeps the unlabeled Services,\n" +
+			"the instance \"migration\" serves those labeled service.kubernetes.io/service-proxy-name: shardproxy"
+	}
+	lines := []string{
+		"shardproxy configuration converted by `shardproxy config from-kube-proxy` from",
+		fmt.Sprintf("kube-proxy's configuration (%s, mode %s), %s.", orDefault(c.opts.Source, "input"), c.mode, how),
+		"Check it on a node with `shardproxy check --config FILE`.",
+	}
+	if c.mode != "nftables" {
+		lines = append(lines, fmt.Sprintf("shardproxy programs nftables where kube-proxy's %s mode programmed %s: Services behave the same.",
+			c.mode, map[string]string{"iptables": "iptables", "ipvs": "IPVS"}[c.mode]))
+	}
+	if len(c.notes) == 0 {
+		lines = append(lines, "", "Every setting of the kube-proxy configuration is carried over.")
+	} else {
+		lines = append(lines, "", "Not carried over, and why:")
+		for _, n := range c.notes {
+			lines = append(lines, "- "+n)
+		}
+	}
+	return commentLines(lines...)
+}
+
+// root builds the top-level mapping.
+func (c *converter) root() (*mapNode, error) {
+	kp := c.kp
+	root := newMap()
+	root.set("apiVersion", config.APIVersion, "")
+	root.set("kind", config.Kind, "")
+	if kp.HostnameOverride != "" {
+		root.set("nodeName", kp.HostnameOverride, commentLines("From hostnameOverride: one node's name. In a DaemonSet leave it out; $NODE_NAME names each node."))
+	}
+	if kc := kp.ClientConnection.Kubeconfig; kc != "" {
+		root.set("kubeconfig", kc, commentLines("From clientConnection.kubeconfig (empty: the in-cluster ServiceAccount)."))
+	}
+	c.clientConnection()
+	for _, b := range []struct {
+		field, key, addr, host string
+		port                   int
+	}{
+		{"healthzBindAddress", "healthzBindAddress", kp.HealthzBindAddress, defaultHealthzHost, defaultHealthzPort},
+		{"metricsBindAddress", "metricsBindAddress", kp.MetricsBindAddress, defaultMetricsHost, defaultMetricsPort},
+	} {
+		addr, comment, err := c.bindAddress(b.field, b.addr, b.host, b.port)
+		if err != nil {
+			return nil, err
+		}
+		root.set(b.key, addr, comment)
+	}
+	if kp.EnableProfiling {
+		root.set("enableProfiling", true, commentLines("pprof on metricsBindAddress, unauthenticated, as kube-proxy's."))
+	}
+	bit, bitComment := c.masqueradeBit()
+	root.set("masqueradeBit", bit, bitComment)
+	if m, comment := c.conntrack(); m != nil {
+		root.set("conntrack", m, comment)
+	}
+	inst, err := c.instance()
+	if err != nil {
+		return nil, err
+	}
+	root.set("instances", seq(inst.n), "")
+	c.ignored()
+	return root, nil
+}
+
+// clientConnection notes the API client settings shardproxy does not take.
+func (c *converter) clientConnection() {
+	cc := c.kp.ClientConnection
+	if cc.QPS != 0 && cc.QPS != 5 || cc.Burst != 0 && cc.Burst != 10 {
+		c.note("clientConnection.qps/burst", fmt.Sprintf("%v/%d", cc.QPS, cc.Burst),
+			"shardproxy's one set of watches per node uses client-go's defaults and watches rather than polls; there is no setting")
+	}
+	if cc.ContentType != "" && cc.ContentType != "application/vnd.kubernetes.protobuf" || cc.AcceptContentTypes != "" {
+		c.note("clientConnection.contentType/acceptContentTypes", cc.ContentType+" "+cc.AcceptContentTypes,
+			"shardproxy's API client picks its encoding itself; there is no setting")
+	}
+}
+
+// bindAddress converts a health or metrics bind address, moved AlongsidePortOffset up
+// when shardproxy runs beside kube-proxy.
+func (c *converter) bindAddress(field, addr, defHost string, defPort int) (string, string, error) {
+	host, port := defHost, defPort
+	if addr != "" {
+		h, p, err := net.SplitHostPort(addr)
+		switch {
+		case err == nil:
+			n, perr := strconv.Atoi(p)
+			if perr != nil {
+				return "", "", fmt.Errorf("%s %q: bad port: %w", field, addr, perr)
+			}
+			host, port = h, n
+		default:
+			host = addr // an address without a port: kube-proxy's default port
+		}
+	}
+	var comment []string
+	if pfx, err := netip.ParsePrefix(host); err == nil {
+		wild := "0.0.0.0"
+		if pfx.Addr().Is6() {
+			wild = "::"
+		}
+		c.note(field, addr, fmt.Sprintf("kube-proxy listens on the node addresses inside %s; shardproxy binds one address, so this listens on %s", pfx, wild))
+		host = wild
+	} else if _, err := netip.ParseAddr(host); err != nil && host != "" {
+		return "", "", fmt.Errorf("%s %q: not an IP address", field, addr)
+	}
+	if c.opts.Alongside {
+		comment = append(comment, fmt.Sprintf("kube-proxy's port %d plus %d: both run on this node.", port, AlongsidePortOffset))
+		port += AlongsidePortOffset
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port)), commentLines(comment...), nil
+}
+
+// proxierSettings returns the mode's masquerade bit, masqueradeAll and sync periods; ipvs
+// mode takes the first two from the iptables section, as kube-proxy does.
+func (c *converter) proxierSettings() (bit *int32, all bool, sync, minSync metav1.Duration) {
+	switch c.mode {
+	case "nftables":
+		n := c.kp.NFTables
+		return n.MasqueradeBit, n.MasqueradeAll, n.SyncPeriod, n.MinSyncPeriod
+	case "ipvs":
+		return c.kp.IPTables.MasqueradeBit, c.kp.IPTables.MasqueradeAll, c.kp.IPVS.SyncPeriod, c.kp.IPVS.MinSyncPeriod
+	default:
+		i := c.kp.IPTables
+		return i.MasqueradeBit, i.MasqueradeAll, i.SyncPeriod, i.MinSyncPeriod
+	}
+}
+
+// masqueradeBit is kube-proxy's bit, or beside it another one.
+func (c *converter) masqueradeBit() (int, string) {
+	p, _, _, _ := c.proxierSettings()
+	bit := defaultMasqueradeBit
+	if p != nil {
+		bit = int(*p)
+	}
+	if !c.opts.Alongside {
+		return bit, commentLines(fmt.Sprintf("From %s.masqueradeBit.", c.section()))
+	}
+	own := 13
+	for own == bit || own == kubeletDropBit {
+		own--
+	}
+	return own, commentLines(fmt.Sprintf("kube-proxy marks with bit %d (the kubelet's drop mark is bit %d): a bit of shardproxy's own", bit, kubeletDropBit),
+		"keeps the two proxies' masquerade decisions apart. No other component on the node may use it.")
+}
+
+// section names the kube-proxy section the mode's proxier settings come from.
+func (c *converter) section() string {
+	if c.mode == "nftables" {
+		return "nftables"
+	}
+	return "iptables"
+}
+
+// conntrack converts the conntrack sysctls; beside kube-proxy they stay kube-proxy's.
+func (c *converter) conntrack() (*mapNode, string) {
+	ct := c.kp.Conntrack
+	if ct.TCPBeLiberal {
+		c.note("conntrack.tcpBeLiberal", true, "shardproxy does not set nf_conntrack_tcp_be_liberal: set the sysctl on the node (an init container) if you need it")
+	}
+	m := newMap()
+	if c.opts.Alongside {
+		m.set("maxPerCore", 0, "").set("tcpEstablishedTimeout", "0s", "").set("tcpCloseWaitTimeout", "0s", "")
+		return m, commentLines("kube-proxy owns the conntrack sysctls on this node: 0 leaves them alone.")
+	}
+	if ct.MaxPerCore != nil {
+		m.set("maxPerCore", *ct.MaxPerCore, "")
+	}
+	if ct.Min != nil {
+		m.set("min", *ct.Min, "")
+	}
+	for _, d := range []struct {
+		key string
+		v   *metav1.Duration
+	}{
+		{"tcpEstablishedTimeout", ct.TCPEstablishedTimeout}, {"tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout},
+		{"udpTimeout", &ct.UDPTimeout}, {"udpStreamTimeout", &ct.UDPStreamTimeout},
+	} {
+		if d.v != nil && (d.v.Duration != 0 || d.key == "tcpEstablishedTimeout" || d.key == "tcpCloseWaitTimeout") {
+			m.set(d.key, d.v.Duration.String(), "")
+		}
+	}
+	if len(m.n.Content) == 0 {
+		return nil, ""
+	}
+	return m, commentLines("From conntrack (unset: kube-proxy's defaults, which are shardproxy's).")
+}
+
+// ignored notes the settings with no shardproxy counterpart at all.
+func (c *converter) ignored() {
+	kp := c.kp
+	if len(kp.FeatureGates) > 0 {
+		gates := make([]string, 0, len(kp.FeatureGates))
+		for _, g := range slices.Sorted(maps.Keys(kp.FeatureGates)) {
+			gates = append(gates, fmt.Sprintf("%s=%v", g, kp.FeatureGates[g]))
+		}
+		c.note("featureGates", strings.Join(gates, ","), "shardproxy has no feature gates: it behaves as kube-proxy v1.36 with its GA and default-on features")
+	}
+	if kp.Logging.Format != "" && kp.Logging.Format != "text" || kp.Logging.Verbosity != 0 {
+		c.note("logging", fmt.Sprintf("format %q verbosity %d", kp.Logging.Format, kp.Logging.Verbosity),
+			"logging is set on shardproxy's command line: --logging-format text|json and -v N (the DaemonSet's args)")
+	}
+	if a := kp.BindAddress; a != "" && a != "0.0.0.0" && a != "::" {
+		c.note("bindAddress", a, "shardproxy takes the node's addresses from its Node object (InternalIPs)")
+	}
+	if kp.BindAddressHardFail {
+		c.note("bindAddressHardFail", true, "shardproxy logs a health or metrics server it cannot bind and keeps proxying")
+	}
+	if kp.ShowHiddenMetricsForVersion != "" {
+		c.note("showHiddenMetricsForVersion", kp.ShowHiddenMetricsForVersion, "shardproxy hides no metrics")
+	}
+	if kp.OOMScoreAdj != nil {
+		c.note("oomScoreAdj", *kp.OOMScoreAdj, "set by the container runtime from the DaemonSet's resources (deploy/), not by shardproxy")
+	}
+	if kp.ConfigSyncPeriod.Duration != 0 {
+		c.note("configSyncPeriod", kp.ConfigSyncPeriod.Duration, "shardproxy's watches never relist; each instance's fullSyncPeriod (default 1h) rewrites its tables")
+	}
+	if kp.PortRange != "" {
+		c.note("portRange", kp.PortRange, "unused by kube-proxy since v1.26, and by shardproxy")
+	}
+	if c.mode == "ipvs" {
+		v := kp.IPVS
+		c.note("mode", "ipvs", "no IPVS: endpoints are picked at random as in kube-proxy's nftables mode, so scheduler, strictARP, excludeCIDRs "+
+			"and the IPVS timeouts have no counterpart; once kube-proxy is gone, `shardproxy cleanup --legacy ipvs` removes its IPVS state")
+		if v.Scheduler != "" || v.StrictARP || len(v.ExcludeCIDRs) > 0 {
+			c.note("ipvs", fmt.Sprintf("scheduler %q strictARP %v excludeCIDRs %v", v.Scheduler, v.StrictARP, v.ExcludeCIDRs), "IPVS only (above)")
+		}
+	}
+	w := kp.Winkernel
+	if w != (kpv1alpha1.KubeProxyWinkernelConfiguration{}) || kp.WindowsRunAsService {
+		c.note("winkernel", "set", "Windows only")
+	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
