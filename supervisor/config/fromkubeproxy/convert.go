@@ -147,7 +147,9 @@ func (c *converter) root() (*mapNode, error) {
 	if kc := kp.ClientConnection.Kubeconfig; kc != "" {
 		root.set("kubeconfig", kc, commentLines("From clientConnection.kubeconfig (empty: the in-cluster ServiceAccount)."))
 	}
-	c.clientConnection()
+	if cc := c.clientConnection(); cc != nil {
+		root.set("clientConnection", cc, commentLines("From clientConnection."))
+	}
 	for _, b := range []struct {
 		field, key, addr, host string
 		port                   int
@@ -178,17 +180,27 @@ func (c *converter) root() (*mapNode, error) {
 	return root, nil
 }
 
-// clientConnection notes the API client settings shardproxy does not take.
-func (c *converter) clientConnection() {
+// clientConnection carries the API client's pacing and encoding, when set (unset:
+// kube-proxy's defaults, which are shardproxy's).
+func (c *converter) clientConnection() *mapNode {
 	cc := c.kp.ClientConnection
-	if cc.QPS != 0 && cc.QPS != 5 || cc.Burst != 0 && cc.Burst != 10 {
-		c.note("clientConnection.qps/burst", fmt.Sprintf("%v/%d", cc.QPS, cc.Burst),
-			"shardproxy's one set of watches per node uses client-go's defaults and watches rather than polls; there is no setting")
+	m := newMap()
+	if cc.QPS != 0 {
+		m.set("qps", cc.QPS, "")
 	}
-	if cc.ContentType != "" && cc.ContentType != "application/vnd.kubernetes.protobuf" || cc.AcceptContentTypes != "" {
-		c.note("clientConnection.contentType/acceptContentTypes", cc.ContentType+" "+cc.AcceptContentTypes,
-			"shardproxy's API client picks its encoding itself; there is no setting")
+	if cc.Burst != 0 {
+		m.set("burst", cc.Burst, "")
 	}
+	if cc.ContentType != "" {
+		m.set("contentType", cc.ContentType, "")
+	}
+	if cc.AcceptContentTypes != "" {
+		m.set("acceptContentTypes", cc.AcceptContentTypes, "")
+	}
+	if len(m.n.Content) == 0 {
+		return nil
+	}
+	return m
 }
 
 // bindAddress converts a health or metrics bind address, moved AlongsidePortOffset up

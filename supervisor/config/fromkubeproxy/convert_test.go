@@ -1,6 +1,7 @@
 package fromkubeproxy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,7 @@ func TestConvert(t *testing.T) {
 				expect(t, "kubeconfig", c.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf")
 				expect(t, "healthzBindAddress", c.HealthzBindAddress, "0.0.0.0:10256")
 				expect(t, "metricsBindAddress", c.MetricsBindAddress, "127.0.0.1:10249")
+				expect(t, "clientConnection.qps", c.ClientConnection.QPS, 5) // kubeadm leaves 0: the default
 				expect(t, "masqueradeBit", *c.MasqueradeBit, 14)
 				expect(t, "conntrack.maxPerCore", *c.Conntrack.MaxPerCore, 32768)
 				expect(t, "default", in.Default, true)
@@ -93,6 +95,7 @@ func TestConvert(t *testing.T) {
 			check: func(t *testing.T, c *config.Config) {
 				in := c.Instances[0]
 				expect(t, "nodeName", c.NodeName, "node-a")
+				expect(t, "clientConnection", c.ClientConnection.ContentType+" "+fmt.Sprint(c.ClientConnection.Burst), "application/vnd.kubernetes.protobuf 10")
 				expect(t, "metricsBindAddress", c.MetricsBindAddress, "0.0.0.0:10249")
 				expect(t, "enableProfiling", c.EnableProfiling, true)
 				expect(t, "conntrack.maxPerCore", *c.Conntrack.MaxPerCore, 0)
