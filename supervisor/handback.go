@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -26,6 +27,18 @@ func hostLegacyRules(ctx context.Context) (map[string]legacy.ServiceRules, error
 
 // legacyReadTimeout bounds one reading of kube-proxy's rules for the node status.
 const legacyReadTimeout = 10 * time.Second
+
+// legacyReadEvery spaces the readings of kube-proxy's rules: the node status is polled
+// every 500 ms, and iptables-save of a large kube-proxy ruleset takes a second and tens
+// of megabytes.
+const legacyReadEvery = 2 * time.Second
+
+// legacyCache keeps the last reading of kube-proxy's rules.
+type legacyCache struct {
+	mu    sync.Mutex
+	at    time.Time
+	rules map[string]legacy.ServiceRules
+}
 
 // handedBack returns, of the Services instances hold in shadow, those their label's
 // proxy has programmed on this node, for migrate's rollback (InstanceStatus.HandedBack):
@@ -54,6 +67,16 @@ func (s *Supervisor) handedBack(d *selector.Dispatcher, shadows map[string][]typ
 }
 
 func (s *Supervisor) readLegacyRules() map[string]legacy.ServiceRules {
+	c := &s.legacy
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); c.at.IsZero() || now.Sub(c.at) >= legacyReadEvery {
+		c.rules, c.at = s.readLegacyRulesNow(), now
+	}
+	return c.rules
+}
+
+func (s *Supervisor) readLegacyRulesNow() map[string]legacy.ServiceRules {
 	ctx, cancel := context.WithTimeout(context.Background(), legacyReadTimeout)
 	defer cancel()
 	rules, err := s.deps.LegacyRules(ctx)

@@ -154,3 +154,22 @@ func TestNodeStatusReportsHandedBack(t *testing.T) {
 		return slices.Equal(status().HandedBack, []string{"shop/cart", "shop/web"})
 	})
 }
+
+// TestLegacyRulesReadSparingly: while a rollback waits, the node status (polled every
+// 500 ms) reads kube-proxy's rules at most once per legacyReadEvery, since
+// iptables-save of a large ruleset is costly.
+func TestLegacyRulesReadSparingly(t *testing.T) {
+	reads := 0
+	s := &Supervisor{deps: Deps{LegacyRules: func(context.Context) (map[string]legacy.ServiceRules, error) {
+		reads++
+		return map[string]legacy.ServiceRules{"shop/cart": {Endpoints: true}}, nil
+	}}}
+	for range 10 {
+		if got := s.readLegacyRules(); !got["shop/cart"].Endpoints {
+			t.Fatalf("read %v", got)
+		}
+	}
+	if reads != 1 {
+		t.Errorf("10 node statuses in a row read the rules %d times, want 1", reads)
+	}
+}

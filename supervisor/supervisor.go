@@ -110,6 +110,9 @@ type Supervisor struct {
 	// nodeChanged is closed (and replaced) when node changes.
 	nodeChanged chan struct{}
 
+	// legacy is the last reading of a legacy kube-proxy's rules (node status).
+	legacy legacyCache
+
 	// reservedMu serializes updateReserved.
 	reservedMu sync.Mutex
 }
