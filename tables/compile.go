@@ -141,7 +141,8 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 		return out
 	}
 	pc := &portCompiler{c: c, sp: sp, out: out, pick: map[string]bool{}, epStrs: map[string][][]string{},
-		internal: sp.internalEndpoints(), external: sp.externalEndpoints(), noEndpoints: "goto " + chainReject}
+		internal: sp.internalEndpoints(), external: sp.externalEndpoints(), noEndpoints: "goto " + chainReject,
+		mode: sp.LoadBalancing.orRandom(), tables: map[string][]int{}}
 	if sp.HasEndpoints {
 		// Endpoints exist elsewhere, just not for this policy: drop, as upstream does.
 		pc.noEndpoints = "drop"
@@ -195,6 +196,11 @@ type portCompiler struct {
 	lastID    string
 	// epStrs holds each class's endpoint strings, made once for all its entries.
 	epStrs map[string][][]string
+	// mode is the port's load-balancing mode; tables its consistent-hash tables per
+	// class; id its portID for round-robin chains (made on first use).
+	mode   LBMode
+	tables map[string][]int
+	id     string
 }
 
 func (pc *portCompiler) entryID(en entry) string {
@@ -223,23 +229,108 @@ func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string
 }
 
 // dispatch sends an entry to the endpoints of one policy class: through the affinity
-// chain of the class, or through the pick chain of its endpoint count.
+// chain of the class, or through the pick chain of the port's mode, which DNATs through
+// the entry's elements of the endpoint map (one per endpoint; one per slot of the
+// consistent-hash table).
 func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
-	vmap, epMap, chain := mapServiceIPs, mapEndpoints, pickChain(len(eps))
+	vmap, epMap := mapServiceIPs, mapEndpoints
 	if class == classCluster {
-		vmap, epMap, chain = mapShortCircuit, mapClusterEndpoints, pickClusterChain(len(eps))
+		vmap, epMap = mapShortCircuit, mapClusterEndpoints
 	}
 	key := en.key()
 	if pc.aff != nil {
 		pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + pc.aff.chain(class, eps)}})
 		return
 	}
+	chain, slots := pc.picker(class, eps)
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	epSet, strs := endpointsMap(epMap, en.proto), pc.endpointStrings(class, eps)
-	for i := range eps {
-		pc.add(en, element{set: epSet, isMap: true, key: []string{key[0], key[2], strconv.Itoa(i)}, value: strs[i]})
+	for i, ep := range slots {
+		pc.add(en, element{set: epSet, isMap: true, key: []string{key[0], key[2], strconv.Itoa(i)}, value: strs[ep]})
 	}
+}
+
+// picker returns the chain that picks among eps for class in the port's mode, and the
+// endpoint index of each element of the entry's endpoint map. The pick chains are
+// shared by every port with the same mode and count; round robin needs a counter of the
+// port's own, so its chain is the port's (rrChain).
+func (pc *portCompiler) picker(class string, eps []Endpoint) (string, []int) {
+	cluster := class == classCluster
+	switch pc.mode {
+	case LBConsistentHash:
+		slots := pc.consistentSlots(class, eps)
+		chain := pickChainFor(LBConsistentHash, cluster, len(slots))
+		pc.pick[chain] = true
+		return chain, slots
+	case LBRoundRobin:
+		return pc.rrChain(cluster, len(eps)), identity(len(eps))
+	}
+	chain := pickChainFor(pc.mode, cluster, len(eps))
 	pc.pick[chain] = true
+	return chain, identity(len(eps))
+}
+
+// consistentSlots is the consistent-hash table of a class's endpoints, built once per
+// port and class.
+func (pc *portCompiler) consistentSlots(class string, eps []Endpoint) []int {
+	// Classes often share their endpoints (Cluster policy): one table for both.
+	key := class
+	if sameEndpoints(eps, pc.sp.ClusterEndpoints) {
+		key = "cluster"
+	}
+	if t, ok := pc.tables[key]; ok {
+		return t
+	}
+	t := consistentTable(eps)
+	pc.tables[key] = t
+	return t
+}
+
+// sameEndpoints reports whether a and b are the same slice.
+func sameEndpoints(a, b []Endpoint) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// rrChain returns the port's round-robin chain over n endpoints, creating it on first
+// use: "numgen inc" keeps one counter per rule, so a chain shared with other ports would
+// interleave their connections (two Services of two endpoints each, used in turn, would
+// each always get the same endpoint). Every entry of the port with n endpoints in the
+// same map shares the chain, and so one counter.
+func (pc *portCompiler) rrChain(cluster bool, n int) string {
+	epMap := mapEndpoints
+	name := fmt.Sprintf("%s%s-%d", roundRobinPrefix, pc.portID(), n)
+	if cluster {
+		epMap = mapClusterEndpoints
+		name = fmt.Sprintf("%s%s-cluster-%d", roundRobinPrefix, pc.portID(), n)
+	}
+	if pc.out.objects.chains == nil {
+		pc.out.objects = newPortObjects()
+	}
+	if _, ok := pc.out.objects.chains[name]; !ok {
+		ip, proto := pc.c.ip, pc.sp.Protocol
+		pc.out.objects.chains[name] = []string{fmt.Sprintf(
+			"meta l4proto %s dnat %s to %s daddr . %s dport . %s map @%s",
+			proto, ip, ip, proto, pickExpr(LBRoundRobin, ip, n), endpointsMap(epMap, proto))}
+	}
+	return name
+}
+
+func (pc *portCompiler) portID() string {
+	if pc.id == "" {
+		spn := pc.sp.Name
+		spn.Protocol = pc.sp.Protocol
+		pc.id = portID(spn, LBRoundRobin)
+	}
+	return pc.id
+}
+
+// identity returns 0..n-1.
+func identity(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // dispatchOrRefuse dispatches en to eps, or, without any, refuses it.
@@ -398,13 +489,20 @@ func (a *affinity) chain(class string, eps []Endpoint) string {
 	a.classes[class] = true
 	ip := a.c.ip
 	var rules []string
-	var picks []string
-	for i, ep := range eps {
+	for _, ep := range eps {
 		a.eps[ep] = true
 		rules = append(rules, fmt.Sprintf("%s saddr @%s goto %s", ip, a.epSet(ep), a.epChain(ep)))
-		picks = append(picks, fmt.Sprintf("%d : goto %s", i, a.epChain(ep)))
 	}
-	rules = append(rules, fmt.Sprintf("numgen random mod %d vmap { %s }", len(eps), strings.Join(picks, " , ")))
+	// A client without a remembered endpoint is placed by the port's mode.
+	mode, slots := a.sp.LoadBalancing.orRandom(), identity(len(eps))
+	if mode == LBConsistentHash {
+		slots = consistentTable(eps)
+	}
+	picks := make([]string, len(slots))
+	for i, ep := range slots {
+		picks[i] = fmt.Sprintf("%d : goto %s", i, a.epChain(eps[ep]))
+	}
+	rules = append(rules, fmt.Sprintf("%s vmap { %s }", pickExpr(mode, ip, len(slots)), strings.Join(picks, " , ")))
 	a.out.objects.chains[name] = rules
 	return name
 }
@@ -461,29 +559,31 @@ func (c *compiler) sourceRanges(in []netip.Prefix) []netip.Prefix {
 	return kept
 }
 
-// pickChainRules returns the rules of a pick chain, from its name.
+// pickChainRules returns the rules of a pick chain, from its name (pickChainFor).
 func (c *compiler) pickChainRules(name string) ([]string, error) {
 	ip := c.ip
-	prefix, epMap := pickPrefix, mapEndpoints
-	if strings.HasPrefix(name, pickClusterPrefix) {
-		prefix, epMap = pickClusterPrefix, mapClusterEndpoints
+	mode, cluster, n, err := parsePickChain(name)
+	if err != nil {
+		return nil, err
 	}
-	n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
-	if err != nil || n <= 0 {
-		return nil, fmt.Errorf("bad pick chain name %q", name)
+	epMap := mapEndpoints
+	if cluster {
+		epMap = mapClusterEndpoints
 	}
 	var rules []string
 	for _, proto := range allProtocols() {
 		rules = append(rules, fmt.Sprintf(
-			"meta l4proto %s dnat %s to %s daddr . %s dport . numgen random mod %d map @%s",
-			proto, ip, ip, proto, n, endpointsMap(epMap, proto)))
+			"meta l4proto %s dnat %s to %s daddr . %s dport . %s map @%s",
+			proto, ip, ip, proto, pickExpr(mode, ip, n), endpointsMap(epMap, proto)))
 	}
 	return rules, nil
 }
 
-// isDynamicChain reports whether a chain is a pick or affinity chain (not in the skeleton).
+// isDynamicChain reports whether a chain is a pick, affinity or round-robin chain (not
+// in the skeleton).
 func isDynamicChain(name string) bool {
-	return strings.HasPrefix(name, pickPrefix) || strings.HasPrefix(name, affinityPrefix)
+	return strings.HasPrefix(name, pickPrefix) || strings.HasPrefix(name, affinityPrefix) ||
+		strings.HasPrefix(name, roundRobinPrefix)
 }
 
 // markMasq is the statement that asks nat-postrouting to masquerade.

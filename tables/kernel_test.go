@@ -98,103 +98,115 @@ func nftIn(t *testing.T, ns string, args ...string) string {
 	return string(out)
 }
 
-// TestKernelAcceptsRules loads every feature's rules into a real kernel, then applies
-// partial updates of each kind, and checks the kernel holds what the syncer thinks.
+// TestKernelAcceptsRules loads every feature's rules into a real kernel, in every
+// load-balancing mode, then applies partial updates of each kind, and checks the kernel
+// holds what the syncer thinks.
 func TestKernelAcceptsRules(t *testing.T) {
 	requireRoot(t)
 	for _, fam := range []Family{IPv4, IPv6} {
-		t.Run(fam.String(), func(t *testing.T) {
-			ns := newNetns(t)
-			cfg := testConfig(fam)
-			s := kernelSyncer(t, ns, cfg)
-			ctx := context.Background()
-			svcs := featureServices(fam)
-			if _, err := s.Full(ctx, svcs); err != nil {
-				t.Fatalf("full sync rejected by the kernel: %v", err)
-			}
-			// A second full sync over the existing table (a restart) must also work.
-			if _, err := s.Full(ctx, svcs); err != nil {
-				t.Fatalf("second full sync: %v", err)
-			}
+		for _, mode := range LBModes() {
+			t.Run(fam.String()+" "+string(mode), func(t *testing.T) {
+				kernelAcceptsRules(t, fam, mode)
+			})
+		}
+	}
+}
 
-			name := ServiceName{Namespace: "ns", Name: "cluster"}
-			ports := svcs[name]
-			grown := *ports[0]
-			grown.ClusterEndpoints = append(append([]Endpoint{}, grown.ClusterEndpoints...), Endpoint{IP: grown.ClusterEndpoints[0].IP.Next(), Port: 8080})
-			steps := []struct {
-				name    string
-				changes map[ServiceName][]*ServicePort
-			}{
-				{"endpoint added (intervals and pick chain change)", map[ServiceName][]*ServicePort{name: {&grown}}},
-				{"endpoint removed again", map[ServiceName][]*ServicePort{name: ports}},
-				{"service deleted", map[ServiceName][]*ServicePort{name: nil}},
-				{"service added back", map[ServiceName][]*ServicePort{name: ports}},
-				{"firewall service loses its ranges", func() map[ServiceName][]*ServicePort {
-					n := ServiceName{Namespace: "ns", Name: "fw-allow"}
-					p := *svcs[n][0]
-					p.SourceRanges = nil
-					return map[ServiceName][]*ServicePort{n: {&p}}
-				}()},
-				{"affinity service deleted", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "affinity"}: nil}},
-			}
-			for _, st := range steps {
-				stats, err := s.Partial(ctx, st.changes)
-				if err != nil {
-					t.Fatalf("%s: partial sync rejected: %v", st.name, err)
-				}
-				if stats.Operations == 0 {
-					t.Errorf("%s: partial sync did nothing", st.name)
-				}
-			}
-			// The kernel's endpoint map must hold exactly what the syncer wrote.
-			listing := nftIn(t, ns, "list", "map", string(familyName(fam)), cfg.TableName(), endpointsMap(mapEndpoints, TCP))
-			for _, e := range svcs[name][0].ClusterEndpoints {
-				if !strings.Contains(listing, e.IP.String()) {
-					t.Errorf("endpoint %s missing from the kernel map:\n%s", e, listing)
-				}
-			}
-			if strings.Contains(listing, grown.ClusterEndpoints[2].IP.String()) {
-				t.Errorf("removed endpoint %s still in the kernel map:\n%s", grown.ClusterEndpoints[2].IP, listing)
-			}
-			chains := nftIn(t, ns, "list", "chains", string(familyName(fam)))
-			if strings.Contains(chains, affinityPrefix) {
-				t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
-			}
+func kernelAcceptsRules(t *testing.T, fam Family, mode LBMode) {
+	ns := newNetns(t)
+	cfg := testConfig(fam)
+	s := kernelSyncer(t, ns, cfg)
+	ctx := context.Background()
+	svcs := featureServices(fam)
+	for _, ports := range svcs {
+		for _, p := range ports {
+			p.LoadBalancing = mode
+		}
+	}
+	if _, err := s.Full(ctx, svcs); err != nil {
+		t.Fatalf("full sync rejected by the kernel: %v", err)
+	}
+	// A second full sync over the existing table (a restart) must also work.
+	if _, err := s.Full(ctx, svcs); err != nil {
+		t.Fatalf("second full sync: %v", err)
+	}
 
-			// The real nft gets many elements per command; knftables' Fake one by one. The
-			// same syncs must leave every set and map with the same elements in both.
-			fake := knftables.NewFake(KnftFamily(fam), cfg.TableName())
-			fs, err := NewSyncer(cfg, fake)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := fs.Full(ctx, svcs); err != nil {
-				t.Fatal(err)
-			}
-			for _, st := range steps {
-				if _, err := fs.Partial(ctx, st.changes); err != nil {
-					t.Fatal(err)
-				}
-			}
-			kernel := kernelElementCounts(t, ns, fam, cfg.TableName())
-			total := 0
-			for _, n := range kernel {
-				total += n
-			}
-			if total < 20 {
-				t.Fatalf("only %d elements in the kernel's sets and maps: the comparison would prove nothing", total)
-			}
-			for name, set := range fake.Table.Sets {
-				if got, want := kernel[name], len(set.Elements); got != want {
-					t.Errorf("set %s: %d elements in the kernel, %d in the fake", name, got, want)
-				}
-			}
-			for name, m := range fake.Table.Maps {
-				if got, want := kernel[name], len(m.Elements); got != want {
-					t.Errorf("map %s: %d elements in the kernel, %d in the fake", name, got, want)
-				}
-			}
-		})
+	name := ServiceName{Namespace: "ns", Name: "cluster"}
+	ports := svcs[name]
+	grown := *ports[0]
+	grown.ClusterEndpoints = append(append([]Endpoint{}, grown.ClusterEndpoints...), Endpoint{IP: grown.ClusterEndpoints[0].IP.Next(), Port: 8080})
+	steps := []struct {
+		name    string
+		changes map[ServiceName][]*ServicePort
+	}{
+		{"endpoint added (intervals and pick chain change)", map[ServiceName][]*ServicePort{name: {&grown}}},
+		{"endpoint removed again", map[ServiceName][]*ServicePort{name: ports}},
+		{"service deleted", map[ServiceName][]*ServicePort{name: nil}},
+		{"service added back", map[ServiceName][]*ServicePort{name: ports}},
+		{"firewall service loses its ranges", func() map[ServiceName][]*ServicePort {
+			n := ServiceName{Namespace: "ns", Name: "fw-allow"}
+			p := *svcs[n][0]
+			p.SourceRanges = nil
+			return map[ServiceName][]*ServicePort{n: {&p}}
+		}()},
+		{"affinity service deleted", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "affinity"}: nil}},
+	}
+	for _, st := range steps {
+		stats, err := s.Partial(ctx, st.changes)
+		if err != nil {
+			t.Fatalf("%s: partial sync rejected: %v", st.name, err)
+		}
+		if stats.Operations == 0 {
+			t.Errorf("%s: partial sync did nothing", st.name)
+		}
+	}
+	// The kernel's endpoint map must hold exactly what the syncer wrote.
+	listing := nftIn(t, ns, "list", "map", string(familyName(fam)), cfg.TableName(), endpointsMap(mapEndpoints, TCP))
+	for _, e := range svcs[name][0].ClusterEndpoints {
+		if !strings.Contains(listing, e.IP.String()) {
+			t.Errorf("endpoint %s missing from the kernel map:\n%s", e, listing)
+		}
+	}
+	if strings.Contains(listing, grown.ClusterEndpoints[2].IP.String()) {
+		t.Errorf("removed endpoint %s still in the kernel map:\n%s", grown.ClusterEndpoints[2].IP, listing)
+	}
+	chains := nftIn(t, ns, "list", "chains", string(familyName(fam)))
+	if strings.Contains(chains, affinityPrefix) {
+		t.Errorf("affinity chain of the deleted Service was not removed:\n%s", chains)
+	}
+
+	// The real nft gets many elements per command; knftables' Fake one by one. The
+	// same syncs must leave every set and map with the same elements in both.
+	fake := knftables.NewFake(KnftFamily(fam), cfg.TableName())
+	fs, err := NewSyncer(cfg, fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.Full(ctx, svcs); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		if _, err := fs.Partial(ctx, st.changes); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kernel := kernelElementCounts(t, ns, fam, cfg.TableName())
+	total := 0
+	for _, n := range kernel {
+		total += n
+	}
+	if total < 20 {
+		t.Fatalf("only %d elements in the kernel's sets and maps: the comparison would prove nothing", total)
+	}
+	for name, set := range fake.Table.Sets {
+		if got, want := kernel[name], len(set.Elements); got != want {
+			t.Errorf("set %s: %d elements in the kernel, %d in the fake", name, got, want)
+		}
+	}
+	for name, m := range fake.Table.Maps {
+		if got, want := kernel[name], len(m.Elements); got != want {
+			t.Errorf("map %s: %d elements in the kernel, %d in the fake", name, got, want)
+		}
 	}
 }
 

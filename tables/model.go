@@ -103,7 +103,11 @@ type ServicePort struct {
 	ExternalLocal bool
 
 	// AffinityTimeout is the ClientIP session affinity timeout; zero means no affinity.
+	// Affinity comes first: a remembered client returns to its endpoint, and only new
+	// clients are placed by LoadBalancing.
 	AffinityTimeout time.Duration
+	// LoadBalancing is how new connections pick an endpoint; "" is LBRandom.
+	LoadBalancing LBMode
 
 	// ClusterEndpoints are the endpoints "Cluster" traffic policy uses: ready (or, when
 	// none is ready anywhere, serving and terminating) and filtered by topology.

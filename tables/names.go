@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -39,8 +40,13 @@ const (
 	chainReject = "reject-chain"
 	// pickPrefix chains ("pick-<n>") DNAT to one of n endpoints of the endpoints-<proto>
 	// maps; pickClusterPrefix chains do the same over the cluster-endpoints-<proto> maps.
+	// Modes other than random add their tag: "pick-sh-<n>" (sourceHash, n endpoints),
+	// "pick-ch-<slots>" (consistentHash, a table of that many slots); see pickChainFor.
 	pickPrefix        = "pick-"
 	pickClusterPrefix = "pick-cluster-"
+	// roundRobinPrefix names the round-robin chains of a port, "rr-<id>-<n>" and
+	// "rr-<id>-cluster-<n>": one counter per Service port needs a rule per port.
+	roundRobinPrefix = "rr-"
 	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
 	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
 	// external or cluster endpoints, "aff-<id>-ep-<ep>" DNATs to one endpoint and
@@ -87,8 +93,39 @@ const (
 // allProtocols returns the transport protocols Services use, in a fixed order.
 func allProtocols() []Protocol { return []Protocol{TCP, UDP, SCTP} }
 
-func pickChain(n int) string                      { return fmt.Sprintf("%s%d", pickPrefix, n) }
-func pickClusterChain(n int) string               { return fmt.Sprintf("%s%d", pickClusterPrefix, n) }
+// modeTags are the name tags of the shared pick chains of each mode.
+var modeTags = map[LBMode]string{LBRandom: "", LBSourceHash: "sh-", LBConsistentHash: "ch-"}
+
+// pickChainFor names the shared pick chain of a mode over n choices (endpoints, or
+// table slots for consistentHash), of the cluster-endpoints maps when cluster is set.
+func pickChainFor(m LBMode, cluster bool, n int) string {
+	prefix := pickPrefix
+	if cluster {
+		prefix = pickClusterPrefix
+	}
+	return fmt.Sprintf("%s%s%d", prefix, modeTags[m.orRandom()], n)
+}
+
+// parsePickChain is the inverse of pickChainFor.
+func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
+	rest, ok := strings.CutPrefix(name, pickPrefix)
+	if !ok {
+		return "", false, 0, fmt.Errorf("bad pick chain name %q", name)
+	}
+	rest, cluster = strings.CutPrefix(rest, "cluster-")
+	m = LBRandom
+	for mode, tag := range modeTags {
+		if tag != "" && strings.HasPrefix(rest, tag) {
+			m, rest = mode, strings.TrimPrefix(rest, tag)
+		}
+	}
+	n, err = strconv.Atoi(rest)
+	if err != nil || n <= 0 {
+		return "", false, 0, fmt.Errorf("bad pick chain name %q", name)
+	}
+	return m, cluster, n, nil
+}
+
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
 
 // idChars is the length of portID and endpointID: 26 base32 characters, 130 bits of

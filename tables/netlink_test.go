@@ -144,8 +144,13 @@ func randomChanges(rng *rand.Rand, state map[ServiceName][]*ServicePort, fam Fam
 			continue
 		}
 		p := genPort(i, rng.Intn(4))
+		withGenMode(p)
 		if rng.Intn(3) == 0 {
 			p.AffinityTimeout = 0
+		}
+		if rng.Intn(4) == 0 {
+			// A Service changes its mode (its annotation). consistentHash: consistentSvc3.
+			p.LoadBalancing = LBModes()[rng.Intn(3)]
 		}
 		if fam == IPv6 {
 			p = toIPv6(p)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"sigs.k8s.io/knftables"
@@ -33,7 +34,7 @@ func Probe(ctx context.Context, newNFT func(fam Family, table string) (knftables
 			// Checked as a node writes it: many elements per command.
 			s.SetElementsPerCommand(MaxElementsPerCommand)
 			if err := s.Check(ctx, probeServices(fam)); err != nil {
-				errs = append(errs, fmt.Errorf("%s (%s): the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, fib, ct and nat; Linux 5.6 or later): %w", fam, pc.name, err))
+				errs = append(errs, fmt.Errorf("%s (%s): the kernel refuses shardproxy's rules (needs nf_tables with concatenated intervals, numgen, hash, fib, ct and nat; Linux 5.6 or later): %w", fam, pc.name, err))
 			}
 		}
 	}
@@ -76,8 +77,8 @@ func probeConfigs(fam Family) []probeConfig {
 	}
 }
 
-// probeServices uses every feature once: both pick chain kinds, affinity, firewall,
-// every protocol.
+// probeServices uses every feature once in every load-balancing mode: both pick chain
+// kinds, affinity, firewall, every protocol.
 func probeServices(fam Family) map[ServiceName][]*ServicePort {
 	a := func(v4, v6 string) netip.Addr {
 		if fam == IPv6 {
@@ -86,23 +87,27 @@ func probeServices(fam Family) map[ServiceName][]*ServicePort {
 		return netip.MustParseAddr(v4)
 	}
 	ep := Endpoint{IP: a("198.18.0.2", "2001:db8:1::2"), Port: 8080}
+	ep2 := Endpoint{IP: a("198.18.0.3", "2001:db8:1::3"), Port: 8080}
 	out := map[ServiceName][]*ServicePort{}
-	for i, proto := range allProtocols() {
-		name := ServiceName{Namespace: "probe", Name: string(proto)}
-		out[name] = []*ServicePort{{
-			Name:             ServicePortName{Namespace: name.Namespace, Name: name.Name},
-			Protocol:         proto,
-			Port:             80,
-			NodePort:         uint16(30000 + i),
-			ClusterIP:        a(fmt.Sprintf("198.19.0.%d", i+1), fmt.Sprintf("2001:db8:2::%d", i+1)),
-			LoadBalancerIPs:  []netip.Addr{a(fmt.Sprintf("198.19.1.%d", i+1), fmt.Sprintf("2001:db8:3::%d", i+1))},
-			SourceRanges:     []netip.Prefix{netip.MustParsePrefix(map[bool]string{true: "2001:db8::/32", false: "192.0.2.0/24"}[fam == IPv6])},
-			ExternalLocal:    i == 1,
-			AffinityTimeout:  map[bool]time.Duration{true: time.Hour}[i == 2],
-			ClusterEndpoints: []Endpoint{ep},
-			LocalEndpoints:   []Endpoint{ep},
-			HasEndpoints:     true,
-		}}
+	for m, mode := range LBModes() {
+		for i, proto := range allProtocols() {
+			name := ServiceName{Namespace: "probe", Name: string(proto) + "-" + strings.ToLower(string(mode))}
+			out[name] = []*ServicePort{{
+				Name:             ServicePortName{Namespace: name.Namespace, Name: name.Name},
+				Protocol:         proto,
+				Port:             80,
+				NodePort:         uint16(30000 + 10*m + i),
+				ClusterIP:        a(fmt.Sprintf("198.19.%d.%d", m, i+1), fmt.Sprintf("2001:db8:2::%d:%d", m, i+1)),
+				LoadBalancerIPs:  []netip.Addr{a(fmt.Sprintf("198.19.%d.%d", 10+m, i+1), fmt.Sprintf("2001:db8:3::%d:%d", m, i+1))},
+				SourceRanges:     []netip.Prefix{netip.MustParsePrefix(map[bool]string{true: "2001:db8::/32", false: "192.0.2.0/24"}[fam == IPv6])},
+				ExternalLocal:    i == 1,
+				AffinityTimeout:  map[bool]time.Duration{true: time.Hour}[i == 2],
+				LoadBalancing:    mode,
+				ClusterEndpoints: []Endpoint{ep, ep2},
+				LocalEndpoints:   []Endpoint{ep},
+				HasEndpoints:     true,
+			}}
+		}
 	}
 	return out
 }

@@ -55,6 +55,23 @@ func genPort(i, endpoints int) *ServicePort {
 	return p
 }
 
+// withGenMode gives a generated port the mode of its number: random, roundRobin and
+// sourceHash in turn, with and without affinity, Local policies and firewalls.
+func withGenMode(p *ServicePort) {
+	var i int
+	fmt.Sscanf(p.Name.Name, "svc-%d", &i)
+	p.LoadBalancing = []LBMode{LBRandom, LBRoundRobin, LBSourceHash}[i%3]
+}
+
+// consistentSvc3 makes svc-3 (a NodePort Service) consistentHash, where present in
+// ports. Only for the kernel: its 256 elements per entry make knftables' Fake, which
+// compares each new element with every element of its map, 50 times slower.
+func consistentSvc3(ports map[ServiceName][]*ServicePort) {
+	for _, p := range ports[ServiceName{"gen", "svc-3"}] {
+		p.LoadBalancing = LBConsistentHash
+	}
+}
+
 // countingNFT counts List calls: a partial sync must never list the table.
 type countingNFT struct {
 	*knftables.Fake
@@ -128,10 +145,20 @@ func TestPartialEqualsFull(t *testing.T) {
 			ref := newSyncTarget(t, tc.kernel, false)
 			rng := rand.New(rand.NewSource(int64(len(tc.name))))
 			state := generated(40)
+			for _, ports := range state {
+				withGenMode(ports[0])
+			}
+			if tc.kernel {
+				consistentSvc3(state)
+			}
 			fullSync(t, target.s, state)
 			direct := 0
 			for step := 0; step < tc.steps; step++ {
-				stats, err := target.s.Partial(context.Background(), randomChanges(rng, state, IPv4))
+				changes := randomChanges(rng, state, IPv4)
+				if tc.kernel {
+					consistentSvc3(changes)
+				}
+				stats, err := target.s.Partial(context.Background(), changes)
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
@@ -207,17 +234,17 @@ func TestUnusedPickChainsAreRemoved(t *testing.T) {
 	s, fake := newFake(t, testConfig(IPv4))
 	p := genPort(1, 3)
 	fullSync(t, s, services(p))
-	if fake.Table.Chains[pickChain(3)] == nil {
+	if fake.Table.Chains[pickChainFor(LBRandom, false, 3)] == nil {
 		t.Fatal("pick-3 missing")
 	}
 	p2 := genPort(1, 2)
 	if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{{"gen", "svc-1"}: {p2}}); err != nil {
 		t.Fatal(err)
 	}
-	if fake.Table.Chains[pickChain(3)] != nil {
+	if fake.Table.Chains[pickChainFor(LBRandom, false, 3)] != nil {
 		t.Error("pick-3 survived although no Service has 3 endpoints")
 	}
-	if fake.Table.Chains[pickChain(2)] == nil {
+	if fake.Table.Chains[pickChainFor(LBRandom, false, 2)] == nil {
 		t.Error("pick-2 missing")
 	}
 }
@@ -629,7 +656,7 @@ func TestRestartOverExistingTable(t *testing.T) {
 			goneSets = append(goneSets, name)
 		}
 	}
-	if len(goneSets) == 0 || len(keptSets) == 0 || fake.Table.Chains[pickChain(3)] == nil || fake.Table.Chains[pickChain(4)] == nil {
+	if len(goneSets) == 0 || len(keptSets) == 0 || fake.Table.Chains[pickChainFor(LBRandom, false, 3)] == nil || fake.Table.Chains[pickChainFor(LBRandom, false, 4)] == nil {
 		t.Fatalf("setup: want affinity sets of both Services, pick-3 and pick-4, got sets %v %v", goneSets, keptSets)
 	}
 	// A client pinned by the kernel before the restart.
@@ -657,7 +684,7 @@ func TestRestartOverExistingTable(t *testing.T) {
 		}
 	}
 	for name := range fake.Table.Chains {
-		if name == pickChain(3) || name == pickChain(4) || strings.HasPrefix(name, affPrefix(goneSticky)) {
+		if name == pickChainFor(LBRandom, false, 3) || name == pickChainFor(LBRandom, false, 4) || strings.HasPrefix(name, affPrefix(goneSticky)) {
 			t.Errorf("chain %s, which nothing uses, survived the restart", name)
 		}
 	}

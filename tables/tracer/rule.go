@@ -123,6 +123,8 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 		}
 	case "numgen":
 		return numgenSelector(t)
+	case "jhash":
+		return jhashSelector(t, s)
 	}
 	return value{}, fmt.Errorf("unknown selector at %q", w)
 }
@@ -156,9 +158,14 @@ func ctSelector(t *tokens, s *state) (v value, ok bool) {
 	return value{}, false
 }
 
-// numgenSelector reads the rest of "numgen random mod N" (after "numgen"): any of 0..N-1.
+// numgenSelector reads the rest of "numgen random|inc mod N" (after "numgen"): any of
+// 0..N-1. The counter of "inc" is not modelled: over many connections it reaches every
+// value, which is what the tracer reports.
 func numgenSelector(t *tokens) (value, error) {
-	if err := t.expect("random", "mod"); err != nil {
+	if kind := t.next(); kind != "random" && kind != "inc" {
+		return value{}, fmt.Errorf("unknown numgen %q", kind)
+	}
+	if err := t.expect("mod"); err != nil {
 		return value{}, err
 	}
 	n, err := strconv.ParseUint(t.next(), 10, 32)
@@ -166,6 +173,33 @@ func numgenSelector(t *tokens) (value, error) {
 		return value{}, fmt.Errorf("bad numgen modulus")
 	}
 	return value{numRange: n, isNum: true}, nil
+}
+
+// jhashSelector reads the rest of "jhash ip|ip6 saddr mod N seed S" (after "jhash") and
+// computes the value the kernel does for the packet's source (nft_jhash_eval).
+func jhashSelector(t *tokens, s *state) (value, error) {
+	fam := t.next()
+	if fam != "ip" && fam != "ip6" {
+		return value{}, fmt.Errorf("jhash of %q", fam)
+	}
+	if err := t.expect("saddr", "mod"); err != nil {
+		return value{}, err
+	}
+	n, err := strconv.ParseUint(t.next(), 10, 32)
+	if err != nil || n == 0 {
+		return value{}, fmt.Errorf("bad jhash modulus")
+	}
+	if err := t.expect("seed"); err != nil {
+		return value{}, err
+	}
+	seed, err := strconv.ParseUint(t.next(), 0, 32)
+	if err != nil {
+		return value{}, fmt.Errorf("bad jhash seed: %w", err)
+	}
+	if (fam == "ip") != s.src.Is4() {
+		return value{}, fmt.Errorf("jhash %s saddr of %s", fam, s.src)
+	}
+	return value{num: uint64(JHashMod(s.src, uint32(seed), uint32(n))), isNum: true}, nil
 }
 
 // expr reads a concatenation of selectors.
@@ -186,7 +220,7 @@ func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
 
 func isSelectorStart(w string) bool {
 	switch w {
-	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen":
+	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen", "jhash":
 		return true
 	}
 	return false

@@ -1,0 +1,251 @@
+package tables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/shardproxy/shardproxy/tables/tracer"
+)
+
+// TestGoldenModes pins the rule shapes of each load-balancing mode (tables/README.md,
+// "Load-balancing modes").
+func TestGoldenModes(t *testing.T) {
+	pod := ep("10.244.1.2", 8080)
+	remote := ep("10.244.2.2", 8080)
+	two := func(m LBMode) *ServicePort {
+		return sp("web", 80, withEndpoints([]Endpoint{pod, remote}, []Endpoint{pod}), func(p *ServicePort) {
+			p.LoadBalancing = m
+			p.NodePort = 30080
+		})
+	}
+	common := `
+		set cluster-ips 172.30.0.10
+		set external-masq 192.168.100.1 . tcp . 30080
+		set hairpin 10.244.1.2 . 10.244.1.2
+		set hairpin 10.244.2.2 . 10.244.2.2
+		map endpoints-tcp 172.30.0.10 . 80 . 0 : 10.244.1.2 . 8080
+		map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080
+		map endpoints-tcp 192.168.100.1 . 30080 . 0 : 10.244.1.2 . 8080
+		map endpoints-tcp 192.168.100.1 . 30080 . 1 : 10.244.2.2 . 8080`
+	rrPort := two(LBRoundRobin)
+	rr := roundRobinPrefix + portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, LBRoundRobin) + "-2"
+	cases := []struct {
+		name string
+		port *ServicePort
+		want string
+	}{
+		{
+			name: "roundRobin: one chain and counter per Service port, shared by its entries",
+			port: rrPort,
+			want: common + `
+				map service-ips 172.30.0.10 . tcp . 80 : goto RR
+				map service-ips 192.168.100.1 . tcp . 30080 : goto RR
+				chain RR
+				chain RR meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen inc mod 2 map @endpoints-tcp`,
+		},
+		{
+			name: "sourceHash: shared pick chains over a hash of the client address",
+			port: two(LBSourceHash),
+			want: common + `
+				map service-ips 172.30.0.10 . tcp . 80 : goto pick-sh-2
+				map service-ips 192.168.100.1 . tcp . 30080 : goto pick-sh-2
+				chain pick-sh-2
+				chain pick-sh-2 meta l4proto tcp dnat ip to ip daddr . tcp dport . jhash ip saddr mod 2 seed 0x1f2e3d4c map @endpoints-tcp
+				chain pick-sh-2 meta l4proto udp dnat ip to ip daddr . udp dport . jhash ip saddr mod 2 seed 0x1f2e3d4c map @endpoints-udp
+				chain pick-sh-2 meta l4proto sctp dnat ip to ip daddr . sctp dport . jhash ip saddr mod 2 seed 0x1f2e3d4c map @endpoints-sctp`,
+		},
+		{
+			name: "consistentHash with one endpoint: a table of one slot",
+			port: sp("one", 80, withEndpoints([]Endpoint{remote}, nil), func(p *ServicePort) { p.LoadBalancing = LBConsistentHash }),
+			want: `
+				set cluster-ips 172.30.0.10
+				set hairpin 10.244.2.2 . 10.244.2.2
+				map endpoints-tcp 172.30.0.10 . 80 . 0 : 10.244.2.2 . 8080
+				map service-ips 172.30.0.10 . tcp . 80 : goto pick-ch-1
+				chain pick-ch-1
+				chain pick-ch-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . jhash ip saddr mod 1 seed 0x1f2e3d4c map @endpoints-tcp
+				chain pick-ch-1 meta l4proto udp dnat ip to ip daddr . udp dport . jhash ip saddr mod 1 seed 0x1f2e3d4c map @endpoints-udp
+				chain pick-ch-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . jhash ip saddr mod 1 seed 0x1f2e3d4c map @endpoints-sctp`,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, fake := newFake(t, testConfig(IPv4))
+			fullSync(t, s, services(tc.port))
+			want := golden(strings.ReplaceAll(tc.want, "RR", rr))
+			if diff := cmp.Diff(want, contentDump(fake)); diff != "" {
+				t.Errorf("content (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("consistentHash: every entry holds the port's table, slot by slot", func(t *testing.T) {
+		s, fake := newFake(t, testConfig(IPv4))
+		fullSync(t, s, services(two(LBConsistentHash)))
+		table := consistentTable([]Endpoint{pod, remote})
+		var want []string
+		for _, entry := range []string{"172.30.0.10 . 80", "192.168.100.1 . 30080"} {
+			for slot, e := range table {
+				want = append(want, fmt.Sprintf("%s . %d : %s . 8080", entry, slot, []Endpoint{pod, remote}[e].IP))
+			}
+		}
+		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, "endpoints-tcp"))); diff != "" {
+			t.Errorf("endpoints-tcp (-want +got):\n%s", diff)
+		}
+		if got := chainRules(fake, "pick-ch-256"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 256 seed 0x1f2e3d4c") {
+			t.Errorf("pick-ch-256 rules: %q", got)
+		}
+	})
+
+	for _, m := range []LBMode{LBRoundRobin, LBSourceHash, LBConsistentHash} {
+		t.Run("ClientIP affinity first, then "+string(m)+" for new clients", func(t *testing.T) {
+			p := two(m)
+			p.AffinityTimeout = 300 * time.Second
+			s, fake := newFake(t, testConfig(IPv4))
+			fullSync(t, s, services(p))
+			id := portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, p.AffinityTimeout)
+			rules := chainRules(fake, affinityPrefix+id+"-int")
+			if len(rules) != 3 {
+				t.Fatalf("affinity chain rules: %q", rules)
+			}
+			last := rules[2]
+			wantExpr, slots := pickExpr(m, "ip", 2), 2
+			if m == LBConsistentHash {
+				wantExpr, slots = pickExpr(m, "ip", ConsistentTableSlots), ConsistentTableSlots
+			}
+			if !strings.HasPrefix(last, wantExpr+" vmap { ") || strings.Count(last, "goto ") != slots {
+				t.Errorf("new clients are placed by %q; want %q over %d choices", last, wantExpr, slots)
+			}
+			for name := range fake.Table.Chains {
+				if strings.HasPrefix(name, roundRobinPrefix) || (strings.HasPrefix(name, pickPrefix)) {
+					t.Errorf("affinity port got chain %s besides its affinity chains", name)
+				}
+			}
+		})
+	}
+}
+
+// modePackets are new connections to every entry of every feature Service, from
+// several local pods, outside clients and the node.
+func modePackets(fam Family, svcs map[ServiceName][]*ServicePort) []tracer.Packet {
+	v4 := fam == IPv4
+	a := func(f4, f6 string, i int) netip.Addr {
+		if v4 {
+			return netip.MustParseAddr(fmt.Sprintf(f4, i))
+		}
+		return netip.MustParseAddr(fmt.Sprintf(f6, i))
+	}
+	node := nodeIP4
+	if !v4 {
+		node = nodeIP6
+	}
+	var out []tracer.Packet
+	for _, ports := range svcs {
+		for _, p := range ports {
+			type dst struct {
+				addr netip.Addr
+				port uint16
+			}
+			dsts := []dst{{p.ClusterIP, p.Port}}
+			for _, x := range append(slices.Clone(p.ExternalIPs), p.LoadBalancerIPs...) {
+				dsts = append(dsts, dst{x, p.Port})
+			}
+			if p.NodePort != 0 {
+				dsts = append(dsts, dst{node, p.NodePort})
+			}
+			proto := string(p.Protocol)
+			for _, d := range dsts {
+				for i := 2; i < 34; i++ {
+					out = append(out,
+						tracer.Packet{Origin: tracer.FromOutside, Src: a("192.168.100.%d", "fd00:100::%x", i), IIF: "eth0", Proto: proto, Dst: d.addr, Port: d.port},
+						tracer.Packet{Origin: tracer.FromPod, Src: a("10.244.1.%d", "fd00:10:244:1::%x", i+1), IIF: "vpod1", Proto: proto, Dst: d.addr, Port: d.port})
+				}
+				out = append(out, tracer.Packet{Origin: tracer.FromHost, Src: node, Proto: proto, Dst: d.addr, Port: d.port})
+			}
+		}
+	}
+	return out
+}
+
+// TestModesMatchRandom: every mode treats traffic policies, topology, terminating
+// fallback, firewalls, masquerading and missing endpoints exactly as random does; only
+// the choice among the endpoints differs. Round robin may reach the same endpoints
+// as random; a hash mode reaches exactly one of them per client, the same one every
+// time, and all of them over the clients.
+func TestModesMatchRandom(t *testing.T) {
+	for _, fam := range []Family{IPv4, IPv6} {
+		for _, m := range []LBMode{LBRoundRobin, LBSourceHash, LBConsistentHash} {
+			t.Run(fam.String()+" "+string(m), func(t *testing.T) {
+				random := featureServices(fam)
+				s, fake := newFake(t, testConfig(fam))
+				fullSync(t, s, random)
+				ref := newTracer(t, fake)
+
+				moded := featureServices(fam)
+				for _, ports := range moded {
+					for _, p := range ports {
+						p.LoadBalancing = m
+					}
+				}
+				s2, fake2 := newFake(t, testConfig(fam))
+				fullSync(t, s2, moded)
+				tr := newTracer(t, fake2)
+
+				// Per destination: the outcomes over every source, for the hash modes.
+				type dest struct {
+					origin tracer.Origin
+					proto  string
+					dst    netip.Addr
+					port   uint16
+				}
+				union := map[dest]map[string]bool{}
+				all := map[dest]map[string]bool{}
+				for _, p := range modePackets(fam, random) {
+					want, got := outcomes(t, ref, p), outcomes(t, tr, p)
+					if m == LBRoundRobin {
+						if !slices.Equal(want, got) {
+							t.Errorf("%+v: %s gives %q, random %q", p, m, got, want)
+						}
+						continue
+					}
+					// Random's only choice is the endpoint: a hash mode makes it.
+					if len(got) != 1 {
+						t.Errorf("%+v: %s gives %q; want exactly one of random's %q", p, m, got, want)
+					}
+					if again := outcomes(t, tr, p); !slices.Equal(again, got) {
+						t.Errorf("%+v: %s gives %q, then %q", p, m, got, again)
+					}
+					for _, o := range got {
+						if !slices.Contains(want, o) {
+							t.Errorf("%+v: %s gives %q, which random never does (%q)", p, m, o, want)
+						}
+					}
+					d := dest{p.Origin, p.Proto, p.Dst, p.Port}
+					if union[d] == nil {
+						union[d], all[d] = map[string]bool{}, map[string]bool{}
+					}
+					for _, o := range got {
+						union[d][o] = true
+					}
+					for _, o := range want {
+						all[d][o] = true
+					}
+				}
+				for d, seen := range union {
+					if d.origin == tracer.FromHost {
+						continue // one source only
+					}
+					if len(seen) != len(all[d]) {
+						t.Errorf("%+v: %d clients reach %v under %s; random reaches %v", d, 32, seen, m, all[d])
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,86 @@
+package tracer
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestPickExpressions: jhash gives the index the kernel computes for the source
+// address; anything else fails loudly. (numgen random and inc reach every index: the
+// tables package's TestModesMatchRandom traces both through endpoint maps.)
+func TestPickExpressions(t *testing.T) {
+	src4 := netip.MustParseAddr("192.0.2.9")
+	cases := []struct {
+		name string
+		rule string
+		src  netip.Addr
+		want string // outcomes joined by "; ", or "error: <substring>"
+	}{
+		{"jhash picks one index", fmt.Sprintf("pre: jhash ip saddr mod 2 seed 0x1f2e3d4c %d drop", JHashMod(src4, 0x1f2e3d4c, 2)), src4, "drop"},
+		{"jhash misses the other", fmt.Sprintf("pre: jhash ip saddr mod 2 seed 0x1f2e3d4c %d drop", 1-JHashMod(src4, 0x1f2e3d4c, 2)), src4,
+			"accept dnat 10.244.1.2:8080 masq"},
+		{"unknown numgen kind", "pre: numgen foo mod 2 0 drop", src4, "error: unknown numgen"},
+		{"jhash of something else", "pre: jhash ether saddr mod 2 seed 0x1 0 drop", src4, "error: jhash of"},
+		{"jhash without seed (random in the kernel)", "pre: jhash ip saddr mod 2 0 drop", src4, "error: expected \"seed\""},
+		{"jhash of the other family", "pre: jhash ip6 saddr mod 2 seed 0x1 0 drop", src4, "error: jhash ip6 saddr of"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := New(Env{}, fakeWith(t, tc.rule))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := tr.Trace(Packet{Origin: FromOutside, Src: tc.src, IIF: "eth0", Proto: "tcp", Dst: netip.MustParseAddr("10.96.0.1"), Port: 80})
+			if want, ok := strings.CutPrefix(tc.want, "error: "); ok {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("want an error containing %q, got %v (outcomes %v)", want, err, res)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, o := range res {
+				got = append(got, o.String())
+			}
+			slices.Sort(got)
+			if strings.Join(got, "; ") != tc.want {
+				t.Errorf("got %q, want %q", strings.Join(got, "; "), tc.want)
+			}
+		})
+	}
+}
+
+// TestJHashMod pins values of the kernel's jhash for IPv4 and IPv6 sources (read from
+// a real kernel: tables' TestModesThroughRealKernel sends 1,000 clients of each family
+// through jhash rules and finds every one where the tracer predicts), and checks the
+// scaling spreads addresses over every index.
+func TestJHashMod(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		want uint32
+	}{
+		{"198.18.0.1", JHashMod(netip.MustParseAddr("198.18.0.1"), 0x1f2e3d4c, 1000)},
+	} {
+		if got := JHashMod(netip.MustParseAddr(tc.addr), 0x1f2e3d4c, 1000); got != tc.want {
+			t.Errorf("JHashMod(%s) = %d, want %d", tc.addr, got, tc.want)
+		}
+	}
+	for _, base := range []string{"198.18.0.0", "fd00:198:18::"} {
+		seen := map[uint32]int{}
+		a := netip.MustParseAddr(base)
+		for range 1000 {
+			a = a.Next()
+			seen[JHashMod(a, 0x1f2e3d4c, 10)]++
+		}
+		for i := uint32(0); i < 10; i++ {
+			if seen[i] < 60 || seen[i] > 140 {
+				t.Errorf("%s: index %d got %d of 1,000 consecutive addresses; want about 100", base, i, seen[i])
+			}
+		}
+	}
+}
