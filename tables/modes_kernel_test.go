@@ -1,0 +1,306 @@
+package tables
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardproxy/shardproxy/tables/tracer"
+	"github.com/shardproxy/shardproxy/test/netns"
+)
+
+// The measurement of issue 14: 10 endpoints, 10,000 connections from 1,000 client
+// addresses, and for the hash modes 10,000 clients with one connection each.
+const (
+	lbClients     = 1000
+	lbManyClients = 10_000
+	lbConnections = 10_000
+	lbEndpoints   = 10
+	// lbEvenness is how far from the mean every endpoint's share may be (random and
+	// roundRobin over lbConnections; consistentHash over lbManyClients); lbDisruption
+	// the share of clients removing one of ten endpoints may move (consistentHash).
+	lbEvenness   = 0.15
+	lbDisruption = 0.15
+	// lbFewClientsSpread bounds consistentHash's spread over only lbClients clients:
+	// each endpoint gets Binomial(1000, 0.1) clients (sigma 9.5% of the mean), so
+	// lbEvenness is 1.6 sigma and ten endpoints all stay within it only about a third
+	// of the time, for any hash of the client; 40% is 4.2 sigma.
+	lbFewClientsSpread = 0.40
+)
+
+// lbBench is a topology whose client namespace holds lbClients extra addresses, with
+// lbEndpoints identity servers ("ep0".."ep9": five ports on the local pod, five on the
+// remote one) behind one TCP Service.
+type lbBench struct {
+	n       *trafficNode
+	clients []netip.Addr
+	eps     []Endpoint
+	names   map[Endpoint]string
+	svc     ServiceName
+	port    *ServicePort
+}
+
+func newLBBench(t *testing.T, fam Family) *lbBench {
+	tp := netns.New(t)
+	b := &lbBench{n: &trafficNode{tp: tp, fam: fam}, names: map[Endpoint]string{}, svc: ServiceName{Namespace: "ns", Name: "lb"}}
+	for i := range lbEndpoints {
+		ns, ip := tp.Pod1, b.n.a(netns.Pod1IPv4, netns.Pod1IPv6)
+		if i >= lbEndpoints/2 {
+			ns, ip = tp.Remote, b.n.a(netns.RemoteIPv4, netns.RemoteIPv6)
+		}
+		port := 8080 + i%(lbEndpoints/2)
+		name := fmt.Sprintf("ep%d", i)
+		tp.StartServer(ns, name, "tcp", port)
+		ep := Endpoint{IP: ip, Port: uint16(port)}
+		b.eps = append(b.eps, ep)
+		b.names[ep] = name
+	}
+	// The client namespace owns the whole client range (a local route, "AnyIP") and may
+	// bind to any address of it: adding 10,000 IPv6 addresses one by one takes minutes.
+	prefix := b.n.a("198.18.0.0", "fd00:198:18::")
+	for i := range lbManyClients {
+		b.clients = append(b.clients, addrPlus(prefix, i+1))
+	}
+	setup := [][]string{
+		{"sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1", "net.ipv6.ip_nonlocal_bind=1"},
+		{"ip", "route", "add", "local", "198.18.0.0/16", "dev", "lo"},
+		{"ip", "-6", "route", "add", "local", "fd00:198:18::/64", "dev", "lo"},
+	}
+	for _, cmd := range setup {
+		if out, err := tp.Exec(tp.Client, cmd...); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	b.port = &ServicePort{
+		Name: ServicePortName{Namespace: b.svc.Namespace, Name: b.svc.Name}, Protocol: TCP, Port: 80,
+		ClusterIP: b.n.a("172.31.0.50", "fd00:31::50"), ClusterEndpoints: b.eps, HasEndpoints: true,
+	}
+	return b
+}
+
+// program makes the Service's ports exactly p with a partial sync. Conntrack is not
+// flushed: a new connection reusing an old one's tuple is translated afresh (conntrack
+// replaces a TIME_WAIT entry on SYN), while after a flush the last packets of old
+// connections would be picked up as new ones and advance round robin's counter.
+func (b *lbBench) program(t *testing.T, s *Syncer, p *ServicePort) {
+	t.Helper()
+	if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{b.svc: {p}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connect opens count connections from the first clients in turn
+// (clients[k%clients]), 8 at a time, and returns which server each one reached.
+func (b *lbBench) connect(t *testing.T, clients, count int) []string {
+	t.Helper()
+	got := make([]string, count)
+	dst := netip.AddrPortFrom(b.port.ClusterIP, b.port.Port).String()
+	const workers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.n.tp.Do(b.n.tp.Client, func() error {
+				for k := w; k < count; k += workers {
+					name, err := dialFrom(b.clients[k%clients], dst)
+					if err != nil {
+						return err
+					}
+					got[k] = name
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got
+}
+
+// addrPlus returns a + n (n < 65536).
+func addrPlus(a netip.Addr, n int) netip.Addr {
+	b := a.AsSlice()
+	v := int(b[len(b)-2])<<8 | int(b[len(b)-1]) + n
+	b[len(b)-2], b[len(b)-1] = byte(v>>8), byte(v)
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}
+
+// dialFrom connects from src to dst and returns the server's name.
+func dialFrom(src netip.Addr, dst string) (string, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 5 * time.Second}
+	conn, err := d.Dial("tcp", dst)
+	if err != nil {
+		return "", fmt.Errorf("from %s to %s: %w", src, dst, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	data, err := io.ReadAll(conn)
+	if err != nil {
+		return "", fmt.Errorf("from %s to %s: reading: %w", src, dst, err)
+	}
+	name, _, _ := strings.Cut(string(data), " ")
+	return name, nil
+}
+
+// spread returns the connections per server and the largest deviation from the mean.
+func spread(got []string, servers int) (map[string]int, float64) {
+	counts := map[string]int{}
+	for _, g := range got {
+		counts[g]++
+	}
+	mean := float64(len(got)) / float64(servers)
+	worst := 0.0
+	for _, c := range counts {
+		worst = max(worst, abs(float64(c)/mean-1))
+	}
+	if len(counts) < servers {
+		worst = 1
+	}
+	return counts, worst
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// perClient returns the one server each of the first clients reached, failing when
+// one reached several (stickiness).
+func (b *lbBench) perClient(t *testing.T, clients int, got []string) map[netip.Addr]string {
+	t.Helper()
+	out := map[netip.Addr]string{}
+	for k, g := range got {
+		c := b.clients[k%clients]
+		if prev, ok := out[c]; ok && prev != g {
+			t.Errorf("client %s reached %s, then %s: not sticky", c, prev, g)
+		}
+		out[c] = g
+	}
+	return out
+}
+
+// predict is the server the tracer says each client reaches: it must be the one the
+// kernel chose, or the tracer's jhash is not the kernel's.
+func (b *lbBench) predict(t *testing.T, p *ServicePort) map[netip.Addr]string {
+	t.Helper()
+	cfg := testConfig(b.n.fam)
+	s, fake := newFake(t, cfg)
+	fullSync(t, s, map[ServiceName][]*ServicePort{b.svc: {p}})
+	tr := newTracer(t, fake)
+	out := map[netip.Addr]string{}
+	byAddr := map[string]string{}
+	for ep, name := range b.names {
+		byAddr[ep.String()] = name
+	}
+	for _, c := range b.clients[:lbClients] {
+		res := outcomes(t, tr, tracer.Packet{Origin: tracer.FromOutside, Src: c, IIF: "eth0", Proto: "tcp", Dst: p.ClusterIP, Port: p.Port})
+		if len(res) != 1 {
+			t.Fatalf("tracer: %s reaches %q; want one endpoint", c, res)
+		}
+		f := strings.Fields(res[0])
+		out[c] = byAddr[f[2]]
+	}
+	return out
+}
+
+// TestModesThroughRealKernel measures each load-balancing mode with real connections
+// (issue 14): 10,000 connections from 1,000 client addresses to 10 endpoints; for the
+// hash modes also stickiness, the tracer's prediction of every client's endpoint, the
+// clients that move when one endpoint of ten goes away, and the spread over 10,000
+// clients. The figures are logged (go test -v) and quoted in README.md.
+func TestModesThroughRealKernel(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			b := newLBBench(t, fam)
+			s := b.n.load(t, "lb", 0, map[ServiceName][]*ServicePort{b.svc: {b.port}})
+			for _, mode := range LBModes() {
+				t.Run(string(mode), func(t *testing.T) {
+					p := *b.port
+					p.LoadBalancing = mode
+					b.program(t, s, &p)
+					start := time.Now()
+					got := b.connect(t, lbClients, lbConnections)
+					counts, worst := spread(got, lbEndpoints)
+					t.Logf("%s %s: %d connections from %d clients in %v: per endpoint %v, largest deviation from the mean %.1f%%",
+						fam, mode, lbConnections, lbClients, time.Since(start).Round(time.Millisecond), counts, 100*worst)
+					switch {
+					case (mode == LBRandom || mode == LBRoundRobin) && worst > lbEvenness:
+						t.Errorf("an endpoint is %.1f%% off the mean; want at most %.0f%%", 100*worst, 100*lbEvenness)
+					case mode == LBConsistentHash && worst > lbFewClientsSpread:
+						t.Errorf("an endpoint is %.1f%% off the mean over %d clients; want at most %.0f%%", 100*worst, lbClients, 100*lbFewClientsSpread)
+					}
+					if mode == LBRoundRobin && worst != 0 {
+						t.Errorf("round robin over %d connections: %v; want exactly %d each", lbConnections, counts, lbConnections/lbEndpoints)
+					}
+					if mode == LBSourceHash || mode == LBConsistentHash {
+						b.hashMode(t, s, &p, got)
+					}
+				})
+			}
+		})
+	}
+}
+
+// hashMode checks a hash mode's stickiness and the tracer's prediction on the evenness
+// run, then removes one endpoint and measures how many clients move.
+func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string) {
+	t.Helper()
+	before := b.perClient(t, lbClients, got)
+	predicted := b.predict(t, p)
+	wrong := 0
+	for c, name := range before {
+		if predicted[c] != name {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("the tracer predicted the wrong endpoint for %d of %d clients", wrong, len(before))
+	}
+
+	q := *p
+	q.ClusterEndpoints = b.eps[:lbEndpoints-1]
+	gone := b.names[b.eps[lbEndpoints-1]]
+	b.program(t, s, &q)
+	after := b.perClient(t, lbClients, b.connect(t, lbClients, lbClients))
+	moved := 0
+	for c, name := range after {
+		if name == gone {
+			t.Fatalf("client %s still reaches the removed %s", c, gone)
+		}
+		if before[c] != name {
+			moved++
+		}
+	}
+	share := float64(moved) / float64(lbClients)
+	t.Logf("%s %s: removing %s (1 of %d) moved %d of %d clients (%.1f%%; the minimum is those of %s)",
+		b.n.fam, p.LoadBalancing, gone, lbEndpoints, moved, lbClients, 100*share, gone)
+	if p.LoadBalancing == LBConsistentHash && share > lbDisruption {
+		t.Errorf("removing one of %d endpoints moved %.1f%% of the clients; want at most %.0f%%", lbEndpoints, 100*share, 100*lbDisruption)
+	}
+	b.program(t, s, p)
+
+	many := b.connect(t, lbManyClients, lbManyClients)
+	counts, worst := spread(many, lbEndpoints)
+	t.Logf("%s %s: %d clients, one connection each: per endpoint %v, largest deviation from the mean %.1f%%",
+		b.n.fam, p.LoadBalancing, lbManyClients, counts, 100*worst)
+	if p.LoadBalancing == LBConsistentHash && worst > lbEvenness {
+		t.Errorf("an endpoint is %.1f%% off the mean over %d clients; want at most %.0f%%", 100*worst, lbManyClients, 100*lbEvenness)
+	}
+}
