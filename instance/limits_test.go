@@ -43,6 +43,7 @@ func TestElementEstimate(t *testing.T) {
 		name   string
 		svc    *corev1.Service
 		slices []*discoveryv1.EndpointSlice
+		mode   tables.LBMode
 		want   int
 	}{
 		{name: "cluster IP without endpoints", svc: service(), want: 1},
@@ -105,9 +106,16 @@ func TestElementEstimate(t *testing.T) {
 			want: 0,
 		},
 		{name: "legacy clusterIP field only", svc: service(func(s *corev1.Service) { s.Spec.ClusterIPs = nil }), want: 1},
+		{
+			name:   "consistentHash: every entry holds a table per port",
+			svc:    service(ofType(corev1.ServiceTypeNodePort)),
+			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
+			mode:   tables.LBConsistentHash,
+			want:   (1 + 3) * (1 + tables.ConsistentTableSlots),
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := elementEstimate(tc.svc, tc.slices, np); got != tc.want {
+			if got := elementEstimate(tc.svc, tc.slices, np, tc.mode); got != tc.want {
 				t.Errorf("elementEstimate = %d, want %d", got, tc.want)
 			}
 		})

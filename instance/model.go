@@ -78,13 +78,21 @@ type ServiceModel struct {
 // cluster IPs are all malformed gets a model with no Ports, so its Problems can still be
 // reported. slices are the Service's EndpointSlices; their labels are not checked. Build
 // does not modify its arguments.
+//
+// Every Service gets random load balancing; LoadBalancing.Build honours an instance's
+// load-balancing settings.
 func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeInfo) *ServiceModel {
+	return build(svc, slices, node, LoadBalancing{})
+}
+
+func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeInfo, lb LoadBalancing) *ServiceModel {
 	if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil
 	}
 	b := &builder{
 		svc:  svc,
 		node: node,
+		lb:   lb,
 		model: &ServiceModel{
 			Name: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name},
 		},
@@ -107,7 +115,10 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeIn
 // and, with a node port, each of the family's nodePortAddrs) gets an element of its own
 // and one per endpoint of the port: entries × (ports + the slices' endpoint-port pairs),
 // an upper bound.
-func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int) int {
+//
+// Under consistentHash every entry holds the port's table instead of one element per
+// endpoint: tables.ConsistentTableSlots per port at least.
+func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int, mode tables.LBMode) int {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return 0
 	}
@@ -150,6 +161,9 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 				pairs += len(sl.Ports) * len(sl.Endpoints)
 			}
 		}
+		if mode == tables.LBConsistentHash {
+			pairs = max(pairs, len(svc.Spec.Ports)*tables.ConsistentTableSlots)
+		}
 		largest = max(largest, n*(len(svc.Spec.Ports)+pairs))
 	}
 	return largest
@@ -159,6 +173,7 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 type builder struct {
 	svc   *corev1.Service
 	node  NodeInfo
+	lb    LoadBalancing
 	model *ServiceModel
 }
 
@@ -245,6 +260,11 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 		AffinityTimeout: b.affinityTimeout(),
 		Claim:           tables.Claim{Created: b.svc.CreationTimestamp.Time, UID: string(b.svc.UID)},
 	}
+	mode, refused := b.lb.modeOf(b.svc)
+	if refused != "" {
+		b.problem("%s", refused)
+	}
+	common.LoadBalancing = mode
 	if isLB && common.ExternalLocal {
 		b.model.HealthCheckNodePort = b.healthCheckNodePort()
 	}

@@ -68,6 +68,9 @@ type Options struct {
 	// not programmed, its model's Refused says why, and every other Service is
 	// programmed. 0 is DefaultMaxServiceElements; negative is no limit.
 	MaxServiceElements int
+	// LoadBalancing is how the instance's Services pick endpoints, and which modes a
+	// Service may ask for itself (LoadBalancingAnnotation).
+	LoadBalancing LoadBalancing
 	// Observer hears about every sync; may be nil.
 	Observer Observer
 	// Clock defaults to the real clock.
@@ -190,6 +193,7 @@ func New(opts Options) (*Proxy, error) {
 		localEps:   map[types.NamespacedName]int{},
 	}
 	p.tracker.SetClock(opts.Clock.Now)
+	p.tracker.build = opts.LoadBalancing.Build
 	for _, fam := range opts.Families {
 		cfg := opts.Tables
 		cfg.Family = fam
@@ -730,7 +734,8 @@ func (p *Proxy) model(snap *Snapshot, n types.NamespacedName, npAddrs map[tables
 		}
 	}()
 	if in, ok := snap.inputs[n]; ok && p.opts.MaxServiceElements > 0 {
-		if size := elementEstimate(in.svc, in.slices, npAddrs); size > p.opts.MaxServiceElements {
+		mode, _ := p.opts.LoadBalancing.modeOf(in.svc)
+		if size := elementEstimate(in.svc, in.slices, npAddrs, mode); size > p.opts.MaxServiceElements {
 			return &ServiceModel{Name: n, Refused: fmt.Sprintf(
 				"it would bring about %d nftables elements (ports × addresses × endpoints) into one table, over the limit of %d per Service; not programmed",
 				size, p.opts.MaxServiceElements)}

@@ -33,6 +33,7 @@ func Render(cfg *config.Config, instanceName string, services []*corev1.Service,
 	}
 	base := tableConfigs{cfg: cfg, interfaceAddrs: hostAddrs, logger: klog.Background()}.forInstance(spec, node)
 	info := nodeInfo(cfg.NodeName, node)
+	lb := loadBalancing(spec)
 
 	bySvc := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	for _, sl := range slices {
@@ -54,7 +55,7 @@ func Render(cfg *config.Config, instanceName string, services []*corev1.Service,
 		for _, p := range guardProblems {
 			problems = append(problems, fmt.Sprintf("%s/%s: %s", svc.Namespace, svc.Name, p))
 		}
-		m := instance.Build(guarded, bySvc[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], info)
+		m := lb.Build(guarded, bySvc[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}], info)
 		if m == nil {
 			continue
 		}

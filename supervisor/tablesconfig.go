@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/instance"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/tables"
 )
@@ -32,6 +33,13 @@ func (t tableConfigs) forInstance(spec config.Instance, node *corev1.Node) table
 	}
 	t.applyNode(spec, node, &cfg)
 	return cfg
+}
+
+// loadBalancing is an instance's load-balancing settings, for its Services' models (the
+// running instance's and Render's alike).
+func loadBalancing(spec config.Instance) instance.LoadBalancing {
+	mode, allowed := spec.LoadBalancing.Modes()
+	return instance.LoadBalancing{Mode: mode, Allowed: allowed}
 }
 
 // applyNode fills the node-dependent table settings of an instance.

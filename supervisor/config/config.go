@@ -155,6 +155,8 @@ type Instance struct {
 	// programmed, with a ServiceTooLarge event, and the instance keeps syncing the
 	// others. 0: the default (instance.DefaultMaxServiceElements, 200,000); -1: no limit.
 	MaxServiceElements int `yaml:"maxServiceElements"`
+	// LoadBalancing is how the instance's Services pick endpoints (loadbalancing.go).
+	LoadBalancing LoadBalancing `yaml:"loadBalancing"`
 }
 
 // Tenant restricts an instance to part of what its Services ask for. Every guard is

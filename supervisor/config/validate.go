@@ -206,6 +206,7 @@ func (in *Instance) validate(p *problems, path string) {
 	}
 
 	in.DetectLocal.validate(p, path+".detectLocal")
+	in.LoadBalancing.validate(p, path+".loadBalancing")
 
 	if in.MinSyncPeriod != nil && in.MinSyncPeriod.Duration < 0 {
 		p.add(path+".minSyncPeriod", "must not be negative")
