@@ -175,6 +175,8 @@ func wantPort(f tables.Family, edits ...func(*tables.ServicePort)) *tables.Servi
 		Protocol:  tables.TCP,
 		Port:      80,
 		ClusterIP: netip.MustParseAddr(ip),
+		// Build resolves every port's mode; without settings, random.
+		LoadBalancing: tables.LBRandom,
 	}
 	for _, edit := range edits {
 		edit(sp)
