@@ -60,6 +60,8 @@ if [[ "${SKIP_SOAK:-}" == "" ]]; then
 	if [[ ${status} -eq 0 ]]; then
 		summary+=("LAYER soak         ok: ${detail} $(($(date +%s) - start))s")
 	else
+		echo "=== soak failed; the end of its output:"
+		tail -80 "${out}"
 		summary+=("LAYER soak         FAIL: $(grep -E '^soak: (seed|could not)' "${out}" | head -2 | tr '\n' ' ')${detail} $(($(date +%s) - start))s")
 		rc=1
 	fi
