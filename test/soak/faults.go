@@ -35,6 +35,10 @@ const (
 	apiserverOutage  = 30 * time.Second
 	failureWindow    = 20 * time.Second
 	maxFailureWindow = 2 * time.Minute
+	// relistTimeout bounds how long a change made while the supervisor's watches were
+	// down may take to reach the kernel: client-go's reflector backs off up to 30 s, with
+	// as much jitter again, after failed attempts (seen: up to 61 s).
+	relistTimeout    = 150 * time.Second
 	conntrackWindow  = 10 * time.Second
 	conntrackMark    = 0x50a1
 	victimsPerExpiry = 5
@@ -99,7 +103,7 @@ func (in *injector) apiserverRestart(ctx context.Context, n int) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("creating a Service after the restart: %w", err)
 	}
-	landed, err := in.s.waitClusterIP(ctx, svc, true, 90*time.Second)
+	landed, err := in.s.waitClusterIP(ctx, svc, true, relistTimeout)
 	if err != nil {
 		return "", err
 	}
@@ -158,7 +162,7 @@ func (in *injector) watchExpiry(ctx context.Context, n int) (string, error) {
 	healed = true
 	back := time.Now()
 	for _, v := range victims {
-		if _, err := s.waitClusterIP(ctx, v, false, 90*time.Second); err != nil {
+		if _, err := s.waitClusterIP(ctx, v, false, relistTimeout); err != nil {
 			return "", fmt.Errorf("a Service deleted while the watches were cut: %w", err)
 		}
 	}
@@ -417,8 +421,15 @@ func (in *injector) fillConntrack(ctx context.Context) (string, error) {
 		_, _ = s.e.TP.Exec(s.e.TP.Node, "conntrack", "-R", file)
 		return nil
 	}
-	if err := fill(); err != nil {
-		return "", err
+	// Probes' closed flows expire by the hundred a second while they pause: top up
+	// until the table is full, right before checking that it drops a new flow.
+	for range 10 {
+		if err := fill(); err != nil {
+			return "", err
+		}
+		if count, err := read("nf_conntrack_count"); err != nil || count >= limit {
+			break
+		}
 	}
 	full, err := read("nf_conntrack_count")
 	if err != nil {
