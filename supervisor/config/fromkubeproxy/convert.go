@@ -216,6 +216,9 @@ func (c *converter) bindAddress(field, addr, defHost string, defPort int) (strin
 				return "", "", fmt.Errorf("%s %q: bad port: %w", field, addr, perr)
 			}
 			host, port = h, n
+			if host == "" {
+				host = "0.0.0.0" // ":port" listens on every address, as 0.0.0.0 does here
+			}
 		default:
 			host = addr // an address without a port: kube-proxy's default port
 		}
@@ -228,7 +231,7 @@ func (c *converter) bindAddress(field, addr, defHost string, defPort int) (strin
 		}
 		c.note(field, addr, fmt.Sprintf("kube-proxy listens on the node addresses inside %s; shardproxy binds one address, so this listens on %s", pfx, wild))
 		host = wild
-	} else if _, err := netip.ParseAddr(host); err != nil && host != "" {
+	} else if _, err := netip.ParseAddr(host); err != nil {
 		return "", "", fmt.Errorf("%s %q: not an IP address", field, addr)
 	}
 	if c.opts.Alongside {

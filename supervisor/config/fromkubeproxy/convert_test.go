@@ -144,6 +144,36 @@ func expect[T comparable](t *testing.T, what string, got, want T) {
 	}
 }
 
+// TestConvertBindAddresses: kube-proxy's spellings of a bind address, each listening
+// where kube-proxy's would.
+func TestConvertBindAddresses(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", "0.0.0.0:10256"},
+		{":10256", "0.0.0.0:10256"},
+		{"10.0.0.1", "10.0.0.1:10256"},
+		{"[::]:10300", "[::]:10300"},
+		{"10.0.0.0/8:10256", "0.0.0.0:10256"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhealthzBindAddress: \"" + tc.in + "\"\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := Convert(kp, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.Decode(out, "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.HealthzBindAddress != tc.want {
+				t.Errorf("healthzBindAddress %q, want %q", cfg.HealthzBindAddress, tc.want)
+			}
+		})
+	}
+}
+
 // TestConvertIsDeterministic: the same input gives the same output (maps are sorted).
 func TestConvertIsDeterministic(t *testing.T) {
 	_, first := load(t, "kubeadm-configmap.yaml", Options{})
@@ -181,6 +211,7 @@ func TestConvertErrors(t *testing.T) {
 		{"Windows mode", "mode: kernelspace\n", `mode "kernelspace"`},
 		{"unknown local detection", "detectLocalMode: Magic\n", `detectLocalMode "Magic"`},
 		{"bad bind address", "healthzBindAddress: nowhere:10256\n", `healthzBindAddress "nowhere:10256": not an IP address`},
+		{"bad port", "metricsBindAddress: 127.0.0.1:http\n", `metricsBindAddress "127.0.0.1:http": bad port`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + tc.input))
