@@ -296,6 +296,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		},
 	})
 	s.dispatcher = d
+	s.svcHC.SetOwnerLookup(d.Owner)
 	cidrDrop := s.newServiceCIDRDrop(serviceCIDRs)
 	onServiceCIDRs := s.updateReserved
 	if cidrDrop != nil {

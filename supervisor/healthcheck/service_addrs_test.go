@@ -138,3 +138,45 @@ func TestServiceHealthNoAddressIsReported(t *testing.T) {
 		t.Errorf("events %s, want one saying there is no address to listen on", fmt.Sprint(events))
 	}
 }
+
+// TestServiceHealthHandedToNewOwner: the old owner syncing first, without the Service
+// that moved to another instance, hands the running health check to the new owner
+// rather than closing it (the new owner's addresses opened before the old ones close);
+// the new owner's sync keeps it; a Service nobody else took is closed.
+func TestServiceHealthHandedToNewOwner(t *testing.T) {
+	rec := &recordingListener{}
+	sh := NewServiceHealth(rec, &fakeRecorder{}, nil)
+	t.Cleanup(sh.Close)
+	owners := map[types.NamespacedName]string{}
+	var mu sync.Mutex
+	sh.SetOwnerLookup(func(n types.NamespacedName) string { mu.Lock(); defer mu.Unlock(); return owners[n] })
+	setOwner := func(n types.NamespacedName, inst string) { mu.Lock(); defer mu.Unlock(); owners[n] = inst }
+	sh.SetInstanceAddrs("team-a", []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+	sh.SetInstanceAddrs("team-b", []netip.Addr{netip.MustParseAddr("198.51.100.1")})
+	moved, dropped := nsn("shop", "moved"), nsn("shop", "dropped")
+	hc := func(port int32) HealthCheck { return HealthCheck{Port: port, IPv4: true} }
+	setOwner(moved, "team-a")
+	setOwner(dropped, "team-a")
+	sh.SyncServices("team-a", map[types.NamespacedName]HealthCheck{moved: hc(30001), dropped: hc(30002)})
+	rec.take()
+
+	setOwner(moved, "team-b") // relabeled; team-b has not synced yet
+	setOwner(dropped, "")     // deleted
+	sh.SyncServices("team-a", nil)
+	got := rec.take()
+	if slices.Index(got, "open 198.51.100.1:30001") > slices.Index(got, "close 192.0.2.1:30001") {
+		t.Errorf("team-a's sync: sockets %v: the new owner's address must open before the old closes", got)
+	}
+	slices.Sort(got)
+	if want := []string{"close 192.0.2.1:30001", "close 192.0.2.1:30002", "open 198.51.100.1:30001"}; !slices.Equal(got, want) {
+		t.Errorf("team-a's sync: sockets %v, want %v", got, want)
+	}
+	sh.SyncServices("team-b", map[types.NamespacedName]HealthCheck{moved: hc(30001)})
+	if got := rec.take(); len(got) != 0 {
+		t.Errorf("team-b's sync: sockets %v, want none (it already serves the port)", got)
+	}
+	sh.SyncServices("team-b", nil)
+	if got := rec.take(); !slices.Equal(got, []string{"close 198.51.100.1:30001"}) {
+		t.Errorf("team-b dropping it: sockets %v, want it closed", got)
+	}
+}

@@ -60,6 +60,8 @@ type ServiceHealth struct {
 	// ports holds the health check serving each bound port; one port serves one Service.
 	ports  map[int32]*hcService
 	closed bool
+	// ownerOf names the instance serving a Service now; nil: unknown (SetOwnerLookup).
+	ownerOf func(types.NamespacedName) string
 }
 
 // hcService is one Service's health check.
@@ -153,10 +155,13 @@ func (s *ServiceHealth) SyncServices(instance string, checks map[types.Namespace
 		if c, ok := checks[name]; ok && c.Port == svc.check.Port {
 			continue
 		}
+		delete(old, name)
+		if _, present := checks[name]; !present && s.handOverLocked(logger, svc) {
+			continue
+		}
 		if s.closeLocked(logger, svc) {
 			freed = append(freed, svc.check.Port)
 		}
-		delete(old, name)
 	}
 
 	wanted := make(map[types.NamespacedName]*hcService, len(checks))
@@ -185,6 +190,39 @@ func (s *ServiceHealth) SyncServices(instance string, checks map[types.Namespace
 
 	s.openWaitingLocked(freed)
 	logger.V(2).Info("Synced service health checks", "services", len(wanted), "freedPorts", len(freed))
+}
+
+// SetOwnerLookup gives the ServiceHealth the instance that serves a Service now ("":
+// none), usually the dispatcher's Owner. With it, an instance dropping a Service that
+// another instance has taken over hands the running health check to that instance
+// instead of closing it: the load balancer never finds the port closed in the moment
+// between the old owner's sync and the new owner's.
+func (s *ServiceHealth) SetOwnerLookup(owner func(types.NamespacedName) string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ownerOf = owner
+}
+
+// handOverLocked moves svc, which its instance no longer wants, to the instance that
+// serves its Service now, if that is another instance this ServiceHealth knows; the new
+// owner's next SyncServices keeps it, or closes it if it does not want it. It reports
+// whether svc was handed over.
+func (s *ServiceHealth) handOverLocked(logger klog.Logger, svc *hcService) bool {
+	if s.ownerOf == nil || svc.server == nil {
+		return false
+	}
+	to := s.ownerOf(svc.name)
+	if _, known := s.addrs[to]; !known || to == svc.instance {
+		return false
+	}
+	logger.V(2).Info("Handed a service health check over to the Service's new owner", "service", svc.name, "port", svc.check.Port, "to", to)
+	svc.instance = to
+	if s.services[to] == nil {
+		s.services[to] = map[types.NamespacedName]*hcService{}
+	}
+	s.services[to][svc.name] = svc
+	s.reconcileLocked(logger.WithValues("instance", to), svc, true)
+	return true
 }
 
 // adoptLocked hands instance the running health check of Service name on port when
