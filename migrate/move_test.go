@@ -97,6 +97,8 @@ type node struct {
 	// at once); handedBack records when the status first listed each as handed back.
 	legacy     func(svc string) bool
 	handedBack map[string]time.Time
+	// heartbeat is the Publisher's Heartbeat (nil: always, the Publisher's default).
+	heartbeat func(NodeStatus) bool
 }
 
 func startNode(t *testing.T, c *cluster, n *node) {
@@ -109,7 +111,7 @@ func startNode(t *testing.T, c *cluster, n *node) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
-	pub := &Publisher{Client: c.client, Namespace: statusNS, Node: n.name, Interval: 5 * time.Millisecond,
+	pub := &Publisher{Client: c.client, Namespace: statusNS, Node: n.name, Interval: 5 * time.Millisecond, Heartbeat: n.heartbeat,
 		Source: func() NodeStatus {
 			is := InstanceStatus{ProxyNames: []string{"team-a"}}
 			list, err := c.client.CoreV1().Services("").List(ctx, metav1.ListOptions{})

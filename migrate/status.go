@@ -81,6 +81,20 @@ type InstanceStatus struct {
 	HandedBack []string `json:"handedBack,omitempty"`
 }
 
+// Migrating reports whether a migration involves the node: an instance holds Services in
+// shadow (a move or a rollback under way, or one that failed and left its annotations).
+// Only then do readers need the node's heartbeat: a move or rollback that starts finds
+// the node's status stale and waits for the write the shadow brings (Mover), so in
+// steady state a node writes its status only when it changes.
+func (s NodeStatus) Migrating() bool {
+	for _, inst := range s.Instances {
+		if len(inst.Shadow) > 0 || len(inst.HandedBack) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ServesProxyName returns the name of the instance serving proxyName, if any.
 func (s NodeStatus) ServesProxyName(proxyName string) (string, bool) {
 	for name, inst := range s.Instances {
@@ -119,6 +133,10 @@ type Publisher struct {
 	Backoff *wait.Backoff
 	// Clock is the clock; default the real one.
 	Clock clock.Clock
+	// Heartbeat says whether an unchanged status must still be rewritten every
+	// HeartbeatInterval, so that readers see the node live; nil: always. A changed status
+	// is written whatever it says.
+	Heartbeat func(NodeStatus) bool
 }
 
 // PublishBackoff spaces a node's retries of a failed status write: from first, doubling,
@@ -128,7 +146,8 @@ func PublishBackoff(first time.Duration) wait.Backoff {
 	return wait.Backoff{Duration: first, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 10 * time.Second}
 }
 
-// Run publishes until ctx ends: at once, on every change, and every HeartbeatInterval.
+// Run publishes until ctx ends: at once, on every change, and every HeartbeatInterval
+// while Heartbeat says so.
 // Failures are logged and retried with an exponential backoff; they never stop the
 // supervisor.
 func (p *Publisher) Run(ctx context.Context) {
@@ -142,7 +161,8 @@ func (p *Publisher) Run(ctx context.Context) {
 		delay := p.Interval
 		cur := p.Source()
 		cur.Node = p.Node
-		if !published || !sameContent(cur, last) || p.Clock.Since(lastWrite) >= HeartbeatInterval {
+		heartbeat := p.Clock.Since(lastWrite) >= HeartbeatInterval && (p.Heartbeat == nil || p.Heartbeat(cur))
+		if !published || !sameContent(cur, last) || heartbeat {
 			cur.Heartbeat = p.Clock.Now().UTC().Truncate(time.Millisecond)
 			if err := p.write(ctx, cur); err != nil {
 				delay = backoff.Step()
