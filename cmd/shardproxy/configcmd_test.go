@@ -20,7 +20,7 @@ func TestConfigFromKubeProxy(t *testing.T) {
 		{"kubeadm ConfigMap file", []string{"-f", testdata + "kubeadm-configmap.yaml"}, []string{"default: true", "masqueradeBit: 14"}},
 		{"nftables file", []string{"-f", testdata + "nftables-dualstack.yaml"}, []string{"nodePortAddresses: [primary]"}},
 		{"alongside", []string{"-f", testdata + "ipvs.yaml", "--alongside", "-n", "shop", "-n", "web"},
-			[]string{"healthzBindAddress: 0.0.0.0:10356", "namespaces: [shop, web]", "# - mode: ipvs"}},
+			[]string{"healthzBindAddress: 0.0.0.0:10356", "namespaces: [shop, web]", "# - ipvs.scheduler"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut, code := runCLI(append([]string{"config", "from-kube-proxy"}, tc.args...)...)

@@ -17,6 +17,10 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/config"
 )
 
+// ipvsSchedulers maps IPVS schedulers to the load-balancing modes that pick alike; ""
+// is IPVS's default, rr.
+var ipvsSchedulers = map[string]string{"": "roundRobin", "rr": "roundRobin", "sh": "sourceHash", "mh": "consistentHash"}
+
 // Upstream kube-proxy's defaults (pkg/proxy/apis/config/v1alpha1, v1.36) for fields a
 // configuration may leave at their zero value, as kubeadm's does.
 const (
@@ -350,10 +354,14 @@ func (c *converter) ignored() {
 	}
 	if c.mode == "ipvs" {
 		v := kp.IPVS
-		c.note("mode", "ipvs", "no IPVS: endpoints are picked at random as in kube-proxy's nftables mode, so scheduler, strictARP, excludeCIDRs "+
-			"and the IPVS timeouts have no counterpart; once kube-proxy is gone, `shardproxy cleanup --legacy ipvs` removes its IPVS state")
-		if v.Scheduler != "" || v.StrictARP || len(v.ExcludeCIDRs) > 0 {
-			c.note("ipvs", fmt.Sprintf("scheduler %q strictARP %v excludeCIDRs %v", v.Scheduler, v.StrictARP, v.ExcludeCIDRs), "IPVS only (above)")
+		if _, ok := ipvsSchedulers[v.Scheduler]; !ok {
+			c.note("ipvs.scheduler", fmt.Sprintf("%q", v.Scheduler), "no counterpart: endpoints are picked at random (loadBalancing.mode random); "+
+				"shardproxy has roundRobin (IPVS rr), sourceHash (sh) and consistentHash (mh)")
+		}
+		if v.StrictARP || len(v.ExcludeCIDRs) > 0 || v.TCPTimeout.Duration != 0 || v.TCPFinTimeout.Duration != 0 || v.UDPTimeout.Duration != 0 {
+			c.note("ipvs", fmt.Sprintf("strictARP %v excludeCIDRs %v timeouts %v/%v/%v", v.StrictARP, v.ExcludeCIDRs,
+				v.TCPTimeout.Duration, v.TCPFinTimeout.Duration, v.UDPTimeout.Duration),
+				"IPVS only: no IPVS here (once kube-proxy is gone, `shardproxy cleanup --legacy ipvs` removes its IPVS state)")
 		}
 	}
 	w := kp.Winkernel

@@ -86,8 +86,9 @@ func TestConvert(t *testing.T) {
 			file: "ipvs.yaml",
 			check: func(t *testing.T, c *config.Config) {
 				expect(t, "syncPeriod", c.Instances[0].SyncPeriod.Duration, 30*time.Second)
+				expect(t, "loadBalancing.mode", c.Instances[0].LoadBalancing.Mode, "") // lc: none alike: the default, random
 			},
-			wantNotes: []string{"mode: ipvs", `ipvs: scheduler "lc" strictARP true excludeCIDRs [10.10.0.0/16]`},
+			wantNotes: []string{`ipvs.scheduler: "lc": no counterpart`, "ipvs: strictARP true excludeCIDRs [10.10.0.0/16]"},
 		},
 		{
 			name: "iptables with every setting changed",
@@ -169,6 +170,40 @@ func TestConvertBindAddresses(t *testing.T) {
 			}
 			if cfg.HealthzBindAddress != tc.want {
 				t.Errorf("healthzBindAddress %q, want %q", cfg.HealthzBindAddress, tc.want)
+			}
+		})
+	}
+}
+
+// TestConvertIPVSSchedulers: the IPVS schedulers with a load-balancing mode that picks
+// alike carry over; the others fall back to random with a note.
+func TestConvertIPVSSchedulers(t *testing.T) {
+	for _, tc := range []struct{ scheduler, wantMode, wantNote string }{
+		{"", "roundRobin", ""},
+		{"rr", "roundRobin", ""},
+		{"sh", "sourceHash", ""},
+		{"mh", "consistentHash", ""},
+		{"wlc", "", `ipvs.scheduler: "wlc": no counterpart`}, // "": the default, random
+	} {
+		t.Run(tc.scheduler, func(t *testing.T) {
+			kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nipvs: {scheduler: \"" + tc.scheduler + "\"}\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := Convert(kp, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.Decode(out, "t")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.DefaultWith(func(string) string { return "node-1" }, nil)
+			if got := cfg.Instances[0].LoadBalancing.Mode; got != tc.wantMode {
+				t.Errorf("loadBalancing.mode %q, want %q", got, tc.wantMode)
+			}
+			if tc.wantNote != "" && !strings.Contains(string(out), tc.wantNote) {
+				t.Errorf("no note %q:\n%s", tc.wantNote, out)
 			}
 		})
 	}

@@ -44,6 +44,10 @@ func (c *converter) instance() (*mapNode, error) {
 	if sync.Duration != 0 {
 		syncP = sync.Duration
 	}
+	if mode, ok := ipvsSchedulers[c.kp.IPVS.Scheduler]; ok && c.mode == "ipvs" {
+		m.set("loadBalancing", newMap().set("mode", mode, ""), commentLines(
+			fmt.Sprintf("From ipvs.scheduler %q: the mode that picks endpoints as it did.", orDefault(c.kp.IPVS.Scheduler, "rr"))))
+	}
 	m.set("minSyncPeriod", min.String(), commentLines(fmt.Sprintf("From %s.minSyncPeriod and .syncPeriod (unset: kube-proxy's 1s and 30s).", c.syncSection())))
 	m.set("syncPeriod", syncP.String(), "")
 	m.set("tenant", c.tenant(), commentLines(
