@@ -83,7 +83,8 @@ func TestCheckPrintsTablesAndPriorities(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("check failed: %s", errOut)
 	}
-	for _, want := range []string{"ip shardproxy-team-a, ip6 shardproxy-team-a", "-66", "<unlabeled>"} {
+	for _, want := range []string{"ip shardproxy-team-a, ip6 shardproxy-team-a", "-66", "<unlabeled>",
+		"node table: ip shardproxy_node, ip6 shardproxy_node", "filter priority 10"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
