@@ -138,7 +138,9 @@ type Report struct {
 // an instance serving to reports them all programmed (in a status written after the
 // annotation, when an earlier one already listed them); then, in one patch, set the label
 // and drop the annotation. On a timeout the batch's annotations are removed and the
-// Services stay where they were.
+// Services stay where they were. A Ready node whose status names an instance serving to
+// but went stale holds every batch up (silentNode.blocks); the nodes it does not wait
+// for are named first (reportNodes).
 func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, error) {
 	m.defaults()
 	var rep Report
