@@ -99,7 +99,9 @@ type hostileCase struct {
 // hostileProbe is one packet and what must become of it.
 type hostileProbe struct {
 	// From is pod (default; from 10.244.1.50 or fd00:10:244:1::50), outside or host.
-	From  string `json:"from"`
+	From string `json:"from"`
+	// Src replaces the origin's source address.
+	Src   string `json:"src"`
 	Proto string `json:"proto"` // default tcp
 	Dst   string `json:"dst"`
 	Port  uint16 `json:"port"`
@@ -338,6 +340,11 @@ func (f *fixture) trace(p hostileProbe) ([]string, error) {
 	}
 	if p.Proto != "" {
 		pkt.Proto = p.Proto
+	}
+	if p.Src != "" {
+		if pkt.Src, err = netip.ParseAddr(p.Src); err != nil {
+			return nil, err
+		}
 	}
 	fakes := f.tables.all()
 	for _, fk := range fakes {
