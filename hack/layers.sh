@@ -13,7 +13,6 @@ integration="$(grep -E "${integration_re}" <<<"${all}" || true)"
 e2e="$(grep -E "${e2e_re}" <<<"${all}" || true)"
 unit="$(grep -vE "${kernel_re}|${integration_re}|${e2e_re}" <<<"${all}" || true)"
 
-# The soak layer is a program, not a go test package (its package's own tests are unit
-# tests): hack/soak.sh runs it; test.sh runs it for soak_ci_duration.
-soak_cmd="./test/soak/cmd/shardproxy-soak"
+# The soak layer is a program (test/soak/cmd/shardproxy-soak), not a go test package (its
+# package's own tests are unit tests): test.sh runs hack/soak.sh for soak_ci_duration.
 soak_ci_duration="${SOAK_CI_DURATION:-2m}"

@@ -3,6 +3,7 @@ package soak
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -66,7 +67,7 @@ func (in *injector) inject(ctx context.Context, kind string, n int, r *rand.Rand
 	case faultAPIServer:
 		return in.apiserverRestart(ctx, n)
 	case faultCompaction:
-		return in.watchExpiry(ctx, n)
+		return in.expireWatches(ctx, n)
 	case faultKill:
 		return in.killDuringFullSync(ctx)
 	case faultTable:
@@ -109,6 +110,20 @@ func (in *injector) apiserverRestart(ctx context.Context, n int) (string, error)
 	}
 	return fmt.Sprintf("down %v; a Service created right after it returned was programmed %v after its return", apiserverOutage, landed.Sub(back).Round(time.Millisecond)), nil
 }
+
+// expireWatches runs watchExpiry, and once more if no watch expired: a reflector that was
+// listing, or whose watch broke with an error rather than ending, lists again without
+// resuming (the deleted Services must still leave the kernel, and did).
+func (in *injector) expireWatches(ctx context.Context, n int) (string, error) {
+	detail, err := in.watchExpiry(ctx, n*10)
+	if errors.Is(err, errNoWatchExpired) {
+		in.s.logf("fault %s #%d: %v; once more", faultCompaction, n, err)
+		detail, err = in.watchExpiry(ctx, n*10+1)
+	}
+	return detail, err
+}
+
+var errNoWatchExpired = errors.New("no watch expired")
 
 // watchExpiry makes the supervisor's watches resume from resource versions etcd no
 // longer has, with changes in between that no watch saw: kube-apiserver stops (its
@@ -168,7 +183,7 @@ func (in *injector) watchExpiry(ctx context.Context, n int) (string, error) {
 	}
 	expired := strings.Count(s.e.SupervisorLog(), watchExpiredLog) - expiredBefore
 	if expired == 0 {
-		return "", fmt.Errorf("no watch expired after compacting etcd at revision %d (the supervisor logged no %q)", rev, watchExpiredLog)
+		return "", fmt.Errorf("%w after compacting etcd at revision %d (the supervisor logged no %q)", errNoWatchExpired, rev, watchExpiredLog)
 	}
 	return fmt.Sprintf("compacted at revision %d; %d watches expired (410) and relisted; %d Services deleted while no watch ran left the kernel %v after the node reconnected",
 		rev, expired, len(victims), time.Since(back).Round(time.Millisecond)), nil
