@@ -459,7 +459,9 @@ func (in *injector) fillConntrack(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
-	effect := "a new connection to a steady NodePort still got through"
+	// A full table still admits a flow when the kernel can evict one that was never
+	// assured (early drop), e.g. a one-shot UDP exchange of the probes.
+	effect := "a new connection to a steady NodePort still got through (early drop)"
 	if dialErr != nil {
 		effect = "a new connection to a steady NodePort was dropped"
 	}
