@@ -39,7 +39,10 @@ const (
 	// relistTimeout bounds how long a change made while the supervisor's watches were
 	// down may take to reach the kernel: client-go's reflector backs off up to 30 s, with
 	// as much jitter again, after failed attempts (seen: up to 61 s).
-	relistTimeout    = 150 * time.Second
+	relistTimeout = 150 * time.Second
+	// periodicWait is how long the kill fault waits for a periodic full sync to hold
+	// (fullSyncPeriod is 30 s per instance).
+	periodicWait     = 45 * time.Second
 	conntrackWindow  = 10 * time.Second
 	conntrackMark    = 0x50a1
 	victimsPerExpiry = 5
@@ -210,7 +213,9 @@ func (in *injector) partition(ctx context.Context, on bool) error {
 
 // killDuringFullSync holds the next full sync's nft transaction (the nft wrapper waits
 // while ctl/hold-full exists), kills the supervisor with SIGKILL while it waits, and
-// starts it again.
+// starts it again. When no full sync comes within periodicWait (they come every
+// fullSyncPeriod per instance), it kills the supervisor once first and catches the full
+// sync every start begins with.
 func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 	s := in.s
 	hold := filepath.Join(s.ctl, "hold-full")
@@ -218,19 +223,25 @@ func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 		return "", err
 	}
 	defer os.Remove(hold)
-	held := ""
-	deadline := time.Now().Add(2 * time.Minute)
-	for held == "" && time.Now().Before(deadline) {
-		if m, _ := filepath.Glob(filepath.Join(s.ctl, "held.*")); len(m) > 0 {
-			held = m[0]
-			break
-		}
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
-			return "", err
-		}
+	how := "a periodic full sync"
+	held, err := in.waitHeld(ctx, periodicWait)
+	if err != nil {
+		return "", err
 	}
 	if held == "" {
-		return "", fmt.Errorf("no full sync started within 2m")
+		how = "the full sync of its restart (no periodic one came within " + periodicWait.String() + ")"
+		if err := s.e.StopSupervisor(syscall.SIGKILL); err != nil {
+			return "", err
+		}
+		if err := s.e.StartSupervisor(); err != nil {
+			return "", err
+		}
+		if held, err = in.waitHeld(ctx, time.Minute); err != nil {
+			return "", err
+		}
+		if held == "" {
+			return "", fmt.Errorf("a restarted supervisor began no full sync within 1m")
+		}
 	}
 	table, _ := os.ReadFile(held)
 	if err := s.e.StopSupervisor(syscall.SIGKILL); err != nil {
@@ -249,7 +260,21 @@ func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 	if err := s.e.WaitHealthy(ctx, 3*time.Minute); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("killed while the full sync of %s waited to commit; restarted, healthy after %v", strings.TrimSpace(string(table)), time.Since(start).Round(time.Millisecond)), nil
+	return fmt.Sprintf("killed while %s of %s waited to commit; restarted, healthy after %v", how, strings.TrimSpace(string(table)), time.Since(start).Round(time.Millisecond)), nil
+}
+
+// waitHeld waits up to timeout for the nft wrapper to hold a full sync, and returns its
+// marker file, or "" if none came.
+func (in *injector) waitHeld(ctx context.Context, timeout time.Duration) (string, error) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); {
+		if m, _ := filepath.Glob(filepath.Join(in.s.ctl, "held.*")); len(m) > 0 {
+			return m[0], nil
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return "", err
+		}
+	}
+	return "", nil
 }
 
 // deleteTable deletes a whole table of a team instance and waits for it to come back.
