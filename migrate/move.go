@@ -170,19 +170,19 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 			return rep, err
 		}
 		for _, n := range batch {
-			if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: &to}); err != nil {
+			if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: &to}, map[string]*string{selector.AnnotationShadow: &to}); err != nil {
 				return rep, err
 			}
 		}
 		nodes, err := m.waitConfirmed(ctx, batch, to, before, m.shadowConfirmation())
 		if err != nil {
 			for _, n := range batch {
-				_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
+				_ = m.patch(context.WithoutCancel(ctx), n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil})
 			}
 			return rep, fmt.Errorf("batch %d: %w; its Services stay where they were", rep.Batches, err)
 		}
 		for _, n := range batch {
-			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: &to},
+			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: &to, selector.LabelShadow: nil},
 				map[string]*string{selector.AnnotationShadow: nil}); err != nil {
 				return rep, err
 			}
@@ -257,7 +257,7 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 				rep.Batches, from)
 		default:
 			for _, n := range batch {
-				if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: &from}); err != nil {
+				if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: &from}, map[string]*string{selector.AnnotationShadow: &from}); err != nil {
 					return rep, err
 				}
 			}
@@ -269,7 +269,7 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 			case ctx.Err() != nil:
 				// Interrupted: the Services go back to their owner as they were.
 				for _, n := range batch {
-					_ = m.patch(context.WithoutCancel(ctx), n, nil, map[string]*string{selector.AnnotationShadow: nil})
+					_ = m.patch(context.WithoutCancel(ctx), n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil})
 				}
 				return rep, fmt.Errorf("batch %d: %w; its Services stay with %s", rep.Batches, err, from)
 			default:
@@ -301,7 +301,7 @@ func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from
 		return "", err
 	}
 	for _, n := range batch {
-		if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label},
+		if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label, selector.LabelShadow: &from},
 			map[string]*string{selector.AnnotationShadow: &from}); err != nil {
 			return "", err
 		}
@@ -314,14 +314,14 @@ func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from
 	case err != nil && ctx.Err() != nil:
 		return "", ctx.Err()
 	case err != nil:
-		return "", fmt.Errorf("%w; the batch keeps the annotation %s=%s, so %s goes on serving it: remove the annotation once the proxy runs there (kubectl annotate service -n NAMESPACE NAME %s-)",
-			err, selector.AnnotationShadow, from, from, selector.AnnotationShadow)
+		return "", fmt.Errorf("%w; the batch keeps the shadow %s=%s (label and annotation), so %s goes on serving it: remove both once the proxy runs there (kubectl label service -n NAMESPACE NAME %s- && kubectl annotate service -n NAMESPACE NAME %s-)",
+			err, selector.AnnotationShadow, from, from, selector.LabelShadow, selector.AnnotationShadow)
 	default:
 		handed = fmt.Sprintf("programmed by it on %d node(s) (%s) after %v, when %s let go", len(nodes), strings.Join(nodes, ", "),
 			m.Now().Sub(start).Round(time.Millisecond), from)
 	}
 	for _, n := range batch {
-		if err := m.patch(ctx, n, nil, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+		if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
 			return "", err
 		}
 	}

@@ -165,7 +165,9 @@ func svc(ns, name, proxyName string) *corev1.Service {
 	return s
 }
 
-func labelPatch(p patchRecord) bool { return strings.Contains(p.body, `"labels"`) }
+// labelPatch: the patch moves the proxy-name label (the shadow's label moves with its
+// annotation in every patch).
+func labelPatch(p patchRecord) bool { return strings.Contains(p.body, `"service.kubernetes.io/service-proxy-name"`) }
 
 func waitStatus(t *testing.T, c *cluster, nodes int) {
 	t.Helper()
@@ -249,7 +251,7 @@ func TestRollbackHandsBackWithoutConfirmation(t *testing.T) {
 	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
 		Timeout: 100 * time.Millisecond, LegacyTimeout: 100 * time.Millisecond}
 	rep, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
-	if err == nil || rep.Moved != 0 || !strings.Contains(err.Error(), "the batch keeps the annotation shardproxy.io/shadow=team-a") {
+	if err == nil || rep.Moved != 0 || !strings.Contains(err.Error(), "the batch keeps the shadow shardproxy.io/shadow=team-a") {
 		t.Fatalf("rollback: %+v %v, want an error keeping the shadow\n%s", rep, err, out.String())
 	}
 	if !strings.Contains(out.String(), "warning: not programmed in shadow within 100ms: node-1: shop/cart; handing back anyway") {

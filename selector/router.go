@@ -29,6 +29,12 @@ const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 // finds the port free (kube-proxy tries to bind it only when it syncs).
 const AnnotationShadow = "shardproxy.io/shadow"
 
+// LabelShadow is AnnotationShadow as a label, which `shardproxy migrate` sets with it: a
+// node that runs no default instance watches only the Services labelled for its proxies
+// or shadowed for them, and an annotation cannot be selected on. Where both are set the
+// label wins; the annotation alone still works on a node that watches every Service.
+const LabelShadow = "shardproxy.io/shadow"
+
 // Spec says what one instance serves.
 type Spec struct {
 	// Name is the instance's name.
@@ -132,7 +138,11 @@ func (r *Router) Route(svc *corev1.Service) Decision {
 	} else {
 		dec.Instance = admit(r.defaultName)
 	}
-	if shadow, ok := svc.Annotations[AnnotationShadow]; ok {
+	shadow, shadowed := svc.Labels[LabelShadow]
+	if !shadowed {
+		shadow, shadowed = svc.Annotations[AnnotationShadow]
+	}
+	if shadowed {
 		switch inst := r.byProxyName[shadow]; {
 		case labeled && shadow == label:
 			// The owner steps back to a shadow (see AnnotationShadow).

@@ -255,7 +255,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if !serviceCIDRs {
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
 	}
-	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, serviceCIDRs)
+	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs), serviceCIDRs)
 	if err != nil {
 		return err
 	}

@@ -27,13 +27,15 @@ const byServiceIndex = "by-service"
 // NodeHandler hears about this node's Node object.
 type NodeHandler func(node *corev1.Node, deleted bool)
 
-// Watches are the node's API watches: exactly one informer per resource, whatever the
-// number of instances.
+// Watches are the node's API watches: one informer per resource and label selector of
+// watchScope, whatever the number of instances.
 type Watches struct {
-	factory     informers.SharedInformerFactory
+	client      kubernetes.Interface
+	scope       []string
+	factories   []informers.SharedInformerFactory
 	nodeFactory informers.SharedInformerFactory
-	services    cache.SharedIndexInformer
-	slices      cache.SharedIndexInformer
+	services    []cache.SharedIndexInformer
+	slices      []cache.SharedIndexInformer
 	node        cache.SharedIndexInformer
 	serviceCIDR cache.SharedIndexInformer
 	// handlers are Connect's event handlers: Start waits until each has been given the
@@ -41,38 +43,47 @@ type Watches struct {
 	handlers []cache.ResourceEventHandlerRegistration
 }
 
-// NewWatches creates the informers (nothing runs before Start). serviceCIDRs is false
-// when the apiserver does not serve networking.k8s.io/v1 ServiceCIDRs.
-func NewWatches(client kubernetes.Interface, nodeName string, serviceCIDRs bool) (*Watches, error) {
-	w := &Watches{}
-	w.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = "!" + labelHeadless
-		}), informers.WithTransform(trimForCache))
+// NewWatches creates the informers (nothing runs before Start) for the Services and
+// EndpointSlices of scope (watchScope's selectors). serviceCIDRs is false when the
+// apiserver does not serve networking.k8s.io/v1 ServiceCIDRs.
+func NewWatches(client kubernetes.Interface, nodeName string, scope []string, serviceCIDRs bool) (*Watches, error) {
+	w := &Watches{client: client, scope: scope}
+	for _, sel := range scope {
+		services := informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
+			informers.WithTransform(trimForCache))
+		slices := informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) }),
+			informers.WithTransform(trimForCache))
+		w.factories = append(w.factories, services, slices)
+		w.services = append(w.services, services.Core().V1().Services().Informer())
+		sl := slices.Discovery().V1().EndpointSlices().Informer()
+		if err := sl.AddIndexers(cache.Indexers{byServiceIndex: sliceServiceIndex}); err != nil {
+			return nil, fmt.Errorf("indexing EndpointSlices: %w", err)
+		}
+		w.slices = append(w.slices, sl)
+	}
 	w.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}), informers.WithTransform(trimForCache))
-	w.services = w.factory.Core().V1().Services().Informer()
-	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
-	if err := w.slices.AddIndexers(cache.Indexers{byServiceIndex: func(obj any) ([]string, error) {
-		sl, ok := obj.(*discoveryv1.EndpointSlice)
-		if !ok {
-			return nil, nil
-		}
-		name, ok := selector.ServiceOf(sl)
-		if !ok {
-			return nil, nil
-		}
-		return []string{name.String()}, nil
-	}}); err != nil {
-		return nil, fmt.Errorf("indexing EndpointSlices: %w", err)
-	}
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
 	if serviceCIDRs {
-		w.serviceCIDR = w.factory.Networking().V1().ServiceCIDRs().Informer()
+		w.serviceCIDR = w.nodeFactory.Networking().V1().ServiceCIDRs().Informer()
 	}
 	return w, nil
+}
+
+func sliceServiceIndex(obj any) ([]string, error) {
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name, ok := selector.ServiceOf(sl)
+	if !ok {
+		return nil, nil
+	}
+	return []string{name.String()}, nil
 }
 
 // lastApplied is the annotation `kubectl apply` keeps a whole copy of the object in.
@@ -107,15 +118,28 @@ func trimForCache(obj any) (any, error) {
 	return obj, nil
 }
 
-// SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister).
+// SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister): of a
+// slice two watches hold, the newer version.
 func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSlice {
-	objs, err := w.slices.GetIndexer().ByIndex(byServiceIndex, namespace+"/"+service)
-	if err != nil {
-		return nil
-	}
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, o := range objs {
-		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+	var out []*discoveryv1.EndpointSlice
+	seen := map[string]int{}
+	for _, inf := range w.slices {
+		objs, err := inf.GetIndexer().ByIndex(byServiceIndex, namespace+"/"+service)
+		if err != nil {
+			continue
+		}
+		for _, o := range objs {
+			sl, ok := o.(*discoveryv1.EndpointSlice)
+			if !ok {
+				continue
+			}
+			if i, dup := seen[sl.Name]; dup {
+				if resourceVersion(sl) > resourceVersion(out[i]) {
+					out[i] = sl
+				}
+				continue
+			}
+			seen[sl.Name] = len(out)
 			out = append(out, sl)
 		}
 	}
@@ -139,22 +163,22 @@ func (w *Watches) ServiceCIDRs() []string {
 // Connect sends every event to the dispatcher, node events to onNode, and calls
 // onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API).
 func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs func()) error {
-	logger := klog.Background()
-	for _, h := range []struct {
+	services, err := w.resourceHandlers("Services", w.getService,
+		func(obj any) { withService(obj, d.ServiceChanged) }, func(obj any) { withService(obj, d.ServiceDeleted) })
+	if err != nil {
+		return err
+	}
+	slices, err := w.resourceHandlers("EndpointSlices", w.getSlice,
+		func(obj any) { withSlice(obj, d.SliceChanged) }, func(obj any) { withSlice(obj, d.SliceDeleted) })
+	if err != nil {
+		return err
+	}
+	type handler struct {
 		what     string
 		informer cache.SharedIndexInformer
 		funcs    cache.ResourceEventHandlerFuncs
-	}{
-		{"Services", w.services, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { withService(obj, d.ServiceChanged) },
-			UpdateFunc: func(_, obj any) { withService(obj, d.ServiceChanged) },
-			DeleteFunc: func(obj any) { withService(obj, d.ServiceDeleted) },
-		}},
-		{"EndpointSlices", w.slices, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { withSlice(obj, d.SliceChanged) },
-			UpdateFunc: func(_, obj any) { withSlice(obj, d.SliceChanged) },
-			DeleteFunc: func(obj any) { withSlice(obj, d.SliceDeleted) },
-		}},
+	}
+	all := []handler{
 		{"this Node", w.node, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { withNode(obj, false, onNode) },
 			UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
@@ -165,7 +189,11 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 			UpdateFunc: func(any, any) { onServiceCIDRs() },
 			DeleteFunc: func(any) { onServiceCIDRs() },
 		}},
-	} {
+	}
+	for i := range w.scope {
+		all = append(all, handler{"Services", w.services[i], services[i]}, handler{"EndpointSlices", w.slices[i], slices[i]})
+	}
+	for _, h := range all {
 		if h.informer == nil {
 			continue // ServiceCIDRs without the API
 		}
@@ -175,8 +203,50 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 		}
 		w.handlers = append(w.handlers, reg)
 	}
-	logger.V(2).Info("Watches connected")
+	klog.Background().V(2).Info("Watches connected", "scope", w.scope)
 	return nil
+}
+
+// resourceHandlers returns the handlers of each watch of one resource: the events
+// themselves with a single watch, merged (merger) with several.
+func (w *Watches) resourceHandlers(what string, get getFunc, changed, deleted func(any)) ([]cache.ResourceEventHandlerFuncs, error) {
+	if len(w.scope) == 1 {
+		return []cache.ResourceEventHandlerFuncs{{
+			AddFunc:    changed,
+			UpdateFunc: func(_, obj any) { changed(obj) },
+			DeleteFunc: deleted,
+		}}, nil
+	}
+	m, err := newMerger(what, w.scope, get, changed, deleted)
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", what, err)
+	}
+	var out []cache.ResourceEventHandlerFuncs
+	for i := range w.scope {
+		out = append(out, m.handlers(i))
+	}
+	return out, nil
+}
+
+func (w *Watches) getService(ctx context.Context, namespace, name, rv string) (metav1.Object, error) {
+	svc, err := w.client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{ResourceVersion: rv})
+	if err != nil {
+		return nil, err
+	}
+	_, _ = trimForCache(svc)
+	return svc, nil
+}
+
+func (w *Watches) getSlice(ctx context.Context, namespace, name, rv string) (metav1.Object, error) {
+	sl, err := w.client.DiscoveryV1().EndpointSlices(namespace).Get(ctx, name, metav1.GetOptions{ResourceVersion: rv})
+	if err != nil {
+		return nil, err
+	}
+	if _, headless := sl.Labels[labelHeadless]; headless {
+		return nil, nil
+	}
+	_, _ = trimForCache(sl)
+	return sl, nil
 }
 
 // Start runs the informers and waits until their caches are filled and Connect's
@@ -185,11 +255,16 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 // an informer's own HasSynced says only that its cache is full, while the handlers may
 // still be thousands of events behind).
 func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
-	w.factory.Start(ctx.Done())
+	for _, f := range w.factories {
+		f.Start(ctx.Done())
+	}
 	w.nodeFactory.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	synced := []cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced, w.node.HasSynced}
+	synced := []cache.InformerSynced{w.node.HasSynced}
+	for i := range w.scope {
+		synced = append(synced, w.services[i].HasSynced, w.slices[i].HasSynced)
+	}
 	for _, h := range w.handlers {
 		synced = append(synced, h.HasSynced)
 	}

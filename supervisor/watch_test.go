@@ -59,7 +59,7 @@ func TestStartWaitsForHandlers(t *testing.T) {
 	}
 	objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	client := fake.NewClientset(objs...)
-	w, err := NewWatches(client, "node-1", false)
+	w, err := NewWatches(client, "node-1", []string{""}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

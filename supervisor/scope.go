@@ -1,0 +1,199 @@
+package supervisor
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+)
+
+// watchScope returns the label selectors of the node's Service watches: each watch
+// receives the Services its selector matches, the node those of any watch. The
+// EndpointSlice watches use the same selectors (and leave headless slices out): the
+// EndpointSlice controller copies every label of a Service to its slices except its
+// own reserved ones (k8s.io/kubernetes v1.36.3 staging/src/k8s.io/endpointslice/utils.go,
+// setEndpointSliceLabels and isReservedLabelKey: only kubernetes.io/service-name,
+// endpointslice.kubernetes.io/managed-by and service.kubernetes.io/headless are its
+// own), so service.kubernetes.io/service-proxy-name and selector.LabelShadow reach the
+// slices of a Service, in the controller's next sync after the Service changes.
+//
+// A single selector "" (everything) when a default instance runs: it serves unlabelled
+// Services, and "unlabelled OR in (names)" cannot be one label selector. Two watches
+// (!label and label in (names)) would save only the Services of other proxies, and a
+// Service relabelled between the default and a named instance would leave one watch and
+// enter the other in one write, with the two streams in no order. Also "" when scoped
+// is false (the ServiceCIDR API is not served, so the address precedence needs every
+// Service's cluster IP; with it, every cluster IP lies in a ServiceCIDR, which is
+// reserved whole).
+//
+// Otherwise two: the Services labelled for a local instance's proxy names, and those a
+// migration shadows for one (selector.LabelShadow), so a node running no default
+// instance never receives unlabelled Services or those of proxies it does not run.
+func watchScope(instances []config.Instance, scoped bool) []string {
+	var names []string
+	for _, s := range instances {
+		if s.Default {
+			return []string{""}
+		}
+		names = append(names, s.ProxyNames...)
+	}
+	if !scoped || len(names) == 0 {
+		return []string{""}
+	}
+	slices.Sort(names)
+	set := "(" + strings.Join(slices.Compact(names), ",") + ")"
+	return []string{selector.LabelServiceProxyName + " in " + set, selector.LabelShadow + " in " + set}
+}
+
+// sliceSelector is the EndpointSlice watch's selector for a Service watch's one.
+func sliceSelector(services string) string {
+	if services == "" {
+		return "!" + labelHeadless
+	}
+	return "!" + labelHeadless + "," + services
+}
+
+// getFunc reads an object from the apiserver at or after a resource version (from the
+// watch cache); nil with no error when it does not exist.
+type getFunc func(ctx context.Context, namespace, name, rv string) (metav1.Object, error)
+
+// merger joins the events of the informers of one resource whose selectors may overlap
+// into one stream: an object is changed while any watch holds it, at the newest version
+// any has delivered, and deleted when none does.
+//
+// An object moving from one watch to another in one write (a migration moves the label
+// and removes the shadow marker at once) leaves the first watch and enters the second in
+// no particular order. Leaving every watch is therefore confirmed with a read at that
+// version: an object that still exists and matches a selector is changed, not deleted
+// (the second watch's event follows, at a version already delivered), so a handover
+// between a shadow and an owner never falls into a gap. The read costs one GET per
+// object leaving the node's scope, from the apiserver's watch cache.
+type merger struct {
+	what      string
+	selectors []labels.Selector
+	get       getFunc
+	changed   func(any)
+	deleted   func(any)
+
+	mu sync.Mutex
+	// held are the objects some watch holds: which watches, and the newest version
+	// delivered.
+	held map[string]*heldObject
+}
+
+type heldObject struct {
+	by uint8 // bit i: watch i holds it
+	rv uint64
+}
+
+func newMerger(what string, selectors []string, get getFunc, changed, deleted func(any)) (*merger, error) {
+	m := &merger{what: what, get: get, changed: changed, deleted: deleted, held: map[string]*heldObject{}}
+	for _, s := range selectors {
+		sel, err := labels.Parse(s)
+		if err != nil {
+			return nil, err
+		}
+		m.selectors = append(m.selectors, sel)
+	}
+	return m, nil
+}
+
+// handlers are the event handlers of watch i.
+func (m *merger) handlers(i int) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { m.onChange(i, obj) },
+		UpdateFunc: func(_, obj any) { m.onChange(i, obj) },
+		DeleteFunc: func(obj any) { m.onDelete(i, obj) },
+	}
+}
+
+func objectKey(o metav1.Object) string { return o.GetNamespace() + "/" + o.GetName() }
+
+// resourceVersion parses a resource version; 0 when it is not a number (fakes).
+func resourceVersion(o metav1.Object) uint64 {
+	rv, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
+	return rv
+}
+
+func (m *merger) onChange(i int, obj any) {
+	o, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.held[objectKey(o)]
+	if h == nil {
+		h = &heldObject{}
+		m.held[objectKey(o)] = h
+	}
+	h.by |= 1 << i
+	rv := resourceVersion(o)
+	if rv != 0 && rv <= h.rv {
+		return // another watch delivered this version or a newer one
+	}
+	h.rv = rv
+	m.changed(obj)
+}
+
+func (m *merger) onDelete(i int, obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	o, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := objectKey(o)
+	h := m.held[key]
+	if h == nil {
+		return
+	}
+	h.by &^= 1 << i
+	if h.by != 0 {
+		return // another watch holds it: its events carry it on
+	}
+	if cur := m.stillInScope(o); cur != nil {
+		if rv := resourceVersion(cur); rv == 0 || rv > h.rv {
+			h.rv = rv
+			m.changed(cur)
+		}
+		return
+	}
+	delete(m.held, key)
+	m.deleted(obj)
+}
+
+// stillInScope reads an object that left a watch: the current version if it exists and
+// another watch will receive it, else nil. A single watch needs no read.
+func (m *merger) stillInScope(o metav1.Object) metav1.Object {
+	if len(m.selectors) < 2 {
+		return nil
+	}
+	cur, err := m.get(context.Background(), o.GetNamespace(), o.GetName(), o.GetResourceVersion())
+	if err != nil && !apierrors.IsNotFound(err) {
+		klog.Background().Error(err, "Reading an object that left a watch; taking it as gone", "resource", m.what, "object", objectKey(o))
+		return nil
+	}
+	if cur == nil || err != nil {
+		return nil
+	}
+	for _, sel := range m.selectors {
+		if sel.Matches(labels.Set(cur.GetLabels())) {
+			return cur
+		}
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/config"
+)
+
+// TestWatchSelectors: the label selectors each node sends, per resource, for given
+// configurations (also the number of watches: one per selector).
+func TestWatchSelectors(t *testing.T) {
+	const (
+		all     = ""
+		noHead  = "!service.kubernetes.io/headless"
+		named   = "service.kubernetes.io/service-proxy-name in (team-a,team-b,team-c)"
+		shadow  = "shardproxy.io/shadow in (team-a,team-b,team-c)"
+		node    = "metadata.name=node-1"
+		noLabel = "<none>"
+	)
+	teams := []config.Instance{{Name: "a", ProxyNames: []string{"team-b", "team-a"}}, {Name: "c", ProxyNames: []string{"team-c"}}}
+	for _, tc := range []struct {
+		name         string
+		instances    []config.Instance
+		serviceCIDRs bool
+		want         map[string][]string
+	}{{
+		name:         "a default instance watches every Service",
+		instances:    append([]config.Instance{{Name: "d", Default: true}}, teams...),
+		serviceCIDRs: true,
+		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}},
+	}, {
+		name:         "named instances only: their proxy names and their shadows",
+		instances:    teams,
+		serviceCIDRs: true,
+		want: map[string][]string{"services": {named, shadow},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow}},
+	}, {
+		name:      "without the ServiceCIDR API every Service (the address precedence needs their cluster IPs)",
+		instances: teams,
+		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+			w, err := NewWatches(client, "node-1", watchScope(tc.instances, tc.serviceCIDRs), tc.serviceCIDRs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			startWatches(t, w)
+			got := map[string][]string{}
+			for _, a := range client.Actions() {
+				wa, ok := a.(k8stesting.WatchAction)
+				if !ok || a.GetVerb() != "watch" {
+					continue
+				}
+				res := a.GetResource().Resource
+				if res == "nodes" || res == "servicecidrs" {
+					if f := wa.GetWatchRestrictions().Fields.String(); res == "nodes" && f != node {
+						t.Errorf("node watch fields %q, want %q", f, node)
+					}
+					continue
+				}
+				got[res] = append(got[res], wa.GetWatchRestrictions().Labels.String())
+			}
+			for _, sels := range got {
+				sort.Strings(sels)
+				for i, s := range sels {
+					if s == noLabel {
+						sels[i] = all
+					}
+				}
+			}
+			for res, want := range tc.want {
+				sort.Strings(want)
+				if !slices.Equal(got[res], want) {
+					t.Errorf("%s watches %q, want %q", res, got[res], want)
+				}
+			}
+		})
+	}
+}
+
+func startWatches(t *testing.T, w *Watches) {
+	t.Helper()
+	router, err := selector.NewRouter([]selector.Spec{{Name: "default", Default: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := selector.NewDispatcher(router, map[string]selector.Sink{}, w.SlicesOf, selector.Events{})
+	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := w.Start(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mergerRecorder records what a merger delivers.
+type mergerRecorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *mergerRecorder) add(kind string, obj any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	svc := obj.(*corev1.Service)
+	r.events = append(r.events, fmt.Sprintf("%s %s@%s", kind, svc.Name, svc.ResourceVersion))
+}
+
+// TestMergerJoinsOverlappingWatches: two watches (owner label, shadow label) joined as
+// one stream. A Service moving between them in one write arrives in either order; it is
+// never deleted on the way, and an older version from the slower watch never overtakes
+// a newer one.
+func TestMergerJoinsOverlappingWatches(t *testing.T) {
+	svc := func(rv string, lbls map[string]string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", ResourceVersion: rv, Labels: lbls}}
+	}
+	owned := map[string]string{selector.LabelServiceProxyName: "team-a"}
+	shadowed := map[string]string{selector.LabelShadow: "team-a"}
+	other := map[string]string{selector.LabelServiceProxyName: "elsewhere"}
+	type step struct {
+		watch  int
+		delete bool
+		obj    *corev1.Service
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		// current is what the apiserver holds when the merger reads (nil: gone).
+		current *corev1.Service
+		want    []string
+	}{{
+		name:    "shadow to owner, leaving the shadow watch first",
+		steps:   []step{{1, false, svc("5", shadowed)}, {1, true, svc("6", shadowed)}, {0, false, svc("6", owned)}},
+		current: svc("6", owned),
+		want:    []string{"changed web@5", "changed web@6"},
+	}, {
+		name:    "shadow to owner, entering the owner watch first",
+		steps:   []step{{1, false, svc("5", shadowed)}, {0, false, svc("6", owned)}, {1, true, svc("6", shadowed)}},
+		current: svc("6", owned),
+		want:    []string{"changed web@5", "changed web@6"},
+	}, {
+		name:    "relabelled to a proxy not on this node",
+		steps:   []step{{0, false, svc("5", owned)}, {0, true, svc("6", owned)}},
+		current: svc("6", other),
+		want:    []string{"changed web@5", "deleted web@6"},
+	}, {
+		name:  "deleted",
+		steps: []step{{0, false, svc("5", owned)}, {0, true, svc("6", owned)}},
+		want:  []string{"changed web@5", "deleted web@6"},
+	}, {
+		name: "in both watches: each version once, none older",
+		steps: []step{{0, false, svc("5", nil)}, {1, false, svc("5", nil)}, {1, false, svc("7", nil)},
+			{0, false, svc("6", nil)}, {0, false, svc("7", nil)}, {0, true, svc("8", nil)}, {1, true, svc("8", nil)}},
+		want: []string{"changed web@5", "changed web@7", "deleted web@8"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &mergerRecorder{}
+			get := func(_ context.Context, ns, name, rv string) (metav1.Object, error) {
+				if tc.current == nil {
+					return nil, nil
+				}
+				return tc.current, nil
+			}
+			m, err := newMerger("Services", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), get,
+				func(o any) { rec.add("changed", o) }, func(o any) { rec.add("deleted", o) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range tc.steps {
+				h := m.handlers(s.watch)
+				if s.delete {
+					h.OnDelete(s.obj)
+				} else {
+					h.OnAdd(s.obj, false)
+				}
+			}
+			if !slices.Equal(rec.events, tc.want) {
+				t.Errorf("delivered %q, want %q", rec.events, tc.want)
+			}
+			if tc.want[len(tc.want)-1][:7] == "deleted" && len(m.held) != 0 {
+				t.Errorf("the merger still holds %v", m.held)
+			}
+		})
+	}
+}
