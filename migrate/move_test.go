@@ -167,7 +167,9 @@ func svc(ns, name, proxyName string) *corev1.Service {
 
 // labelPatch: the patch moves the proxy-name label (the shadow's label moves with its
 // annotation in every patch).
-func labelPatch(p patchRecord) bool { return strings.Contains(p.body, `"service.kubernetes.io/service-proxy-name"`) }
+func labelPatch(p patchRecord) bool {
+	return strings.Contains(p.body, `"service.kubernetes.io/service-proxy-name"`)
+}
 
 func waitStatus(t *testing.T, c *cluster, nodes int) {
 	t.Helper()
