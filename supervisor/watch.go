@@ -203,7 +203,7 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 		}
 		w.handlers = append(w.handlers, reg)
 	}
-	klog.Background().V(2).Info("Watches connected", "scope", w.scope)
+	klog.Background().Info("Watches connected", "scope", w.scope)
 	return nil
 }
 

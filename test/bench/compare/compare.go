@@ -62,6 +62,9 @@ type Options struct {
 	Keep bool
 	// Only measures one proxy ("kube-proxy" or "shardproxy"); empty measures both.
 	Only string
+	// HeapProfileDir, when set, receives shardproxy's heap profile after its first full
+	// sync at each scale (heap-N.pprof; `go tool pprof -sample_index=inuse_space`).
+	HeapProfileDir string
 }
 
 // Main runs bench-compare and returns the exit code.
@@ -102,6 +105,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.StringVar(&o.Out, "out", "_output/bench/compare.json", "JSON report path")
 	fs.BoolVar(&o.Keep, "keep", false, "keep each scale's work directory (logs)")
 	fs.StringVar(&o.Only, "only", "", `measure only "kube-proxy" or "shardproxy" (no ratios)`)
+	fs.StringVar(&o.HeapProfileDir, "heap-profile-dir", "", "write shardproxy's heap profile after its first full sync here (heap-N.pprof)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -216,6 +220,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		RepoRoot: r.o.RepoRoot, Binary: r.binary, WorkDir: work, NoSupervisor: true,
 		Instances:          shardproxyInstances(r.o.MinSyncPeriod),
 		ExtraConfig:        "enableProfiling: true",
+		NoLabelMirror:      true,
 		ExtraAPIServerArgs: []string{"--service-node-port-range=" + nodePortRange},
 		Logf:               r.logf,
 	})
@@ -262,6 +267,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	ours := &daemon{
 		name: "shardproxy", series: Series{"proxy_instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
 		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
+		heapURL:    fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", env.MetricsPort),
 		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
 		logTail: func() string { return tail(e.SupervisorLog(), 30) },
 	}

@@ -3,8 +3,10 @@ package compare
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -23,10 +25,12 @@ type daemon struct {
 	name       string
 	series     Series
 	metricsURL string
-	start      func() error
-	stop       func() error
-	pid        func() int
-	logTail    func() string
+	// heapURL serves the daemon's Go heap profile ("": none).
+	heapURL string
+	start   func() error
+	stop    func() error
+	pid     func() int
+	logTail func() string
 }
 
 // measurer runs the same measurements against each proxy of one environment.
@@ -76,6 +80,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	last, _ := sc.Gauge(metricLastSync, d.series)
 	res.StartToSyncedSeconds = last - float64(started.UnixNano())/1e9
 	m.r.logf("%s: first full sync %.3fs (%.1fs after start)", d.name, res.FirstFullSyncSeconds, res.StartToSyncedSeconds)
+	if err := m.heapProfile(ctx, d); err != nil {
+		m.r.logf("%s: heap profile: %v", d.name, err)
+	}
 
 	for i := range m.r.o.Samples {
 		// Idle for longer than the minimum sync period: the change syncs at once.
@@ -193,4 +200,37 @@ func peakRSSMB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
+
+// heapProfile saves d's heap profile into Options.HeapProfileDir (when both are set).
+func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
+	if m.r.o.HeapProfileDir == "" || d.heapURL == "" {
+		return nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.heapURL, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", d.heapURL, resp.Status)
+	}
+	if err := os.MkdirAll(m.r.o.HeapProfileDir, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(m.r.o.HeapProfileDir, fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services)))
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	m.r.logf("%s: heap profile in %s", d.name, path)
+	return f.Close()
 }

@@ -172,7 +172,7 @@ func TestCoexist(t *testing.T) {
 		mode  string
 		steps []step
 	}{
-		{modeNFTables, coexist},
+		{modeNFTables, append(coexist, step{"ScopedWatch", testScopedWatch})},
 		{modeIPTables, append(coexist,
 			step{"MigrateMoveAndRollback", testMigrateMoveAndRollback},
 			step{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy})},

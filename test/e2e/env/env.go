@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/controlplane"
@@ -74,6 +75,10 @@ type Options struct {
 	// SupervisorEnv are variables (KEY=value) added to the supervisor's environment, e.g.
 	// a PATH whose nft is a fault-injecting wrapper (the soak).
 	SupervisorEnv []string
+	// NoLabelMirror turns off the stand-in for the EndpointSlice controller's copy of a
+	// Service's labels to its slices (slicelabels.go), for benchmarks that write their
+	// slices whole.
+	NoLabelMirror bool
 	// SupervisorArgs are added to `shardproxy run`'s flags (e.g. a --vmodule).
 	SupervisorArgs []string
 }
@@ -169,6 +174,9 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 		return e, err
 	}
 	if err := e.createNodes(ctx); err != nil {
+		return e, err
+	}
+	if err := e.mirrorServiceLabels(); err != nil {
 		return e, err
 	}
 	if e.Binary = opts.Binary; e.Binary == "" {
@@ -543,10 +551,14 @@ func (e *Env) SetEndpoints(ctx context.Context, ns, name string, ports []Service
 
 // SetEndpointsAs is SetEndpoints with another identity's client.
 func (e *Env) SetEndpointsAs(ctx context.Context, client kubernetes.Interface, ns, name string, ports []ServicePort, backends []Backend) error {
+	labels := map[string]string{discoveryv1.LabelServiceName: name}
+	if svc, err := e.Client.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+		labels = sliceLabels(svc, name, nil) // as the EndpointSlice controller writes them
+	}
 	for _, fam := range []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6} {
 		sl := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%s", name, strings.ToLower(string(fam))),
-				Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+				Labels: labels},
 			AddressType: fam,
 		}
 		for _, p := range ports {
@@ -563,14 +575,18 @@ func (e *Env) SetEndpointsAs(ctx context.Context, client kubernetes.Interface, n
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr(!b.NotReady)},
 			})
 		}
-		cur, err := client.DiscoveryV1().EndpointSlices(ns).Get(ctx, sl.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			_, err = client.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
-		case err == nil:
-			sl.ResourceVersion = cur.ResourceVersion
-			_, err = client.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{})
-		}
+		// The label mirror may update the slice in between (a conflict).
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := client.DiscoveryV1().EndpointSlices(ns).Get(ctx, sl.Name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				_, err = client.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
+			case err == nil:
+				sl.ResourceVersion = cur.ResourceVersion
+				_, err = client.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{})
+			}
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("writing EndpointSlice %s/%s: %w", ns, sl.Name, err)
 		}
