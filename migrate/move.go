@@ -30,8 +30,10 @@ type Selection struct {
 	Names []string
 }
 
-// Mover moves Services between proxies through the shadow annotation and the node
-// statuses.
+// Mover moves Services between proxies through the shadow marker and the node statuses.
+// The marker is a label (selector.LabelShadow: a node running no default instance
+// selects its watch on it) and, for supervisors older than the label, the annotation
+// (selector.AnnotationShadow); every patch sets or removes both.
 type Mover struct {
 	Client kubernetes.Interface
 	// StatusNamespace holds the node status ConfigMaps.

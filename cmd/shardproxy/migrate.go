@@ -59,7 +59,7 @@ func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
 		Usage: "move Services between a legacy kube-proxy and shardproxy instances with no failed connection",
-		Description: `A move first has the target instance program the chosen Services in shadow (annotation
+		Description: `A move first has the target instance program the chosen Services in shadow (label and annotation
 shardproxy.io/shadow; an instance's rules run after a legacy kube-proxy's, so the legacy
 rules still win), waits until every node running the target reports them programmed
 (its shardproxy-node-<node> ConfigMap), and only then sets the label
