@@ -87,6 +87,8 @@ func TestRouteShadow(t *testing.T) {
 		{"another proxy name of the owner's instance: no shadow", shadowed(service("a1", "s", "a-legacy"), "team-a"), "team-a", ""},
 		{"an unknown proxy name: no shadow", shadowed(service("a1", "s", "team-a"), "nobody"), "team-a", ""},
 		{"stepping back is refused with the Service", shadowed(service("x", "s", "team-a"), "team-a"), "", ""},
+		{"the shadow label alone", shadowLabel(service("a1", "s", "legacy"), "team-a"), "", "team-a"},
+		{"the label wins over the annotation", shadowLabel(shadowed(service("a1", "s", "legacy"), "team-b"), "team-a"), "", "team-a"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -357,6 +359,15 @@ func TestDispatchTenantGuardRejectsNamespace(t *testing.T) {
 	if len(rejected) != 1 {
 		t.Errorf("want one rejection event, got %q", rejected)
 	}
+}
+
+// shadowLabel marks svc with the shadow label (what migrate sets with the annotation).
+func shadowLabel(svc *corev1.Service, proxyName string) *corev1.Service {
+	if svc.Labels == nil {
+		svc.Labels = map[string]string{}
+	}
+	svc.Labels[LabelShadow] = proxyName
+	return svc
 }
 
 func shadowed(svc *corev1.Service, proxyName string) *corev1.Service {
