@@ -3,7 +3,6 @@ package compare
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -207,30 +206,20 @@ func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
 	if m.r.o.HeapProfileDir == "" || d.heapURL == "" {
 		return nil
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.heapURL, nil)
+	code, body, err := m.e.HTTPGet(ctx, d.heapURL) // in the node's namespace
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", d.heapURL, resp.Status)
+	if code != http.StatusOK {
+		return fmt.Errorf("GET %s: %d", d.heapURL, code)
 	}
 	if err := os.MkdirAll(m.r.o.HeapProfileDir, 0o755); err != nil {
 		return err
 	}
 	path := filepath.Join(m.r.o.HeapProfileDir, fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services)))
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		return err
 	}
 	m.r.logf("%s: heap profile in %s", d.name, path)
-	return f.Close()
+	return nil
 }
