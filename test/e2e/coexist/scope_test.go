@@ -52,6 +52,10 @@ func testScopedWatch(t *testing.T) {
 	if !tableHolds(e, "shardproxy-team-a", ip) {
 		t.Errorf("%s is back, but not in team-a's table", ip)
 	}
+	// Leaving the watches, the Service and its slices were each read once (RBAC: get).
+	if log := e.SupervisorLog(); strings.Contains(log, "Reading an object that left a watch") {
+		t.Errorf("the supervisor could not read an object that left its watches:\n%s", tail(log, 30))
+	}
 }
 
 func relabel(t *testing.T, e *env.Env, name, proxyName string) {
