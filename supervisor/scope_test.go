@@ -39,17 +39,17 @@ func TestWatchSelectors(t *testing.T) {
 		name:         "a default instance watches every Service",
 		instances:    append([]config.Instance{{Name: "d", Default: true}}, teams...),
 		serviceCIDRs: true,
-		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}},
+		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": {all}},
 	}, {
 		name:         "named instances only: their proxy names and their shadows",
 		instances:    teams,
 		serviceCIDRs: true,
 		want: map[string][]string{"services": {named, shadow},
-			"endpointslices": {noHead + "," + named, noHead + "," + shadow}},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}},
 	}, {
 		name:      "without the ServiceCIDR API every Service (the address precedence needs their cluster IPs)",
 		instances: teams,
-		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}},
+		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": nil},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
@@ -65,10 +65,10 @@ func TestWatchSelectors(t *testing.T) {
 					continue
 				}
 				res := a.GetResource().Resource
-				if res == "nodes" || res == "servicecidrs" {
-					if f := wa.GetWatchRestrictions().Fields.String(); res == "nodes" && f != node {
-						t.Errorf("node watch fields %q, want %q", f, node)
-					}
+				if f := wa.GetWatchRestrictions().Fields.String(); res == "nodes" && f != node || res != "nodes" && f != "" {
+					t.Errorf("%s watch fields %q", res, f)
+				}
+				if res == "nodes" {
 					continue
 				}
 				got[res] = append(got[res], wa.GetWatchRestrictions().Labels.String())
@@ -83,6 +83,9 @@ func TestWatchSelectors(t *testing.T) {
 			}
 			for res, want := range tc.want {
 				sort.Strings(want)
+				if len(want) == 0 {
+					want = nil
+				}
 				if !slices.Equal(got[res], want) {
 					t.Errorf("%s watches %q, want %q", res, got[res], want)
 				}

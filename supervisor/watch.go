@@ -69,7 +69,10 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, se
 		}), informers.WithTransform(trimForCache))
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
 	if serviceCIDRs {
-		w.serviceCIDR = w.nodeFactory.Networking().V1().ServiceCIDRs().Informer()
+		// Every ServiceCIDR: neither the Node's field selector nor a Service label applies.
+		cidrs := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimForCache))
+		w.factories = append(w.factories, cidrs)
+		w.serviceCIDR = cidrs.Networking().V1().ServiceCIDRs().Informer()
 	}
 	return w, nil
 }
