@@ -2,26 +2,37 @@ package legacy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
 
-// ServiceRules is what kube-proxy (iptables mode) has written for one Service.
+// ServiceRules is what kube-proxy (iptables or nftables mode) has written for one
+// Service.
 type ServiceRules struct {
-	// Endpoints: a nat KUBE-SERVICES rule sends a cluster IP of it to its endpoints.
+	// Endpoints: a cluster IP of it is sent to its endpoints (a nat KUBE-SERVICES rule
+	// to its KUBE-SVC/KUBE-SVL chain, or a service-ips element to its service- or local-
+	// chain).
 	Endpoints bool
-	// NoEndpoints: a filter KUBE-SERVICES rule rejects a port of it for want of
-	// endpoints.
+	// NoEndpoints: a port of it is rejected for want of endpoints (a filter KUBE-SERVICES
+	// "has no endpoints" rule, or a no-endpoint-services element going to reject-chain).
 	NoEndpoints bool
 }
 
-// ProgrammedServices reads, with every tool, which Services kube-proxy in iptables mode
-// has programmed, by "namespace/name": the evidence a rollback waits on before the
-// shadow that served them meanwhile goes. It reads kube-proxy's rule comments
-// ("ns/name:port cluster IP", "ns/name:port has no endpoints"), which upstream writes for
-// every Service port in both backends.
-func ProgrammedServices(ctx context.Context, ex Exec, tools []Tool) (map[string]ServiceRules, error) {
+// ProgrammedServices reads which Services kube-proxy has programmed, by
+// "namespace/name": the evidence a rollback waits on before the shadow that served them
+// meanwhile goes. It reads both modes, whichever is there (none: an empty map), as
+// kube-proxy removes the other mode's rules when it starts: in iptables mode, with every
+// installed iptables, its rule comments ("ns/name:port cluster IP", "ns/name:port has no
+// endpoints"), which upstream writes for every Service port in both backends; in
+// nftables mode, its kube-proxy tables' service-ips and no-endpoint-services maps
+// (nftables.go).
+func ProgrammedServices(ctx context.Context, ex Exec) (map[string]ServiceRules, error) {
 	out := map[string]ServiceRules{}
+	tools, err := Tools(ex)
+	if err != nil && !errors.Is(err, ErrNoIPTables) {
+		return nil, err
+	}
 	for _, tool := range tools {
 		// Without -t, as planTool: asking for a table by name creates it (legacy backend).
 		data, err := ex.Run(ctx, nil, tool.save())
@@ -35,6 +46,9 @@ func ProgrammedServices(ctx context.Context, ex Exec, tools []Tool) (map[string]
 		for _, t := range tables {
 			collectServiceRules(t, out)
 		}
+	}
+	if err := nftServices(ctx, ex, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -16,13 +16,9 @@ import (
 // "namespace/name" (legacy.ProgrammedServices).
 type LegacyRules func(ctx context.Context) (map[string]legacy.ServiceRules, error)
 
-// hostLegacyRules reads kube-proxy's iptables rules with every installed iptables.
+// hostLegacyRules reads kube-proxy's rules on this node, in iptables or nftables mode.
 func hostLegacyRules(ctx context.Context) (map[string]legacy.ServiceRules, error) {
-	tools, err := legacy.Tools(legacy.RealExec{})
-	if err != nil {
-		return nil, err
-	}
-	return legacy.ProgrammedServices(ctx, legacy.RealExec{}, tools)
+	return legacy.ProgrammedServices(ctx, legacy.RealExec{})
 }
 
 // legacyReadTimeout bounds one reading of kube-proxy's rules for the node status.
