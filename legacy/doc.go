@@ -1,6 +1,8 @@
 // Package legacy cleans up after an upstream kube-proxy in iptables or IPVS mode once it
 // is gone from the node, for nodes migrated to shardproxy. It is what
-// `shardproxy cleanup --legacy iptables|ipvs` runs.
+// `shardproxy cleanup --legacy iptables|ipvs` runs. It also reads, for a migration's
+// rollback, which Services a running kube-proxy has programmed, in iptables or nftables
+// mode (ProgrammedServices).
 //
 // What is removed, exactly (chains.go lists the names):
 //

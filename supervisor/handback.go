@@ -25,8 +25,8 @@ func hostLegacyRules(ctx context.Context) (map[string]legacy.ServiceRules, error
 const legacyReadTimeout = 10 * time.Second
 
 // legacyReadEvery spaces the readings of kube-proxy's rules: the node status is polled
-// every 500 ms, and iptables-save of a large kube-proxy ruleset takes a second and tens
-// of megabytes.
+// every 500 ms, and reading a large kube-proxy ruleset (iptables-save, or nft -j in
+// nftables mode) takes a second and tens of megabytes.
 const legacyReadEvery = 2 * time.Second
 
 // legacyCache keeps the last reading of kube-proxy's rules.

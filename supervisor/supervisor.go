@@ -71,7 +71,7 @@ type Deps struct {
 	// (tables.ListTables).
 	ListTables func(ctx context.Context, fam tables.Family) ([]tables.ListedTable, error)
 	// LegacyRules reads which Services a legacy kube-proxy programmed on the node, for
-	// the node status during a rollback; default: its iptables rules (iptables-save).
+	// the node status during a rollback; default: its iptables or nftables rules (legacy.ProgrammedServices).
 	LegacyRules LegacyRules
 	// Logger receives the supervisor's and its instances' log lines; default klog's.
 	Logger logr.Logger

@@ -67,7 +67,7 @@ service.kubernetes.io/service-proxy-name, which makes the legacy proxy let go. A
 first has the owning instance step back to a shadow (it keeps the rules but gives up the
 health-check node port), waits until every node reports it, then moves the label back;
 the shadow stays until every node reports that the proxy now named programmed the
-Services (kube-proxy's iptables rules for them on the node), for up to --legacy-timeout,
+Services (kube-proxy's iptables or nftables rules for them on the node), for up to --legacy-timeout,
 past which it stays and the rollback fails. Nodes whose status went stale block a batch
 while their Node is Ready; others, and Nodes without a status, are named.
 Services are chosen by --namespace, --selector or names (namespace/name) as arguments.`,

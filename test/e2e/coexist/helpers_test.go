@@ -42,13 +42,20 @@ func servers(t *testing.T, e *env.Env) {
 	}
 }
 
+// passName is the name of a Service in this pass: the nftables pass suffixes "-nft"; the
+// iptables pass, which runs after, keeps the names it always had.
+func passName(name string) string {
+	if mode == modeNFTables {
+		return name + "-nft"
+	}
+	return name
+}
+
 // service creates a Service on port 80 backed by pod1 and remote, labeled for proxyName
 // unless it is "", and returns its cluster IP.
 func service(t *testing.T, e *env.Env, name, proxyName string) string {
 	t.Helper()
-	if mode == modeNFTables {
-		name += "-nft" // the iptables pass, which runs after, keeps the names it always had
-	}
+	name = passName(name)
 	var edits []env.ServiceSpec
 	if proxyName != "" {
 		edits = append(edits, env.WithProxyName(proxyName))
@@ -278,17 +285,28 @@ func invalidDrops(e *env.Env) int64 {
 	return -1
 }
 
-// rejectCounters lists the node namespace's iptables REJECT and DROP rules that have
-// counted packets, and conntrack's statistics: where a refused or lost connection went.
+// rejectCounters lists, in iptables mode, the node namespace's iptables REJECT and DROP
+// rules that have counted packets (in nftables mode, kube-proxy's tables, whose rules
+// have no counters), and conntrack's statistics: where a refused or lost connection went.
 func rejectCounters(e *env.Env) string {
 	var b strings.Builder
-	out, err := e.TP.Exec(e.TP.Node, "iptables-save", "-c")
-	if err != nil {
-		return err.Error()
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if (strings.Contains(line, "-j REJECT") || strings.Contains(line, "-j DROP")) && !strings.HasPrefix(line, "[0:0]") {
-			b.WriteString(line + "\n")
+	if mode == modeNFTables {
+		for _, fam := range []string{"ip", "ip6"} {
+			out, err := e.TP.Exec(e.TP.Node, "nft", "list", "table", fam, "kube-proxy")
+			if err != nil {
+				out = err.Error()
+			}
+			b.WriteString(out)
+		}
+	} else {
+		out, err := e.TP.Exec(e.TP.Node, "iptables-save", "-c")
+		if err != nil {
+			return err.Error()
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if (strings.Contains(line, "-j REJECT") || strings.Contains(line, "-j DROP")) && !strings.HasPrefix(line, "[0:0]") {
+				b.WriteString(line + "\n")
+			}
 		}
 	}
 	if st, err := e.TP.Exec(e.TP.Node, "conntrack", "-S"); err == nil {

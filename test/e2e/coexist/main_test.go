@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -154,10 +155,10 @@ func reportKubeProxyErrors(kp *env.KubeProxy) {
 // left to file and declaration order: the legacy cleanup stops kube-proxy for good, so it
 // runs last. Services get the mode in their names, so the passes do not meet.
 //
-// Not in the nftables pass: the migration, whose rollback keeps the shadow until the node
-// sees kube-proxy's rules for the Services, which the supervisor reads from iptables only
-// (legacy.ProgrammedServices), so there the rollback waits out --legacy-timeout and
-// fails; and the iptables cleanup after kube-proxy, which is about iptables mode.
+// Both passes run the migration (move, then rollback, which keeps the shadow until the
+// node reads kube-proxy's rules for the Services: iptables in one mode, its nftables maps
+// in the other). Not in the nftables pass: the iptables cleanup after kube-proxy, which is
+// about iptables mode.
 func TestCoexist(t *testing.T) {
 	type step struct {
 		name string
@@ -168,13 +169,13 @@ func TestCoexist(t *testing.T) {
 		{"KubeProxyRestartLeavesShardproxyAlone", testKubeProxyRestartLeavesShardproxyAlone},
 		{"ShardproxyRestartLeavesKubeProxyAlone", testShardproxyRestartLeavesKubeProxyAlone},
 	}
+	migrate := step{"MigrateMoveAndRollback", testMigrateMoveAndRollback}
 	for _, pass := range []struct {
 		mode  string
 		steps []step
 	}{
-		{modeNFTables, append(coexist, step{"ScopedWatch", testScopedWatch})},
-		{modeIPTables, append(coexist,
-			step{"MigrateMoveAndRollback", testMigrateMoveAndRollback},
+		{modeNFTables, append(slices.Clone(coexist), migrate, step{"ScopedWatch", testScopedWatch})},
+		{modeIPTables, append(coexist, migrate,
 			step{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy})},
 	} {
 		t.Run(pass.mode, func(t *testing.T) {

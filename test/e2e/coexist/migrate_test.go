@@ -32,17 +32,18 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	for _, n := range names {
 		ips[n] = service(t, e, n, "")
 		reach(t, e, e.TP.Pod2, ips[n])
-		args = append(args, "coexist/"+n)
+		args = append(args, "coexist/"+passName(n))
 	}
 	// A LoadBalancer Service with Local policy: its health-check node port moves too.
-	lb, err := e.CreateService(ctx, "coexist", "mig-lb", tcp80, []env.Backend{env.Pod1v4, env.Remotev4},
+	lbName := passName("mig-lb")
+	lb, err := e.CreateService(ctx, "coexist", lbName, tcp80, []env.Backend{env.Pod1v4, env.Remotev4},
 		env.WithType(corev1.ServiceTypeLoadBalancer), env.WithExternalLocal())
 	if err != nil {
 		t.Fatal(err)
 	}
-	names = append(names, "mig-lb")
-	ips["mig-lb"] = lb.Spec.ClusterIP
-	args = append(args, "coexist/mig-lb")
+	names = append(names, lbName)
+	ips[lbName] = lb.Spec.ClusterIP
+	args = append(args, "coexist/"+lbName)
 	reach(t, e, e.TP.Pod2, lb.Spec.ClusterIP)
 	hcPort := int(lb.Spec.HealthCheckNodePort)
 	testutil.Eventually(t, waitTimeout, "kube-proxy to serve the health-check node port", func() bool { return hcHolder(e, hcPort) == "kube-proxy" })
@@ -60,9 +61,9 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	}
 
 	plan := migrate("plan")
-	for _, n := range names {
-		if !strings.Contains(plan, "coexist/"+n) || !strings.Contains(plan, "legacy (unlabeled)") {
-			t.Errorf("plan does not list coexist/%s as served by the legacy proxy:\n%s", n, plan)
+	for _, arg := range args {
+		if !strings.Contains(plan, arg) || !strings.Contains(plan, "legacy (unlabeled)") {
+			t.Errorf("plan does not list %s as served by the legacy proxy:\n%s", arg, plan)
 		}
 	}
 
@@ -88,19 +89,19 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	start := time.Now()
 	migrate("move", "--to", "team-a", "--batch-size", "2")
 	moved := time.Since(start)
-	for _, n := range names {
-		svc, err := e.Client.CoreV1().Services("coexist").Get(ctx, n, metav1.GetOptions{})
+	for _, arg := range args {
+		svc, err := e.Client.CoreV1().Services("coexist").Get(ctx, strings.TrimPrefix(arg, "coexist/"), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if svc.Labels[selector.LabelServiceProxyName] != "team-a" || svc.Annotations[selector.AnnotationShadow] != "" {
-			t.Errorf("%s after the move: labels %v, annotations %v", n, svc.Labels, svc.Annotations)
+			t.Errorf("%s after the move: labels %v, annotations %v", arg, svc.Labels, svc.Annotations)
 		}
 	}
 	testutil.Eventually(t, waitTimeout, "kube-proxy to let go and team-a to own them", func() bool {
-		save := strings.Join(iptablesSave(t, e), "\n")
+		rules := strings.Join(kubeProxyRules(t, e), "\n")
 		for _, ip := range ips {
-			if strings.Contains(save, ip) || !teamAHas(e, ip) {
+			if strings.Contains(rules, ip) || !teamAHas(e, ip) {
 				return false
 			}
 		}
@@ -120,9 +121,9 @@ func testMigrateMoveAndRollback(t *testing.T) {
 		t.Errorf("the rollback removed the shadow without the node confirming kube-proxy programmed the Services:\n%s", rollback)
 	}
 	testutil.Eventually(t, waitTimeout, "kube-proxy to serve them again and team-a to let go", func() bool {
-		save := strings.Join(iptablesSave(t, e), "\n")
+		rules := strings.Join(kubeProxyRules(t, e), "\n")
 		for _, ip := range ips {
-			if !strings.Contains(save, ip) || teamAHas(e, ip) {
+			if !strings.Contains(rules, ip) || teamAHas(e, ip) {
 				return false
 			}
 		}
@@ -133,7 +134,7 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	// it, kube-proxy would have failed once and waited for a later sync (up to its 30s
 	// sync period) to try again.
 	for _, line := range strings.Split(kp.Log(), "\n") {
-		if strings.Contains(line, "Failed to start healthcheck") && strings.Contains(line, "coexist/mig-lb") {
+		if strings.Contains(line, "Failed to start healthcheck") && strings.Contains(line, "coexist/"+lbName) {
 			t.Errorf("kube-proxy found the health-check node port taken: %s", line)
 		}
 	}
@@ -151,10 +152,14 @@ func testMigrateMoveAndRollback(t *testing.T) {
 	}
 	capt.stop(t, failed > 0)
 	if failed > 0 {
-		t.Logf("rules that rejected or dropped packets (iptables counters):\n%s", rejectCounters(e))
+		t.Logf("rules that rejected or dropped packets:\n%s", rejectCounters(e))
 	}
-	fmt.Printf("e2e: migrate: move of %d Services (batches of 2, one LoadBalancer whose health-check node port moved with it) took %v, rollback %v; client loops: %d connections, %d failed; kube-proxy's INVALID-drop rule dropped %d packets\n",
-		len(names), moved.Round(time.Millisecond), rolledBack.Round(time.Millisecond), total, failed, invalidDrops(e))
+	drops := "" // nftables mode has no INVALID-drop rule
+	if mode == modeIPTables {
+		drops = fmt.Sprintf("; kube-proxy's INVALID-drop rule dropped %d packets", invalidDrops(e))
+	}
+	fmt.Printf("e2e: migrate beside kube-proxy in %s mode: move of %d Services (batches of 2, one LoadBalancer whose health-check node port moved with it) took %v, rollback %v; client loops: %d connections, %d failed%s\n",
+		mode, len(names), moved.Round(time.Millisecond), rolledBack.Round(time.Millisecond), total, failed, drops)
 }
 
 // hcHolder names the process listening on a TCP port in the node namespace.
