@@ -85,7 +85,8 @@ bench:
 # with one shardproxy instance, one after the other in a fresh node namespace, and prints
 # both proxies' first full sync, partial sync, network programming latency and peak RSS
 # from their own metrics, with the ratios (test/bench/compare). Root only; ~10 minutes on
-# two cores with the default scales, after `make deps`.
+# two cores with the default scales, after `make deps`. BENCH_COMPARE_FLAGS adds flags,
+# e.g. `-only shardproxy -heap-profile-dir DIR` (shardproxy's heap after its first sync).
 BENCH_COMPARE_SCALES ?= 1000,10000
 BENCH_COMPARE_OUT    ?= _output/bench/compare.json
 bench-compare: deps
