@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,6 +63,10 @@ func sliceSelector(services string) string {
 	}
 	return "!" + labelHeadless + "," + services
 }
+
+// leaveReadTimeout bounds the read of an object leaving every watch; an object that
+// cannot be read in time is taken as gone (as before the read existed).
+const leaveReadTimeout = 10 * time.Second
 
 // getFunc reads an object from the apiserver at or after a resource version (from the
 // watch cache); nil with no error when it does not exist.
@@ -182,7 +187,10 @@ func (m *merger) stillInScope(o metav1.Object) metav1.Object {
 	if len(m.selectors) < 2 {
 		return nil
 	}
-	cur, err := m.get(context.Background(), o.GetNamespace(), o.GetName(), o.GetResourceVersion())
+	// Bounded: the watch's handler (and so this resource's events) waits for the read.
+	ctx, cancel := context.WithTimeout(context.Background(), leaveReadTimeout)
+	defer cancel()
+	cur, err := m.get(ctx, o.GetNamespace(), o.GetName(), o.GetResourceVersion())
 	if err != nil && !apierrors.IsNotFound(err) {
 		klog.Background().Error(err, "Reading an object that left a watch; taking it as gone", "resource", m.what, "object", objectKey(o))
 		return nil
