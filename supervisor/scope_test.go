@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -199,5 +201,39 @@ func TestMergerJoinsOverlappingWatches(t *testing.T) {
 				t.Errorf("the merger still holds %v", m.held)
 			}
 		})
+	}
+}
+
+// TestSlicesOfJoinsWatches: a slice two watches hold (its Service moving between the
+// shadow and the owner selection) is listed once, at the newer version.
+func TestSlicesOfJoinsWatches(t *testing.T) {
+	client := fake.NewClientset()
+	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := func(name, rv string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, ResourceVersion: rv,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}}
+	}
+	for i, objs := range [][]*discoveryv1.EndpointSlice{
+		{slice("web-1", "7"), slice("web-2", "5")},
+		{slice("web-1", "6"), slice("web-3", "9")},
+	} {
+		for _, sl := range objs {
+			if err := w.slices[i].GetIndexer().Add(sl); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got := map[string]string{}
+	for _, sl := range w.SlicesOf("ns", "web") {
+		if _, dup := got[sl.Name]; dup {
+			t.Errorf("%s listed twice", sl.Name)
+		}
+		got[sl.Name] = sl.ResourceVersion
+	}
+	if want := map[string]string{"web-1": "7", "web-2": "5", "web-3": "9"}; !maps.Equal(got, want) {
+		t.Errorf("SlicesOf = %v, want %v", got, want)
 	}
 }
