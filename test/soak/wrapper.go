@@ -14,6 +14,9 @@ import (
 //	            writes held.<pid> (holding its table's name) and waits (at most 30 s)
 //	nft-fail    a percentage: that share of transactions fail before nft runs; each
 //	            failure appends a line to nft-failed
+//
+// It keeps each transaction in the control directory while it runs (tx.*): a wrapper
+// killed with the supervisor leaves it there, inside the soak's work directory.
 const nftWrapper = `#!/bin/sh
 # The soak's nft wrapper (test/soak/wrapper.go): fault injection for the supervisor.
 ctl=%q
@@ -23,7 +26,7 @@ case " $* " in
 *" -f - ") ;;
 *) exec "$real" "$@" ;;
 esac
-tmp=$(mktemp /tmp/soak-nft.XXXXXX) || exit 1
+tmp=$(mktemp "$ctl/tx.XXXXXX") || exit 1
 trap 'rm -f "$tmp"' EXIT
 cat >"$tmp"
 if [ -e "$ctl/hold-full" ] && grep -q '^flush map' "$tmp"; then
