@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/netns"
 )
@@ -53,6 +54,9 @@ type Options struct {
 	Out string
 	// ProfileDir, when set, receives CPU and heap profiles of every single-instance child.
 	ProfileDir string
+	// Modes are the load-balancing modes every scale is measured in (every Service of
+	// the instance in that mode); the first is the reference of the checks.
+	Modes []tables.LBMode
 }
 
 // Main runs the bench (or, with -child, one child) and returns the exit code.
@@ -103,10 +107,14 @@ func parseOptions(args []string) (Options, error) {
 	fs.IntVar(&o.Conns, "conns", 400, "TCP connections per per-packet measurement")
 	fs.StringVar(&o.Out, "out", "_output/bench/bench.json", "JSON report path")
 	fs.StringVar(&o.ProfileDir, "profile-dir", "", "write CPU (full and partial sync) and heap profiles of each scale here")
+	modes := fs.String("modes", "random", "comma-separated load-balancing modes to measure each scale in (random, roundRobin, sourceHash, consistentHash)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	var err error
+	if o.Modes, err = parseModes(*modes); err != nil {
+		return o, fmt.Errorf("-modes %q: %w", *modes, err)
+	}
 	if o.Scales, err = parseInts(*scales, 0); err != nil || len(o.Scales) == 0 {
 		return o, fmt.Errorf("-scales %q: want a comma-separated list of positive numbers", *scales)
 	}
@@ -135,6 +143,25 @@ func parseInts(s string, maxScale int) ([]int, error) {
 			return nil, fmt.Errorf("%q is not a positive number", f)
 		}
 		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseModes parses a comma-separated list of load-balancing modes (at least one).
+func parseModes(s string) ([]tables.LBMode, error) {
+	var out []tables.LBMode
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		m, err := tables.ParseLBMode(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no mode")
 	}
 	return out, nil
 }
@@ -168,12 +195,14 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
 	rep := &Report{Machine: DescribeMachine(), Endpoints: o.Endpoints}
 	r := &runner{exe: exe, work: work, log: log}
-	for _, n := range o.Scales {
-		sr, err := r.scale(ctx, o, n)
-		if err != nil {
-			return r.finish(rep, start), fmt.Errorf("%d Services: %w", n, err)
+	for _, mode := range o.Modes {
+		for _, n := range o.Scales {
+			sr, err := r.scale(ctx, o, n, mode)
+			if err != nil {
+				return r.finish(rep, start), fmt.Errorf("%d Services, %s: %w", n, mode, err)
+			}
+			rep.Scales = append(rep.Scales, *sr)
 		}
-		rep.Scales = append(rep.Scales, *sr)
 	}
 	if len(o.PacketScales) > 0 {
 		pr, err := r.packet(ctx, o)
@@ -211,13 +240,14 @@ func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.log, "bench: "+format+"\n", args...)
 }
 
-// scale measures n Services: one instance, the floor, then several instances.
-func (r *runner) scale(ctx context.Context, o Options, n int) (*ScaleResult, error) {
-	sr := &ScaleResult{Services: n}
-	dump := filepath.Join(r.work, fmt.Sprintf("ruleset-%d.nft", n))
-	r.logf("%d Services × %d endpoints: one instance (full sync, resync, partial syncs)", n, o.Endpoints)
+// scale measures n Services in one load-balancing mode: one instance, the floor, then
+// (in the first mode only) several instances.
+func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode) (*ScaleResult, error) {
+	sr := &ScaleResult{Services: n, Mode: mode}
+	dump := filepath.Join(r.work, fmt.Sprintf("ruleset-%d-%s.nft", n, mode))
+	r.logf("%d Services × %d endpoints, %s: one instance (full sync, resync, partial syncs)", n, o.Endpoints, mode)
 	single := &childOptions{mode: "single", services: n, endpoints: o.Endpoints, instances: 1,
-		samples: o.Samples, dump: dump, cpuProfile: o.ProfileDir}
+		samples: o.Samples, dump: dump, cpuProfile: o.ProfileDir, lbMode: mode}
 	if err := r.child(ctx, single, &sr.ChildResult); err != nil {
 		return nil, err
 	}
@@ -233,7 +263,7 @@ func (r *runner) scale(ctx context.Context, o Options, n int) (*ScaleResult, err
 	sr.Floor = floor
 	sr.FullOverFloor = sr.Full.Seconds / floor.Seconds
 
-	if o.Instances > 1 {
+	if o.Instances > 1 && mode == o.Modes[0] {
 		r.logf("%d Services: %d instances × %d Services in one process", n, o.Instances, n/o.Instances)
 		multi := &childOptions{mode: "multi", services: n, endpoints: o.Endpoints, instances: o.Instances, samples: 1}
 		var mr MultiResult

@@ -45,16 +45,17 @@ type childOptions struct {
 	endpoints  int
 	instances  int
 	samples    int
-	dump       string // single: write `nft list ruleset` after the full sync here
-	cpuProfile string // single: write CPU and heap profiles into this directory
-	target     string // load: Service 0's only endpoint, ip:port
+	dump       string        // single: write `nft list ruleset` after the full sync here
+	cpuProfile string        // single: write CPU and heap profiles into this directory
+	target     string        // load: Service 0's only endpoint, ip:port
+	lbMode     tables.LBMode // single: every Service's load-balancing mode
 }
 
 func (o *childOptions) args() []string {
 	return []string{"-child", o.mode,
 		"-services", strconv.Itoa(o.services), "-endpoints", strconv.Itoa(o.endpoints),
 		"-instances", strconv.Itoa(o.instances), "-samples", strconv.Itoa(o.samples),
-		"-dump", o.dump, "-cpuprofile", o.cpuProfile, "-target", o.target}
+		"-dump", o.dump, "-cpuprofile", o.cpuProfile, "-target", o.target, "-lb-mode", string(o.lbMode)}
 }
 
 func parseChild(args []string) (*childOptions, error) {
@@ -68,10 +69,13 @@ func parseChild(args []string) (*childOptions, error) {
 	fs.StringVar(&o.dump, "dump", "", "")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "")
 	fs.StringVar(&o.target, "target", "", "")
+	lbMode := fs.String("lb-mode", "", "")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	return o, nil
+	var err error
+	o.lbMode, err = tables.ParseLBMode(*lbMode)
+	return o, err
 }
 
 // runChild runs one child and writes its result to out.
@@ -116,8 +120,9 @@ func tableConfig(slot int) tables.Config {
 	}
 }
 
-// newInstance opens an instance as the supervisor does (both families), with timed nft.
-func newInstance(name string, slot int) (*benchInstance, error) {
+// newInstance opens an instance as the supervisor does (both families), with timed nft,
+// every Service in load-balancing mode lb.
+func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error) {
 	bi := &benchInstance{}
 	p, err := instance.New(instance.Options{
 		Name:     name,
@@ -137,6 +142,7 @@ func newInstance(name string, slot int) (*benchInstance, error) {
 			return tables.NewNetlinkWriter(cfg)
 		},
 		ElementsPerCommand: tables.MaxElementsPerCommand,
+		LoadBalancing:      instance.LoadBalancing{Mode: lb},
 		Node:               instance.NodeInfo{Name: gen.NodeName},
 	})
 	if err != nil {
@@ -219,7 +225,7 @@ func (bi *benchInstance) feed(c *gen.Cluster, keep func(i int) bool) {
 // populated table, and the partial syncs.
 func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	c := gen.Generate(o.services, o.endpoints)
-	bi, err := newInstance("bench", 0)
+	bi, err := newInstance("bench", 0, o.lbMode)
 	if err != nil {
 		return nil, err
 	}
@@ -369,7 +375,7 @@ func childMulti(ctx context.Context, o *childOptions) (*MultiResult, error) {
 	c := gen.Generate(o.services, o.endpoints)
 	var insts []*benchInstance
 	for k := range o.instances {
-		bi, err := newInstance(fmt.Sprintf("bench-%c", 'a'+k), k)
+		bi, err := newInstance(fmt.Sprintf("bench-%c", 'a'+k), k, tables.LBRandom)
 		if err != nil {
 			return nil, err
 		}
@@ -419,7 +425,7 @@ func childLoad(ctx context.Context, o *childOptions) error {
 	if c.Services[0].Spec.Type != corev1.ServiceTypeClusterIP {
 		return errors.New("Service 0 of the mix is not a ClusterIP Service")
 	}
-	bi, err := newInstance("bench", 0)
+	bi, err := newInstance("bench", 0, tables.LBRandom)
 	if err != nil {
 		return err
 	}

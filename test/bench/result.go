@@ -1,5 +1,7 @@
 package bench
 
+import "github.com/shardproxy/shardproxy/tables"
+
 // Report is everything one run measured; it is written as JSON.
 type Report struct {
 	Machine   Machine       `json:"machine"`
@@ -25,6 +27,8 @@ type Machine struct {
 // ScaleResult is one number of Services.
 type ScaleResult struct {
 	Services int `json:"services"`
+	// Mode is the load-balancing mode of every Service.
+	Mode tables.LBMode `json:"mode"`
 	ChildResult
 	// Floor is the time `nft -f` alone takes to load the ruleset the full sync left
 	// (its `nft list ruleset` dump) into a fresh namespace: the best any proxy could do.
