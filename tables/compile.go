@@ -245,13 +245,22 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	chain, slots := pc.picker(class, eps)
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	epSet, strs := endpointsMap(epMap, en.proto), pc.endpointStrings(class, eps)
-	for i, ep := range slots {
+	n := len(eps)
+	if slots != nil {
+		n = len(slots)
+	}
+	for i := range n {
+		ep := i
+		if slots != nil {
+			ep = slots[i]
+		}
 		pc.add(en, element{set: epSet, isMap: true, key: []string{key[0], key[2], strconv.Itoa(i)}, value: strs[ep]})
 	}
 }
 
 // picker returns the chain that picks among eps for class in the port's mode, and the
-// endpoint index of each element of the entry's endpoint map. The pick chains are
+// endpoint index of each element of the entry's endpoint map (nil: element i is
+// endpoint i, every mode but consistentHash). The pick chains are
 // shared by every port with the same mode and count; round robin needs a counter of the
 // port's own, so its chain is the port's (rrChain).
 func (pc *portCompiler) picker(class string, eps []Endpoint) (string, []int) {
@@ -263,11 +272,11 @@ func (pc *portCompiler) picker(class string, eps []Endpoint) (string, []int) {
 		pc.pick[chain] = true
 		return chain, slots
 	case LBRoundRobin:
-		return pc.rrChain(cluster, len(eps)), identity(len(eps))
+		return pc.rrChain(cluster, len(eps)), nil
 	}
 	chain := pickChainFor(pc.mode, cluster, len(eps))
 	pc.pick[chain] = true
-	return chain, identity(len(eps))
+	return chain, nil
 }
 
 // consistentSlots is the consistent-hash table of a class's endpoints, built once per

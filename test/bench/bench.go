@@ -44,7 +44,8 @@ type Options struct {
 	Instances int
 	// Samples per partial-sync scenario.
 	Samples int
-	// FloorRuns is how often `nft -f` of the final ruleset is timed (the best counts).
+	// FloorRuns is how often `nft -f` of the final ruleset is timed (the best counts); 0
+	// skips the floor.
 	FloorRuns int
 	// PacketScales are the Service counts the per-packet cost is compared at (empty: skip).
 	PacketScales []int
@@ -103,7 +104,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.IntVar(&o.Endpoints, "endpoints", 10, "endpoints per Service")
 	fs.IntVar(&o.Instances, "instances", 4, "instances for the multi-instance comparison (1 skips it)")
 	fs.IntVar(&o.Samples, "samples", 21, "samples per partial-sync scenario")
-	fs.IntVar(&o.FloorRuns, "floor-runs", 2, "times `nft -f` of the final ruleset is timed (the best counts)")
+	fs.IntVar(&o.FloorRuns, "floor-runs", 2, "times `nft -f` of the final ruleset is timed (the best counts); 0 skips it and the `nft list ruleset` it needs (minutes at millions of elements)")
 	fs.IntVar(&o.Conns, "conns", 400, "TCP connections per per-packet measurement")
 	fs.StringVar(&o.Out, "out", "_output/bench/bench.json", "JSON report path")
 	fs.StringVar(&o.ProfileDir, "profile-dir", "", "write CPU (full and partial sync) and heap profiles of each scale here")
@@ -121,8 +122,8 @@ func parseOptions(args []string) (Options, error) {
 	if o.PacketScales, err = parseInts(*packet, slices.Max(o.Scales)); err != nil {
 		return o, fmt.Errorf("-packet-scales %q: %w", *packet, err)
 	}
-	if o.Endpoints < 1 || o.Samples < 1 || o.FloorRuns < 1 || o.Conns < 10 {
-		return o, errors.New("-endpoints, -samples and -floor-runs must be positive, -conns at least 10")
+	if o.Endpoints < 1 || o.Samples < 1 || o.FloorRuns < 0 || o.Conns < 10 {
+		return o, errors.New("-endpoints and -samples must be positive, -floor-runs not negative, -conns at least 10")
 	}
 	return o, nil
 }
@@ -244,7 +245,10 @@ func (r *runner) logf(format string, args ...any) {
 // (in the first mode only) several instances.
 func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode) (*ScaleResult, error) {
 	sr := &ScaleResult{Services: n, Mode: mode}
-	dump := filepath.Join(r.work, fmt.Sprintf("ruleset-%d-%s.nft", n, mode))
+	dump := ""
+	if o.FloorRuns > 0 {
+		dump = filepath.Join(r.work, fmt.Sprintf("ruleset-%d-%s.nft", n, mode))
+	}
 	r.logf("%d Services × %d endpoints, %s: one instance (full sync, resync, partial syncs)", n, o.Endpoints, mode)
 	single := &childOptions{mode: "single", services: n, endpoints: o.Endpoints, instances: 1,
 		samples: o.Samples, dump: dump, cpuProfile: o.ProfileDir, lbMode: mode}
@@ -254,14 +258,16 @@ func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode
 	r.logf("%d Services: full sync %.2fs (nft %.2fs), 1-endpoint partial %.1fms", n,
 		sr.Full.Seconds, sr.Full.NFTSeconds, sr.Partial[0].MedianMS)
 
-	r.logf("%d Services: nft -f of the final ruleset (%d bytes) into a fresh namespace", n, sr.DumpBytes)
-	floor, err := r.floor(ctx, dump, o.FloorRuns)
-	if err != nil {
-		return nil, err
+	if dump != "" {
+		r.logf("%d Services: nft -f of the final ruleset (%d bytes) into a fresh namespace", n, sr.DumpBytes)
+		floor, err := r.floor(ctx, dump, o.FloorRuns)
+		if err != nil {
+			return nil, err
+		}
+		_ = os.Remove(dump)
+		sr.Floor = floor
+		sr.FullOverFloor = sr.Full.Seconds / floor.Seconds
 	}
-	_ = os.Remove(dump)
-	sr.Floor = floor
-	sr.FullOverFloor = sr.Full.Seconds / floor.Seconds
 
 	if o.Instances > 1 && mode == o.Modes[0] {
 		r.logf("%d Services: %d instances × %d Services in one process", n, o.Instances, n/o.Instances)

@@ -71,7 +71,9 @@ func evaluateScales(rep *Report, scales []ScaleResult, check func(name string, v
 	if s := by[targetScale]; s != nil {
 		check("10k: partial sync, 1 endpoint changed, median", s.Partial[0].MedianMS, targetPartialMS, "ms")
 		check("10k: full sync", s.Full.Seconds, targetFullSeconds, "s")
-		check("10k: full sync / nft -f of the final ruleset", s.FullOverFloor, targetFullOverFloor, "×")
+		if s.FullOverFloor > 0 {
+			check("10k: full sync / nft -f of the final ruleset", s.FullOverFloor, targetFullOverFloor, "×")
+		}
 		if s.Multi != nil {
 			check(fmt.Sprintf("10k: memory per extra instance (%d × 2.5k vs 1 × 10k, peak RSS)", s.Multi.Instances),
 				s.ExtraInstanceMB, targetExtraInstance, "MB")
