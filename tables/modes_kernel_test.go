@@ -32,6 +32,8 @@ const (
 	// lbEvenness is 1.6 sigma and ten endpoints all stay within it only about a third
 	// of the time, for any hash of the client; 40% is 4.2 sigma.
 	lbFewClientsSpread = 0.40
+	// lbRoundRobinSpread bounds roundRobin's spread: exact (0) but for stray packets.
+	lbRoundRobinSpread = 0.03
 )
 
 // lbBench is a topology whose client namespace holds lbClients extra addresses, with
@@ -246,8 +248,14 @@ func TestModesThroughRealKernel(t *testing.T) {
 					case mode == LBConsistentHash && worst > lbFewClientsSpread:
 						t.Errorf("an endpoint is %.1f%% off the mean over %d clients; want at most %.0f%%", 100*worst, lbClients, 100*lbFewClientsSpread)
 					}
-					if mode == LBRoundRobin && worst != 0 {
-						t.Errorf("round robin over %d connections: %v; want exactly %d each", lbConnections, counts, lbConnections/lbEndpoints)
+					// Round robin is exact only when every packet the nat chain sees as new
+					// is one of ours: a late packet of an earlier connection that conntrack
+					// picks up as new (tcp_loose) also advances the counter and skips one
+					// endpoint. Each such packet costs one endpoint one connection: it takes
+					// about 300 of them to leave lbRoundRobinSpread, which random (5-8% off
+					// here) does not stay within.
+					if mode == LBRoundRobin && worst > lbRoundRobinSpread {
+						t.Errorf("round robin over %d connections: %v; want each within %.0f%% of %d", lbConnections, counts, 100*lbRoundRobinSpread, lbConnections/lbEndpoints)
 					}
 					if mode == LBSourceHash || mode == LBConsistentHash {
 						b.hashMode(t, s, &p, got)
