@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare image cluster
 
 all: build
 
@@ -25,13 +25,29 @@ build:
 print-image:
 	@echo $(IMAGE)
 
-# deps installs the host tools (nftables, conntrack, iproute2, etcd) that the proxy and
-# the tests use, and builds kube-apiserver v1.36.3 from the Go module into the cache
-# (~/.cache/shardproxy; minutes the first time, seconds after), and kube-proxy v1.36.3 for
-# the coexistence and migration e2e.
+# deps installs the host tools (nftables, conntrack, iproute2, etcd; containerd, runc, CNI
+# plugins, mmdebstrap, umoci for the cluster layer) that the proxy and the tests use, and
+# builds kube-apiserver v1.36.3 from the Go module into the cache (~/.cache/shardproxy;
+# minutes the first time, seconds after), kube-proxy v1.36.3 for the coexistence and
+# migration e2e, and the cluster layer's kubelet, kube-controller-manager,
+# kube-scheduler, kubectl and CoreDNS.
 deps:
 	hack/install-deps.sh
-	hack/build-apiserver.sh --all
+	hack/build-apiserver.sh --all --node --dns
+
+# image builds, offline, the image deploy/Dockerfile describes (same packages, flags,
+# capabilities, user and entrypoint; deploy/image_test.go keeps them in step) as an OCI
+# archive in ~/.cache/shardproxy/images, for `ctr images import --base-name
+# localhost/shardproxy`, tagged VERSION.
+image:
+	hack/install-deps.sh
+	TAG=$(VERSION) hack/build-image.sh shardproxy
+
+# cluster runs the cluster layer alone (test/cluster): a real node (containerd, kubelet,
+# CoreDNS) on a throwaway control plane running deploy/'s overlays with the image built
+# from the repository, then torn down. Root only.
+cluster: deps
+	$(GO) test -count=1 -timeout 30m -v ./test/cluster
 
 vet:
 	$(GO) vet $(PKGS)

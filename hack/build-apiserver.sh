@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# build-apiserver.sh builds kube-apiserver (and, on request, kube-proxy) from the
-# k8s.io/kubernetes Go module pinned in hack/tools/go.mod, into a cache directory:
+# build-apiserver.sh builds kube-apiserver (and, on request, kube-proxy and the node
+# components of the cluster layer) from the k8s.io/kubernetes Go module pinned in
+# hack/tools/go.mod, into a cache directory:
 #
 #   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/bin/<name>-<version>
 #
 # A binary that is already there is not rebuilt. The first kube-apiserver build takes
 # several minutes on two cores; kube-proxy shares most of the build cache afterwards.
 #
-# Usage: hack/build-apiserver.sh [--kube-proxy | --all | --print-path] [NAME...]
+# Usage: hack/build-apiserver.sh [--kube-proxy | --all | --node | --print-path] [NAME...]
 #   (no arguments)  build kube-apiserver
 #   --kube-proxy    build kube-proxy only
 #   --all           build kube-apiserver and kube-proxy
+#   --node          build kubelet, kube-controller-manager, kube-scheduler and kubectl
+#                   (test/cluster)
+#   --conformance   build upstream's e2e.test and agnhost (test/cluster's conformance run)
+#   --dns           build CoreDNS from hack/tools/coredns (test/cluster's cluster DNS),
+#                   cached as coredns-<CoreDNS version>
 #   --print-path    print the cached path of each NAME (default kube-apiserver), build nothing
-#   NAME...         any of: kube-apiserver kube-proxy
+#   NAME...         any of: kube-apiserver kube-proxy kubelet kube-controller-manager
+#                   kube-scheduler kubectl e2e.test agnhost coredns
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,8 +40,13 @@ for arg in "$@"; do
 	case "${arg}" in
 	--kube-proxy) names+=(kube-proxy) ;;
 	--all) names+=(kube-apiserver kube-proxy) ;;
+	--node) names+=(kubelet kube-controller-manager kube-scheduler kubectl) ;;
+	--conformance) names+=(e2e.test agnhost) ;;
+	--dns) names+=(coredns) ;;
 	--print-path) print_path=true ;;
-	kube-apiserver | kube-proxy) names+=("${arg}") ;;
+	kube-apiserver | kube-proxy | kubelet | kube-controller-manager | kube-scheduler | kubectl | e2e.test | agnhost | coredns)
+		names+=("${arg}")
+		;;
 	-h | --help)
 		sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
 		exit 0
@@ -49,14 +61,30 @@ if [[ ${#names[@]} -eq 0 ]]; then
 	names=(kube-apiserver)
 fi
 
+# CoreDNS has its own module and version; everything else is Kubernetes'.
+coredns_version="$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }' "${tools}/coredns/go.mod")"
+version_of() {
+	if [[ "$1" == coredns ]]; then echo "${coredns_version}"; else echo "${version}"; fi
+}
+
 if ${print_path}; then
 	for name in "${names[@]}"; do
-		echo "${bindir}/${name}-${version}"
+		echo "${bindir}/${name}-$(version_of "${name}")"
 	done
 	exit 0
 fi
 
 mkdir -p "${bindir}"
+
+# Nothing to do when every binary is there: return without waiting for another build's
+# lock (a long e2e.test build must not hold up a test that only needs the cached kubelet).
+all_there=true
+for name in "${names[@]}"; do
+	[[ -x "${bindir}/${name}-$(version_of "${name}")" ]] || all_there=false
+done
+if ${all_there}; then
+	exit 0
+fi
 
 # Serialize builds: tests in several packages may ask for the binary at the same time, and
 # the second one should wait and then find it, not build it again.
@@ -81,12 +109,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 for name in "${names[@]}"; do
-	out="${bindir}/${name}-${version}"
+	out="${bindir}/${name}-$(version_of "${name}")"
 	if [[ -x "${out}" ]]; then
 		echo "build-apiserver: ${out} exists, not rebuilding"
 		continue
 	fi
-	echo "build-apiserver: building ${name} ${version} (this takes minutes the first time)"
+	echo "build-apiserver: building ${name} $(version_of "${name}") (this takes minutes the first time)"
 	start=${SECONDS}
 	# Build into a temporary name and rename, so an interrupted build never leaves a
 	# truncated binary where the next run would take it as done.
@@ -96,9 +124,30 @@ for name in "${names[@]}"; do
 		cd "${tools}"
 		echo "build-apiserver: downloading modules"
 		go mod download
-		echo "build-apiserver: compiling k8s.io/kubernetes/cmd/${name}"
-		CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${tmp}" \
-			"k8s.io/kubernetes/cmd/${name}"
+		case "${name}" in
+		coredns)
+			cd coredns
+			echo "build-apiserver: compiling CoreDNS (hack/tools/coredns)"
+			go mod download
+			CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "${tmp}" .
+			;;
+		e2e.test)
+			# Upstream's end-to-end suite is the test binary of test/e2e.
+			echo "build-apiserver: compiling the tests of k8s.io/kubernetes/test/e2e"
+			CGO_ENABLED=0 go test -c -trimpath -ldflags="${ldflags}" -o "${tmp}" \
+				k8s.io/kubernetes/test/e2e
+			;;
+		agnhost)
+			echo "build-apiserver: compiling k8s.io/kubernetes/test/images/agnhost"
+			CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${tmp}" \
+				k8s.io/kubernetes/test/images/agnhost
+			;;
+		*)
+			echo "build-apiserver: compiling k8s.io/kubernetes/cmd/${name}"
+			CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${tmp}" \
+				"k8s.io/kubernetes/cmd/${name}"
+			;;
+		esac
 	)
 	mv -f "${tmp}" "${out}"
 	trap - EXIT

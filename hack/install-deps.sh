@@ -2,7 +2,11 @@
 # install-deps.sh installs the host tools the tests, the e2e suite and the proxy use, on
 # Debian, as root: nftables (nft), conntrack, etcd-server (etcd), iproute2 (ip) and iptables
 # (the nft backend: the coexistence e2e runs upstream kube-proxy in iptables mode), and
-# libcap2-bin (setcap: the non-root test gives the binaries file capabilities). Only
+# libcap2-bin (setcap: the non-root test gives the binaries file capabilities), and for the
+# cluster layer's real node (test/cluster): containerd, runc, the CNI plugins
+# (containernetworking-plugins), and mmdebstrap and umoci, which build its images offline
+# (hack/build-image.sh). The packaged containerd service is not started (policy-rc.d
+# below; test/cluster runs its own containerd with its own paths). Only
 # missing tools are installed and `apt-get update` runs at most once, so running it again
 # is cheap.
 #
@@ -18,10 +22,15 @@ declare -A pkg_for=(
 	[ip]=iproute2
 	[iptables]=iptables
 	[setcap]=libcap2-bin
+	[containerd]=containerd
+	[runc]=runc
+	[/usr/lib/cni/bridge]=containernetworking-plugins
+	[mmdebstrap]=mmdebstrap
+	[umoci]=umoci
 )
 
 missing=()
-for cmd in nft conntrack etcd ip iptables setcap; do
+for cmd in nft conntrack etcd ip iptables setcap containerd runc /usr/lib/cni/bridge mmdebstrap umoci; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
 		missing+=("${pkg_for[${cmd}]}")
 	fi
@@ -55,5 +64,9 @@ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if [[ " ${missing[*]} " == *" etcd-server "* ]] && command -v systemctl >/dev/null 2>&1 &&
 	[[ -d /run/systemd/system ]]; then
 	systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi
+if [[ " ${missing[*]} " == *" containerd "* ]] && command -v systemctl >/dev/null 2>&1 &&
+	[[ -d /run/systemd/system ]]; then
+	systemctl disable --now containerd.service >/dev/null 2>&1 || true
 fi
 echo "install-deps: done"

@@ -1,17 +1,19 @@
-# layers.sh is sourced by test.sh and flakes.sh: it sets unit, kernel, integration and
-# e2e to the packages of each test layer. Every package lands in exactly one layer:
-# anything not listed as kernel, integration or e2e is unit. Needs ${go}.
+# layers.sh is sourced by test.sh and flakes.sh: it sets unit, kernel, integration, e2e
+# and cluster to the packages of each test layer. Every package lands in exactly one
+# layer: anything not listed as kernel, integration, e2e or cluster is unit. Needs ${go}.
 
 module="$(${go} list -m)"
 kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|supervisor/healthcheck|legacy|cmd/shardproxy)(/.*)?$"
 integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
 e2e_re="^${module}/test/e2e(/.*)?$"
+cluster_re="^${module}/test/cluster(/.*)?$"
 
 all="$(${go} list ./...)"
 kernel="$(grep -E "${kernel_re}" <<<"${all}" || true)"
 integration="$(grep -E "${integration_re}" <<<"${all}" || true)"
 e2e="$(grep -E "${e2e_re}" <<<"${all}" || true)"
-unit="$(grep -vE "${kernel_re}|${integration_re}|${e2e_re}" <<<"${all}" || true)"
+cluster="$(grep -E "${cluster_re}" <<<"${all}" || true)"
+unit="$(grep -vE "${kernel_re}|${integration_re}|${e2e_re}|${cluster_re}" <<<"${all}" || true)"
 
 # The soak layer is a program (test/soak/cmd/shardproxy-soak), not a go test package (its
 # package's own tests are unit tests): test.sh runs hack/soak.sh for soak_ci_duration.

@@ -8,11 +8,13 @@
 #   e2e          the real `shardproxy run` binary on a control plane + node namespaces
 #   soak         hack/soak.sh for 2 minutes: churn and every kind of fault once, the
 #                kernel checked against render at checkpoints (SKIP_SOAK=1 skips it)
+#   cluster      a real node (containerd, kubelet, CoreDNS) running deploy/'s overlays with
+#                the image built from the repository (test/cluster)
 #   fuzz         the fuzz targets (config decoder, Service model), briefly
 #   demo         `make demo --once`: the README's main job, end to end
 #
-# Every package lands in exactly one layer: anything not listed as kernel, integration or
-# e2e is unit. Root is required (CI is root). Exits non-zero if any layer failed, after
+# Every package lands in exactly one layer: anything not listed as kernel, integration,
+# e2e or cluster is unit. Root is required (CI is root). Exits non-zero if any layer failed, after
 # running them all.
 set -uo pipefail
 
@@ -48,6 +50,9 @@ layer unit 10m 2 ${unit}
 layer real-kernel 15m 2 ${kernel}
 layer integration 15m 2 ${integration}
 layer e2e 20m 1 ${e2e}
+# The cluster layer runs alone for the same reason; the first run builds the node's
+# binaries and images (cached in ~/.cache/shardproxy).
+layer cluster 30m 1 ${cluster}
 
 # soak: the short soak, every fault kind once (make soak runs the long one).
 if [[ "${SKIP_SOAK:-}" == "" ]]; then

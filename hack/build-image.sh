@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# build-image.sh builds container images offline, as OCI archives that
+# `ctr images import --base-name localhost/NAME` takes, into
+#
+#   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/images/<name>-<tag>.tar
+#
+# No registry is reachable here, so nothing is pulled: a Debian root filesystem comes from
+# mmdebstrap (Debian's packages, the host's apt sources), is cached per package list, and
+# umoci packs it with the binaries into an image. Images:
+#
+#   shardproxy  what deploy/Dockerfile describes: Debian bookworm with the packages of
+#               ${shardproxy_packages[@]}, the binary built from this repository with the
+#               Dockerfile's flags, cap_net_admin on it and on nft, user 65532, the binary
+#               as entrypoint (deploy/image_test.go keeps the two in step). Tag: $TAG
+#               (default dev); always rebuilt (the repository changes).
+#   pause       hack/pause, the node's sandbox image (static, nothing else).
+#   coredns     CoreDNS from hack/tools/coredns (static, nothing else).
+#   agnhost     upstream's test image: agnhost from the k8s.io/kubernetes module on Debian
+#               with the tools upstream's e2e tests exec in it (GNU wget, OpenBSD nc, curl,
+#               dig, ...). Busybox's wget crashes on these machines.
+#
+# Usage: hack/build-image.sh NAME...   prints each archive's path, one a line, on stdout
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${SHARDPROXY_CACHE:-${HOME}/.cache/shardproxy}"
+images="${cache}/images"
+tag="${TAG:-dev}"
+go="${GO:-go}"
+
+# The shardproxy image's packages, entrypoint, user and build flags: deploy/Dockerfile's.
+shardproxy_packages=(nftables conntrack iproute2 kmod)
+shardproxy_entrypoint=/usr/local/bin/shardproxy
+shardproxy_user=65532:65532
+shardproxy_ldflags="-s -w -X main.version=${tag}"
+shardproxy_caps=(/usr/local/bin/shardproxy /usr/sbin/nft)
+# agnhost's tools: what upstream's network tests run with `kubectl exec`.
+agnhost_packages=(wget curl netcat-openbsd bash iproute2 iputils-ping dnsutils procps conntrack)
+suite=bookworm
+
+log() { echo "build-image: $*" >&2; }
+
+for tool in mmdebstrap umoci setcap; do
+	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${tool}" >/dev/null; then
+		log "${tool} is missing: run hack/install-deps.sh"
+		exit 1
+	fi
+done
+mkdir -p "${images}"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/shardproxy-image.XXXXXX")"
+trap 'rm -rf "${work}"' EXIT
+
+# rootfs PACKAGE... prints a directory holding a cached Debian root filesystem with the
+# packages (minbase: dpkg, apt, coreutils, bash, ...), building it the first time.
+rootfs() {
+	local key dir
+	key="$(printf '%s\n' "${suite}" "$@" | sha256sum | cut -c1-12)"
+	dir="${images}/rootfs-${suite}-${key}"
+	# One build of a root filesystem at a time; other images need not wait.
+	exec 9>"${dir}.lock"
+	flock 9
+	if [[ ! -d "${dir}" ]]; then
+		log "mmdebstrap ${suite} with $* (once; cached in ${dir})"
+		rm -rf "${dir}.tmp"
+		local include
+		include="$(
+			IFS=,
+			echo "$*"
+		)"
+		mmdebstrap --quiet --variant=minbase --include="${include}" \
+			--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+			--dpkgopt='path-exclude=/usr/share/locale/*' \
+			"${suite}" "${dir}.tmp" >&2
+		rm -rf "${dir}.tmp/var/lib/apt/lists"/* "${dir}.tmp/var/cache/apt"/*
+		mv "${dir}.tmp" "${dir}"
+	fi
+	exec 9>&-
+	echo "${dir}"
+}
+
+# pack NAME TAG ROOTFS_DIR ENTRYPOINT USER [CMD...] writes the OCI archive of one layer
+# (ROOTFS_DIR) and prints its path.
+pack() {
+	local name="$1" ref="$2" dir="$3" entrypoint="$4" user="$5"
+	shift 5
+	local layout="${work}/${name}-layout" out="${images}/${name}-${ref}.tar"
+	rm -rf "${layout}"
+	umoci init --layout "${layout}"
+	umoci new --image "${layout}:${ref}"
+	umoci insert --image "${layout}:${ref}" "${dir}" /
+	local args=(--image "${layout}:${ref}" --config.entrypoint "${entrypoint}"
+		--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
+	[[ -n "${user}" ]] && args+=(--config.user "${user}")
+	for c in "$@"; do args+=(--config.cmd "${c}"); done
+	umoci config "${args[@]}"
+	umoci gc --layout "${layout}"
+	tar -C "${layout}" -cf "${out}.tmp.$$" .
+	mv -f "${out}.tmp.$$" "${out}"
+	log "built ${out} ($(du -h "${out}" | cut -f1))"
+	echo "${out}"
+}
+
+# static NAME TAG BINARY ENTRY [CMD...]: an image of one static binary at /ENTRY.
+static() {
+	local name="$1" ref="$2" bin="$3" entry="$4"
+	shift 4
+	local dir="${work}/${name}-root"
+	mkdir -p "${dir}/$(dirname "${entry}")"
+	cp "${bin}" "${dir}${entry}"
+	pack "${name}" "${ref}" "${dir}" "${entry}" "" "$@"
+}
+
+# copyroot SRC DST: a writable copy of a cached root filesystem (hard links are not
+# enough: setcap and new files must not reach the cache).
+copyroot() {
+	cp -a "$1" "$2"
+}
+
+build_shardproxy() {
+	local base dir
+	base="$(rootfs "${shardproxy_packages[@]}")"
+	dir="${work}/shardproxy-root"
+	copyroot "${base}" "${dir}"
+	log "building shardproxy ${tag}"
+	(cd "${root}" && CGO_ENABLED=0 ${go} build -trimpath -buildvcs=false \
+		-ldflags "${shardproxy_ldflags}" -o "${dir}${shardproxy_entrypoint}" ./cmd/shardproxy)
+	for bin in "${shardproxy_caps[@]}"; do
+		setcap cap_net_admin=ep "${dir}${bin}"
+	done
+	pack shardproxy "${tag}" "${dir}" "${shardproxy_entrypoint}" "${shardproxy_user}"
+}
+
+build_agnhost() {
+	local base dir bin ref
+	bin="$("${root}/hack/build-apiserver.sh" --print-path agnhost)"
+	"${root}/hack/build-apiserver.sh" agnhost >&2
+	ref="$(agnhost_version)"
+	base="$(rootfs "${agnhost_packages[@]}")"
+	dir="${work}/agnhost-root"
+	copyroot "${base}" "${dir}"
+	cp "${bin}" "${dir}/agnhost"
+	pack agnhost "${ref}" "${dir}" /agnhost "" pause
+}
+
+# agnhost_version is the agnhost tag upstream's e2e tests ask for (their image manifest
+# in the k8s.io/kubernetes module: test/utils/image/manifest.go).
+agnhost_version() {
+	local mod
+	mod="$(cd "${root}/hack/tools" && ${go} list -m -f '{{.Dir}}' k8s.io/kubernetes)"
+	sed -n 's/.*configs\[Agnhost\] = Config{list.PromoterE2eRegistry, "agnhost", "\([^"]*\)"}.*/\1/p' \
+		"${mod}/test/utils/image/manifest.go" | head -1
+}
+
+for name in "$@"; do
+	case "${name}" in
+	shardproxy) build_shardproxy ;;
+	pause)
+		(cd "${root}" && CGO_ENABLED=0 ${go} build -trimpath -ldflags "-s -w" -o "${work}/pause" ./hack/pause)
+		static pause 3.10 "${work}/pause" /pause
+		;;
+	coredns)
+		"${root}/hack/build-apiserver.sh" --dns >&2
+		bin="$("${root}/hack/build-apiserver.sh" --print-path --dns)"
+		static coredns "${bin##*-}" "${bin}" /coredns
+		;;
+	agnhost) build_agnhost ;;
+	*)
+		log "unknown image ${name} (shardproxy, pause, coredns, agnhost)"
+		exit 2
+		;;
+	esac
+done

@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// nodeBinaries are the Kubernetes binaries the cluster runs, built by
+// hack/build-apiserver.sh --node into the cache.
+var nodeBinaries = []string{"kubelet", "kube-controller-manager", "kube-scheduler", "kubectl"}
+
+// checkTools fails with the list of every host tool the node needs that is missing
+// (hack/install-deps.sh --cluster installs them).
+func checkTools() error {
+	var missing []string
+	for _, tool := range []string{"containerd", "runc", "ctr", "nsenter", "umoci", "mmdebstrap", "setcap"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool)
+		}
+	}
+	for _, plugin := range []string{"bridge", "host-local", "portmap", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBinDir, plugin)); err != nil {
+			missing = append(missing, "CNI plugin "+plugin)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("missing %s: run hack/install-deps.sh", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// buildBinaries returns the cached node binaries, building the missing ones.
+func buildBinaries(ctx context.Context, opts Options) (map[string]string, error) {
+	script := filepath.Join(opts.RepoRoot, "hack", "build-apiserver.sh")
+	out, err := exec.CommandContext(ctx, script, append([]string{"--print-path"}, nodeBinaries...)...).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --print-path: %w", script, err)
+	}
+	paths := strings.Fields(string(out))
+	if len(paths) != len(nodeBinaries) {
+		return nil, fmt.Errorf("%s --print-path printed %q", script, out)
+	}
+	bins := map[string]string{}
+	var missing []string
+	for i, name := range nodeBinaries {
+		bins[name] = paths[i]
+		if _, err := os.Stat(paths[i]); err != nil {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		opts.Logf("cluster: building %v (minutes the first time)", missing)
+		cmd := exec.CommandContext(ctx, script, missing...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("building %v: %w: %s", missing, err, out)
+		}
+	}
+	return bins, nil
+}
+
+// BuildImages runs hack/build-image.sh for the named images and returns each archive.
+func BuildImages(ctx context.Context, repoRoot string, env []string, names ...string) (map[string]string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(repoRoot, "hack", "build-image.sh"), names...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("hack/build-image.sh %v: %w: %s", names, err, stderr.String())
+	}
+	paths := strings.Fields(string(out))
+	if len(paths) != len(names) {
+		return nil, fmt.Errorf("hack/build-image.sh %v printed %q", names, out)
+	}
+	archives := map[string]string{}
+	for i, name := range names {
+		archives[name] = paths[i]
+	}
+	return archives, nil
+}
+
+// importImages builds the node's own images (pause, CoreDNS) and imports them with the
+// caller's into containerd.
+func (c *Cluster) importImages(ctx context.Context) error {
+	own, err := BuildImages(ctx, c.opts.RepoRoot, nil, "pause", "coredns")
+	if err != nil {
+		return err
+	}
+	c.dnsArchive = own["coredns"]
+	for name, archive := range c.opts.Images {
+		own[name] = archive
+	}
+	names := make([]string, 0, len(own))
+	for name := range own {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := c.ImportImage(ctx, name, own[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ImportImage imports an OCI archive of hack/build-image.sh as localhost/NAME:TAG (the
+// tag is the archive's).
+func (c *Cluster) ImportImage(ctx context.Context, name, archive string) error {
+	_, err := c.ctr(ctx, "images", "import", "--base-name", "localhost/"+name, archive)
+	return err
+}
+
+// TagImage gives an imported image another name (e.g. the one upstream's tests ask for).
+func (c *Cluster) TagImage(ctx context.Context, source, target string) error {
+	_, err := c.ctr(ctx, "images", "tag", "--force", source, target)
+	return err
+}

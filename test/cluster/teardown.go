@@ -1,0 +1,289 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/shardproxy/shardproxy/test/controlplane"
+)
+
+const (
+	dirPrefix = "shardproxy-cluster-"
+	stateFile = "state.json"
+	cgroupFS  = "/sys/fs/cgroup"
+	netnsDir  = "/run/netns"
+	// libModules is where a node keeps its kernel modules.
+	libModules = "/lib/modules"
+)
+
+// state is what teardown needs to undo a cluster, saved in its directory so that the next
+// Start can undo one whose test process was killed.
+type state struct {
+	Owner       int      `json:"owner"`
+	Dir         string   `json:"dir"`
+	Namespaces  []string `json:"namespaces"`
+	CgroupName  string   `json:"cgroupName"`
+	Sock        string   `json:"sock"`
+	NetnsBefore []string `json:"netnsBefore"`
+	// LibModules is set when Start created an empty /lib/modules: these VMs have none,
+	// and the replace overlay mounts it (type Directory) into its init container.
+	LibModules bool `json:"libModules"`
+}
+
+func (s state) save() error {
+	data, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.Dir, stateFile), data, 0o644)
+}
+
+// createCgroups creates the kubelet's cgroup root in every v1 hierarchy (the kubelet
+// refuses a root that does not exist); cpuset needs its CPUs and memory nodes filled in.
+func createCgroups(name string) error {
+	for _, h := range cgroupHierarchies() {
+		dir := filepath.Join(h, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("creating cgroup %s: %w", dir, err)
+		}
+		if filepath.Base(h) != "cpuset" {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			v, err := os.ReadFile(filepath.Join(h, f))
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
+				return fmt.Errorf("writing %s in %s: %w", f, dir, err)
+			}
+		}
+	}
+	return nil
+}
+
+// cgroupHierarchies are the mounted cgroup hierarchies (v1 controllers and the unified one).
+func cgroupHierarchies() []string {
+	entries, _ := os.ReadDir(cgroupFS)
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, filepath.Join(cgroupFS, e.Name()))
+		}
+	}
+	return out
+}
+
+// teardownNode ends every process of the node: the pods' (by cgroup), containerd, and
+// containerd's shims (by the socket they were started for).
+func teardownNode(s state, containerd *controlplane.Child, logf func(string, ...any)) error {
+	var errs []error
+	for range 50 {
+		pids := cgroupPids(s.CgroupName)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if pids := cgroupPids(s.CgroupName); len(pids) > 0 {
+		errs = append(errs, fmt.Errorf("pod processes %v survived SIGKILL", pids))
+	}
+	if containerd != nil {
+		errs = append(errs, containerd.Stop(10*time.Second))
+	} else {
+		killMatching("containerd --config "+filepath.Join(s.Dir, "containerd"), logf)
+	}
+	killMatching("-address "+s.Sock, logf)
+	return errors.Join(errs...)
+}
+
+// cgroupPids lists the processes in the cgroup subtree name of the pids hierarchy.
+func cgroupPids(name string) []int {
+	var pids []int
+	_ = filepath.WalkDir(filepath.Join(cgroupFS, "pids", name), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		data, _ := os.ReadFile(path)
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
+}
+
+// killMatching kills the processes whose command line contains pattern (a path of this
+// cluster's own directory, so nothing else matches) and waits for them to go.
+func killMatching(pattern string, logf func(string, ...any)) {
+	for range 50 {
+		pids := pidsMatching(pattern)
+		if len(pids) == 0 {
+			return
+		}
+		for _, pid := range pids {
+			logf("cluster teardown: killing %d (%s)", pid, pattern)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func pidsMatching(pattern string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(strings.ReplaceAll(string(data), "\x00", " "), pattern) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// teardownHost undoes what is left once no process of the cluster runs: mounts under its
+// directory and the pods' network namespaces, cgroups, the cluster's namespaces, files.
+func teardownHost(s state) error {
+	var errs []error
+	var mounts []string
+	for _, m := range mountPoints() {
+		if strings.HasPrefix(m, s.Dir+"/") {
+			mounts = append(mounts, m)
+		}
+	}
+	for _, ns := range listNetns() {
+		if strings.HasPrefix(ns, "cni-") && !slices.Contains(s.NetnsBefore, ns) {
+			mounts = append(mounts, filepath.Join(netnsDir, ns))
+		}
+	}
+	// Deepest first.
+	sort.Slice(mounts, func(i, j int) bool { return len(mounts[i]) > len(mounts[j]) })
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", m, err))
+		}
+		if strings.HasPrefix(m, netnsDir+"/") {
+			_ = os.Remove(m)
+		}
+	}
+	errs = append(errs, removeCgroups(s.CgroupName))
+	if s.LibModules {
+		if err := os.Remove(libModules); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for _, ns := range s.Namespaces {
+		if slices.Contains(listNetns(), ns) {
+			if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", ns, err, out))
+			}
+		}
+	}
+	if err := os.RemoveAll(s.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroups removes the cgroup subtree name in every hierarchy, deepest first.
+func removeCgroups(name string) error {
+	if name == "" {
+		return nil
+	}
+	var errs []error
+	for _, h := range cgroupHierarchies() {
+		var dirs []string
+		_ = filepath.WalkDir(filepath.Join(h, name), func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := removeCgroup(dirs[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroup retries briefly: a cgroup whose last process just died is busy a moment.
+func removeCgroup(dir string) error {
+	var err error
+	for range 50 {
+		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+}
+
+// mountPoints lists the mount points of this mount namespace.
+func mountPoints() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+			out = append(out, fields[4])
+		}
+	}
+	return out
+}
+
+func listNetns() []string {
+	entries, _ := os.ReadDir(netnsDir)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// removeStale tears down clusters whose test process died before it could.
+func removeStale(logf func(string, ...any)) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, dir := range dirs {
+		data, err := os.ReadFile(filepath.Join(dir, stateFile))
+		if err != nil {
+			continue
+		}
+		var s state
+		if json.Unmarshal(data, &s) != nil || s.Dir != dir || !errors.Is(syscall.Kill(s.Owner, 0), syscall.ESRCH) {
+			continue
+		}
+		logf("cluster: tearing down %s, left by dead process %d", dir, s.Owner)
+		if err := errors.Join(teardownNode(s, nil, logf), teardownHost(s)); err != nil {
+			logf("cluster: tearing down %s: %v", dir, err)
+		}
+	}
+}
