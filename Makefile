@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare image cluster
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare image cluster conformance
 
 all: build
 
@@ -30,10 +30,10 @@ print-image:
 # builds kube-apiserver v1.36.3 from the Go module into the cache (~/.cache/shardproxy;
 # minutes the first time, seconds after), kube-proxy v1.36.3 for the coexistence and
 # migration e2e, and the cluster layer's kubelet, kube-controller-manager,
-# kube-scheduler, kubectl and CoreDNS.
+# kube-scheduler, kubectl and CoreDNS, and upstream's e2e.test and agnhost.
 deps:
 	hack/install-deps.sh
-	hack/build-apiserver.sh --all --node --dns
+	hack/build-apiserver.sh --all --node --dns --conformance
 
 # image builds, offline, the image deploy/Dockerfile describes (same packages, flags,
 # capabilities, user and entrypoint; deploy/image_test.go keeps them in step) as an OCI
@@ -48,6 +48,14 @@ image:
 # from the repository, then torn down. Root only.
 cluster: deps
 	$(GO) test -count=1 -timeout 30m -v ./test/cluster
+
+# conformance runs every single-node [sig-network] Services test of upstream's e2e.test
+# v1.36.3 (built from the same module; the cluster layer runs only the [Conformance] ones)
+# on the cluster layer's node, once with shardproxy as the node's only proxy and once with
+# upstream kube-proxy in nftables mode, and prints both side by side (TestConformance).
+conformance: deps
+	hack/build-apiserver.sh --conformance
+	SHARDPROXY_CONFORMANCE=full $(GO) test -count=1 -timeout 60m -v -run 'TestConformance' ./test/cluster
 
 vet:
 	$(GO) vet $(PKGS)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,5 +104,68 @@ func TestInitContainerScript(t *testing.T) {
 		if !strings.Contains(script, cmd) {
 			t.Errorf("the script no longer uses %s: update this test and the Dockerfile's packages", cmd)
 		}
+	}
+}
+
+// TestMakeImageMatchesDockerfile keeps `make image` (hack/build-image.sh, which builds the
+// image offline for the cluster layer's node) in step with the Dockerfile users build:
+// the same Debian packages, build flags, file capabilities, user and entrypoint.
+func TestMakeImageMatchesDockerfile(t *testing.T) {
+	df, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := os.ReadFile(filepath.Join("..", "hack", "build-image.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shVar := func(name string) string {
+		m := regexp.MustCompile(`(?m)^` + name + `=(.*)$`).FindSubmatch(script)
+		if m == nil {
+			t.Fatalf("hack/build-image.sh sets no %s", name)
+		}
+		return strings.Trim(string(m[1]), `()"`)
+	}
+	sorted := func(s []string) string {
+		s = slices.Clone(s)
+		slices.Sort(s)
+		return strings.Join(s, " ")
+	}
+
+	install := strings.Fields(regexp.MustCompile(`apt-get install -y --no-install-recommends ([^\n&]*)`).FindStringSubmatch(string(df))[1])
+	// libcap2-bin only runs setcap in the Dockerfile and is purged again; the script runs
+	// the host's setcap on the root filesystem instead.
+	install = slices.DeleteFunc(install, func(p string) bool { return p == "libcap2-bin" || p == `\` })
+	if got, want := sorted(strings.Fields(shVar("shardproxy_packages"))), sorted(install); got != want {
+		t.Errorf("make image installs %q, the Dockerfile %q", got, want)
+	}
+
+	entry := regexp.MustCompile(`(?m)^ENTRYPOINT \["([^"]+)"\]$`).FindStringSubmatch(string(df))
+	if entry == nil || shVar("shardproxy_entrypoint") != entry[1] {
+		t.Errorf("make image's entrypoint %q, the Dockerfile's %v", shVar("shardproxy_entrypoint"), entry)
+	}
+	user := regexp.MustCompile(`(?m)^USER (\S+)$`).FindStringSubmatch(string(df))
+	if user == nil || shVar("shardproxy_user") != user[1] {
+		t.Errorf("make image's user %q, the Dockerfile's %v", shVar("shardproxy_user"), user)
+	}
+	var caps []string
+	for _, m := range regexp.MustCompile(`setcap cap_net_admin=ep (\S+)`).FindAllStringSubmatch(string(df), -1) {
+		caps = append(caps, m[1])
+	}
+	if got, want := sorted(strings.Fields(shVar("shardproxy_caps"))), sorted(caps); got != want {
+		t.Errorf("make image gives cap_net_admin to %q, the Dockerfile to %q", got, want)
+	}
+
+	ldflags := regexp.MustCompile(`-ldflags "([^"]*)"`).FindStringSubmatch(string(df))
+	if ldflags == nil || strings.ReplaceAll(ldflags[1], "${VERSION}", "${tag}") != shVar("shardproxy_ldflags") {
+		t.Errorf("make image's ldflags %q, the Dockerfile's %v", shVar("shardproxy_ldflags"), ldflags)
+	}
+	for _, flag := range []string{"CGO_ENABLED=0", "-trimpath", "-buildvcs=false", "./cmd/shardproxy"} {
+		if !strings.Contains(string(df), flag) || !strings.Contains(string(script), flag) {
+			t.Errorf("%s is not in both the Dockerfile's and make image's build", flag)
+		}
+	}
+	if !strings.Contains(string(df), "debian:bookworm-slim") || shVar("suite") != "bookworm" {
+		t.Errorf("the Dockerfile and make image build on different Debian releases (suite=%s)", shVar("suite"))
 	}
 }

@@ -36,25 +36,30 @@ func checkTools() error {
 
 // buildBinaries returns the cached node binaries, building the missing ones.
 func buildBinaries(ctx context.Context, opts Options) (map[string]string, error) {
-	script := filepath.Join(opts.RepoRoot, "hack", "build-apiserver.sh")
-	out, err := exec.CommandContext(ctx, script, append([]string{"--print-path"}, nodeBinaries...)...).Output()
+	return BuildBinaries(ctx, opts.RepoRoot, nodeBinaries...)
+}
+
+// BuildBinaries returns the paths of the named binaries of hack/build-apiserver.sh,
+// building the missing ones (minutes the first time).
+func BuildBinaries(ctx context.Context, repoRoot string, names ...string) (map[string]string, error) {
+	script := filepath.Join(repoRoot, "hack", "build-apiserver.sh")
+	out, err := exec.CommandContext(ctx, script, append([]string{"--print-path"}, names...)...).Output()
 	if err != nil {
 		return nil, fmt.Errorf("%s --print-path: %w", script, err)
 	}
 	paths := strings.Fields(string(out))
-	if len(paths) != len(nodeBinaries) {
+	if len(paths) != len(names) {
 		return nil, fmt.Errorf("%s --print-path printed %q", script, out)
 	}
 	bins := map[string]string{}
 	var missing []string
-	for i, name := range nodeBinaries {
+	for i, name := range names {
 		bins[name] = paths[i]
 		if _, err := os.Stat(paths[i]); err != nil {
 			missing = append(missing, name)
 		}
 	}
 	if len(missing) > 0 {
-		opts.Logf("cluster: building %v (minutes the first time)", missing)
 		cmd := exec.CommandContext(ctx, script, missing...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("building %v: %w: %s", missing, err, out)

@@ -39,12 +39,13 @@ func runMain(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
-	images, err := BuildImages(ctx, root, []string{"TAG=" + shardproxyTag}, "shardproxy")
+	images, err := BuildImages(ctx, root, []string{"TAG=" + shardproxyTag}, "shardproxy", "agnhost")
 	if err != nil {
 		log.Print(err)
 		return 1
 	}
-	log.Printf("cluster: shardproxy image built in %v", time.Since(start).Round(time.Second))
+	agnhostImage = "localhost/agnhost:" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(images["agnhost"]), "agnhost-"), ".tar")
+	log.Printf("cluster: shardproxy and agnhost images built in %v", time.Since(start).Round(time.Second))
 	c, err := Start(ctx, Options{RepoRoot: root, Logf: log.Printf, Images: images})
 	code := 1
 	if err != nil {

@@ -249,3 +249,14 @@ func poll(ctx context.Context, timeout time.Duration, what string, check func() 
 		}
 	}
 }
+
+// RestartContainerd stops the node's containerd and starts it again with the same
+// configuration; the containers keep running under their shims meanwhile.
+func (c *Cluster) RestartContainerd(ctx context.Context) error {
+	if ch := c.Child("containerd"); ch != nil {
+		if err := ch.Stop(10 * time.Second); err != nil {
+			return err
+		}
+	}
+	return c.startContainerd(ctx)
+}

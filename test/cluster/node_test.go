@@ -2,9 +2,15 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -36,4 +42,105 @@ func TestNodeUp(t *testing.T) {
 	if ready == 0 {
 		t.Errorf("kube-dns has no ready endpoint: %s", c.PodSummary(ctx, "kube-system"))
 	}
+}
+
+// TestReplaceOverlay applies deploy/overlays/replace-kube-proxy as a user would, with only
+// the image and the API server endpoint changed through kustomize, and checks the pod
+// becomes Ready, programs the node's own tables, serves the kubernetes and kube-dns
+// Services to the node, and that `kubectl logs` shows its log. The later scenarios run on
+// this deployment.
+func TestReplaceOverlay(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	deployReplaceOverlay(ctx, t, c, shardproxyTag)
+
+	tables, err := c.NFTTables(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !containsPrefix(tables, "ip shardproxy") {
+		t.Errorf("the node has no shardproxy table: %q", tables)
+	}
+	t.Logf("node tables: %v", tables)
+
+	// The kubernetes Service from the node: kube-apiserver answers through its ClusterIP.
+	httpClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext:     c.Dialer(c.NodeNS),
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+	}}
+	resp, err := httpClient.Get("https://10.96.0.1/readyz")
+	if err != nil {
+		t.Errorf("kubernetes Service from the node: %v", err)
+	} else {
+		resp.Body.Close()
+		t.Logf("https://10.96.0.1/readyz from the node: %s", resp.Status)
+	}
+
+	// Cluster DNS through the kube-dns Service.
+	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return c.Dialer(c.NodeNS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
+	}}
+	addrs, err := resolver.LookupHost(ctx, "kubernetes.default.svc.cluster.local")
+	if err != nil || len(addrs) != 1 || addrs[0] != "10.96.0.1" {
+		t.Errorf("kubernetes.default through kube-dns: %v, %v; want [10.96.0.1]", addrs, err)
+	}
+
+	logs, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "shardproxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(logs, "\n"); lines == 0 {
+		t.Errorf("kubectl logs printed nothing")
+	} else {
+		t.Logf("kubectl logs: %d lines", lines)
+	}
+	init, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "conntrack-sysctls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("init container log:\n%s", init)
+}
+
+// deployReplaceOverlay applies the replace overlay with the image tag and waits for it.
+func deployReplaceOverlay(ctx context.Context, t *testing.T, c *Cluster, tag string) {
+	t.Helper()
+	dir, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag, APIServer: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Apply(ctx, yaml); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replace-kube-proxy overlay (image %s) applied and Ready in %v", tag, time.Since(start).Round(time.Millisecond))
+}
+
+func containsPrefix(list []string, prefix string) bool {
+	for _, s := range list {
+		if strings.HasPrefix(s, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// agnhostImage is upstream's test image, built offline (hack/build-image.sh agnhost);
+// TestMain sets its tag.
+var agnhostImage string
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -2,99 +2,225 @@ package cluster
 
 import (
 	"context"
-	"crypto/tls"
-	"net"
-	"net/http"
+	"fmt"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestReplaceOverlay applies deploy/overlays/replace-kube-proxy as a user would, with only
-// the image and the API server endpoint changed through kustomize, and checks the pod
-// becomes Ready, programs the node's own tables, serves the kubernetes and kube-dns
-// Services to the node, and that `kubectl logs` shows its log. The later scenarios run on
-// this deployment.
-func TestReplaceOverlay(t *testing.T) {
-	c := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	deployReplaceOverlay(ctx, t, c, shardproxyTag)
+// threeInstances is the replace overlay's configuration with two tenant instances added:
+// the default instance serves unlabeled Services, team-a and team-b their own labeled
+// ones in their namespaces.
+const threeInstances = `apiVersion: shardproxy.io/v1alpha1
+kind: SupervisorConfig
+healthzBindAddress: 0.0.0.0:10256
+metricsBindAddress: 127.0.0.1:10249
+masqueradeBit: 14
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+instances:
+- name: default
+  default: true
+  slot: 0
+  detectLocal: {mode: NodeCIDR}
+- name: team-a
+  proxyNames: [team-a]
+  slot: 1
+  tenant: {namespaces: [team-a]}
+  detectLocal: {mode: NodeCIDR}
+- name: team-b
+  proxyNames: [team-b]
+  slot: 2
+  tenant: {namespaces: [team-b]}
+  detectLocal: {mode: NodeCIDR}
+`
 
-	tables, err := c.NFTTables(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !containsPrefix(tables, "ip shardproxy") {
-		t.Errorf("the node has no shardproxy table: %q", tables)
-	}
-	t.Logf("node tables: %v", tables)
-
-	// The kubernetes Service from the node: kube-apiserver answers through its ClusterIP.
-	httpClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext:     c.Dialer(c.NodeNS),
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-	}}
-	resp, err := httpClient.Get("https://10.96.0.1/readyz")
-	if err != nil {
-		t.Errorf("kubernetes Service from the node: %v", err)
-	} else {
-		resp.Body.Close()
-		t.Logf("https://10.96.0.1/readyz from the node: %s", resp.Status)
-	}
-
-	// Cluster DNS through the kube-dns Service.
-	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return c.Dialer(c.NodeNS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
-	}}
-	addrs, err := resolver.LookupHost(ctx, "kubernetes.default.svc.cluster.local")
-	if err != nil || len(addrs) != 1 || addrs[0] != "10.96.0.1" {
-		t.Errorf("kubernetes.default through kube-dns: %v, %v; want [10.96.0.1]", addrs, err)
-	}
-
-	logs, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "shardproxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lines := strings.Count(logs, "\n"); lines == 0 {
-		t.Errorf("kubectl logs printed nothing")
-	} else {
-		t.Logf("kubectl logs: %d lines", lines)
-	}
-	init, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "conntrack-sysctls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("init container log:\n%s", init)
+// instanceWebs are the three instances' namespaces and the proxy name their Service has.
+var instanceWebs = []struct{ ns, proxyName string }{
+	{"default", ""},
+	{"team-a", "team-a"},
+	{"team-b", "team-b"},
 }
 
-// deployReplaceOverlay applies the replace overlay with the image tag and waits for it.
-func deployReplaceOverlay(ctx context.Context, t *testing.T, c *Cluster, tag string) {
-	t.Helper()
+// TestInstances runs the replace overlay with three instances (the configuration replaced
+// through kustomize) and, for each instance, a 2-replica Deployment behind a NodePort
+// Service: every way into the node reaches both pods of each (from the node, from the
+// outside namespace, from a pod by DNS name), and the node has each instance's table.
+// Then, under client loops from all three places, the scenarios a node lives through:
+// a DaemonSet rolling update to a new image tag, the pod deleted and recreated, and the
+// node's containerd restarted, each with no failed connection.
+func TestInstances(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
 	dir, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
 	if err != nil {
 		t.Fatal(err)
 	}
-	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag, APIServer: true})
+	apply := func(tag string) {
+		t.Helper()
+		yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag, APIServer: true, Config: threeInstances})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := c.Apply(ctx, yaml); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("three instances, image %s: rolled out in %v", tag, time.Since(start).Round(time.Millisecond))
+	}
+	apply(shardproxyTag)
+
+	webs := map[string]*Web{}
+	for _, w := range instanceWebs {
+		web, err := c.DeployWeb(ctx, w.ns, agnhostImage, w.proxyName, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		webs[w.ns] = web
+	}
+	tables, err := c.NFTTables(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	if err := c.Apply(ctx, yaml); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("replace-kube-proxy overlay (image %s) applied and Ready in %v", tag, time.Since(start).Round(time.Millisecond))
-}
-
-func containsPrefix(list []string, prefix string) bool {
-	for _, s := range list {
-		if strings.HasPrefix(s, prefix) {
-			return true
+	for _, name := range []string{"default", "team-a", "team-b"} {
+		if !containsPrefix(tables, "ip shardproxy-"+name) {
+			t.Errorf("no table of instance %s on the node: %q", name, tables)
 		}
 	}
-	return false
+
+	t.Run("every way in", func(t *testing.T) {
+		for _, w := range instanceWebs {
+			web := webs[w.ns]
+			for _, path := range trafficPaths(c, web) {
+				n := path.run(ctx, t, 20)
+				t.Logf("%-8s %-32s %s", w.ns, path.name, n)
+				if n.Failed.Load() > 0 || len(n.ServedBy()) != 2 {
+					t.Errorf("%s, %s: %s; want every request answered, by both pods", w.ns, path.name, n)
+				}
+			}
+		}
+	})
+
+	underLoad := func(name string, disrupt func()) {
+		t.Run(name, func(t *testing.T) {
+			loopCtx, stop := context.WithCancel(ctx)
+			var counters []*Counter
+			var waits []func()
+			var labels []string
+			for _, w := range instanceWebs {
+				web := webs[w.ns]
+				n, wait := c.Loop(loopCtx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
+				counters, waits, labels = append(counters, n), append(waits, wait), append(labels, w.ns+" node->ClusterIP")
+				n, wait = c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", NodeIP, web.NodePort), 20*time.Millisecond)
+				counters, waits, labels = append(counters, n), append(waits, wait), append(labels, w.ns+" outside->NodePort")
+			}
+			podDone := make(chan *Counter, 1)
+			go func() {
+				n, err := c.PodLoop(ctx, "team-a", agnhostImage, "http://web.team-a.svc.cluster.local/hostname", 200, 100*time.Millisecond)
+				if err != nil {
+					t.Errorf("pod loop: %v", err)
+				}
+				podDone <- n
+			}()
+			start := time.Now()
+			disrupt()
+			// The loops go on past the disruption: until the pod's loop has finished.
+			podCounter := <-podDone
+			stop()
+			for _, wait := range waits {
+				wait()
+			}
+			if podCounter != nil {
+				counters, labels = append(counters, podCounter), append(labels, "team-a pod->DNS name")
+			}
+			for i, n := range counters {
+				t.Logf("%s: %-26s %s", name, labels[i], n)
+				if n.Failed.Load() > 0 || n.OK.Load() == 0 {
+					t.Errorf("%s: %s: %s; want 0 failed", name, labels[i], n)
+				}
+			}
+			t.Logf("%s: disruption and loops took %v", name, time.Since(start).Round(time.Millisecond))
+		})
+	}
+
+	underLoad("rolling update", func() {
+		if err := c.TagImage(ctx, "localhost/shardproxy:"+shardproxyTag, "localhost/shardproxy:"+shardproxyTag+"2"); err != nil {
+			t.Fatal(err)
+		}
+		apply(shardproxyTag + "2")
+	})
+	underLoad("pod deleted", func() {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("shardproxy pods: %v, %v", pods, err)
+		}
+		old := pods.Items[0].Name
+		if err := c.Client.CoreV1().Pods("kube-system").Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = poll(ctx, 2*time.Minute, "a new shardproxy pod Ready", func() (bool, error) {
+			pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
+			if err != nil || len(pods.Items) != 1 || pods.Items[0].Name == old {
+				return false, nil
+			}
+			return podReady(&pods.Items[0]), nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	underLoad("containerd restarted", func() {
+		if err := c.RestartContainerd(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.waitNodeReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// trafficPath is one way into the node to a web Service.
+type trafficPath struct {
+	name string
+	run  func(ctx context.Context, t *testing.T, n int) *Counter
+}
+
+func trafficPaths(c *Cluster, web *Web) []trafficPath {
+	get := func(ns, url string) func(ctx context.Context, t *testing.T, n int) *Counter {
+		return func(ctx context.Context, t *testing.T, count int) *Counter {
+			n := &Counter{}
+			for range count {
+				body, err := c.Get(ctx, ns, url)
+				n.record(body, err)
+			}
+			return n
+		}
+	}
+	nodePort := strconv.Itoa(int(web.NodePort))
+	return []trafficPath{
+		{"node -> ClusterIP", get(c.NodeNS, "http://"+web.ClusterIP+"/hostname")},
+		{"node -> NodeIP:NodePort", get(c.NodeNS, "http://"+NodeIP+":"+nodePort+"/hostname")},
+		{"outside -> NodeIP:NodePort", get(c.ExtNS, "http://"+NodeIP+":"+nodePort+"/hostname")},
+		{"outside -> ClusterIP", get(c.ExtNS, "http://"+web.ClusterIP+"/hostname")},
+		{"pod -> DNS name", func(ctx context.Context, t *testing.T, count int) *Counter {
+			n, err := c.PodLoop(ctx, web.Namespace, agnhostImage, "http://web."+web.Namespace+".svc.cluster.local/hostname", count, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}},
+		{"pod -> NodeIP:NodePort", func(ctx context.Context, t *testing.T, count int) *Counter {
+			n, err := c.PodLoop(ctx, web.Namespace, agnhostImage, "http://"+NodeIP+":"+nodePort+"/hostname", count, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}},
+	}
 }

@@ -1,0 +1,158 @@
+package cluster
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/test/controlplane"
+)
+
+// conformanceEnv selects the focus: "full" runs every single-node [sig-network] Services
+// test (`make conformance`), "off" none; anything else the [Conformance] ones (CI).
+const conformanceEnv = "SHARDPROXY_CONFORMANCE"
+
+// TestConformance runs upstream's [sig-network] Services tests against the node twice:
+// with shardproxy's DaemonSet (the replace overlay) as the node's only Service proxy, then
+// with upstream kube-proxy v1.36.3 in nftables mode instead, and prints both results side
+// by side. Every test kube-proxy passes here must pass with shardproxy.
+func TestConformance(t *testing.T) {
+	c := need(t)
+	mode := os.Getenv(conformanceEnv)
+	if mode == "off" {
+		t.Skipf("$%s=off", conformanceEnv)
+	}
+	focus := ServicesConformanceFocus
+	if mode == "full" {
+		focus = ServicesFocus
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	e2eTest := c.conformanceSetup(ctx, t)
+
+	deployReplaceOverlay(ctx, t, c, shardproxyTag)
+	start := time.Now()
+	withShardproxy, err := c.RunE2E(ctx, e2eTest, "shardproxy", focus, ServicesSkip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("shardproxy: %s in %v", Totals(withShardproxy), time.Since(start).Round(time.Second))
+
+	c.replaceWithKubeProxy(ctx, t)
+	start = time.Now()
+	withKubeProxy, err := c.RunE2E(ctx, e2eTest, "kube-proxy", focus, ServicesSkip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-proxy: %s in %v", Totals(withKubeProxy), time.Since(start).Round(time.Second))
+	t.Logf("[sig-network] Services, focus %q:\n%s", focus, CompareTable("shardproxy", withShardproxy, "kube-proxy", withKubeProxy))
+
+	passedUpstream := map[string]bool{}
+	for _, r := range withKubeProxy {
+		passedUpstream[r.Name] = r.State == "passed"
+	}
+	for _, r := range withShardproxy {
+		if r.State != "passed" && r.State != "skipped" && passedUpstream[r.Name] {
+			t.Errorf("kube-proxy passes, shardproxy %s: %s: %s", r.State, r.Name, r.Failure)
+		}
+	}
+	if len(withShardproxy) == 0 {
+		t.Error("the focus selected no test")
+	}
+}
+
+// conformanceSetup builds e2e.test and tags the offline images under the names the
+// tests ask for; it returns e2e.test's path.
+func (c *Cluster) conformanceSetup(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	paths, err := BuildBinaries(ctx, c.opts.RepoRoot, "e2e.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for source, target := range map[string]string{
+		agnhostImage: "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimPrefix(agnhostImage, "localhost/agnhost:"),
+		PauseImage:   "registry.k8s.io/pause:3.10.2",
+	} {
+		if err := c.TagImage(ctx, source, target); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return paths["e2e.test"]
+}
+
+// replaceWithKubeProxy removes shardproxy's DaemonSet and tables and runs upstream
+// kube-proxy (nftables mode) in the node's namespace with kube-proxy's default ports.
+func (c *Cluster) replaceWithKubeProxy(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := c.Client.AppsV1().DaemonSets("kube-system").Delete(ctx, "shardproxy", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := poll(ctx, 2*time.Minute, "shardproxy's pod gone", func() (bool, error) {
+		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.NFTTables(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		if family, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy-") {
+			if _, err := c.InNode(ctx, "nft", "delete", "table", family, name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bin, err := controlplane.KubeProxyBinary(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := c.startChild("kube-proxy", bin,
+		"--proxy-mode=nftables",
+		"--kubeconfig="+c.Kubeconfig,
+		"--hostname-override="+NodeName,
+		"--cluster-cidr="+ClusterCIDR,
+		// The node's conntrack table is the host's: leave its sysctls alone.
+		"--conntrack-max-per-core=0",
+		"--conntrack-tcp-timeout-established=0",
+		"--conntrack-tcp-timeout-close-wait=0",
+		"--v=1",
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = poll(ctx, time.Minute, "kube-proxy healthy", func() (bool, error) {
+		if !kp.Running() {
+			return false, kp.ExitErr()
+		}
+		client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: c.Dialer(c.NodeNS)}}
+		resp, err := client.Get("http://127.0.0.1:10256/healthz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		t.Fatalf("%v; log ends:\n%s", err, kp.LogTail(20))
+	}
+	// Give the node back without kube-proxy, its rules removed, as later tests expect.
+	t.Cleanup(func() {
+		if err := kp.Stop(10 * time.Second); err != nil {
+			t.Error(err)
+		}
+		c.mu.Lock()
+		delete(c.children, "kube-proxy")
+		c.mu.Unlock()
+		if out, err := c.InNode(context.Background(), bin, "--cleanup"); err != nil {
+			t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
+		}
+	})
+}

@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Web is a Deployment of agnhost netexec (GET /hostname answers the pod's name) behind a
+// NodePort Service named web in its namespace.
+type Web struct {
+	Namespace string
+	// ClusterIP and NodePort of the Service.
+	ClusterIP string
+	NodePort  int32
+}
+
+// DeployWeb creates namespace ns (if needed), the web Deployment with replicas pods and
+// its Service, labeled for proxyName when not empty, and waits for the pods.
+func (c *Cluster) DeployWeb(ctx context.Context, ns, image, proxyName string, replicas int32) (*Web, error) {
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, err
+	}
+	labels := map[string]string{"app": "web"}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: new(int64(1)),
+					Containers: []corev1.Container{{
+						Name: "web", Image: image, ImagePullPolicy: corev1.PullNever,
+						Args:           []string{"netexec", "--http-port=8080"},
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/hostname", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: labels,
+			Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	if proxyName != "" {
+		svc.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": proxyName}
+	}
+	created, err := c.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.WaitDeploymentAvailable(ctx, ns, "web", 2*time.Minute); err != nil {
+		return nil, err
+	}
+	return &Web{Namespace: ns, ClusterIP: created.Spec.ClusterIP, NodePort: created.Spec.Ports[0].NodePort}, nil
+}
+
+// Counter counts a client loop's requests.
+type Counter struct {
+	OK, Failed atomic.Int64
+	mu         sync.Mutex
+	firstErr   string
+	servedBy   map[string]int
+}
+
+func (n *Counter) record(body string, err error) {
+	if err != nil {
+		n.Failed.Add(1)
+		n.mu.Lock()
+		if n.firstErr == "" {
+			n.firstErr = err.Error()
+		}
+		n.mu.Unlock()
+		return
+	}
+	n.OK.Add(1)
+	n.mu.Lock()
+	if n.servedBy == nil {
+		n.servedBy = map[string]int{}
+	}
+	n.servedBy[body]++
+	n.mu.Unlock()
+}
+
+// String is "OK ok, F failed (first error), served by N pods".
+func (n *Counter) String() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := fmt.Sprintf("%d ok, %d failed, served by %d pods", n.OK.Load(), n.Failed.Load(), len(n.servedBy))
+	if n.firstErr != "" {
+		s += " (first error: " + n.firstErr + ")"
+	}
+	return s
+}
+
+// ServedBy is the set of pods that answered.
+func (n *Counter) ServedBy() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for name := range n.servedBy {
+		out = append(out, name)
+	}
+	return out
+}
+
+// Get fetches url from inside namespace ns on a new connection and returns the body.
+func (c *Cluster) Get(ctx context.Context, ns, url string) (string, error) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: c.Dialer(ns), DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return strings.TrimSpace(string(body)), nil
+}
+
+// Loop sends GET url from inside ns every interval until ctx ends, each on a new
+// connection, and counts the answers. Wait for it with the returned function.
+func (c *Cluster) Loop(ctx context.Context, ns, url string, interval time.Duration) (*Counter, func()) {
+	n := &Counter{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(interval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			body, err := c.Get(context.Background(), ns, url)
+			n.record(body, err)
+		}
+	}()
+	return n, func() { <-done }
+}
+
+// PodLoop runs a client loop in a pod of its own in ns (not kubectl exec, whose stream a
+// containerd restart cuts): count requests of curl to url, one every interval. It
+// returns the counter once the pod has finished, from the pod's log.
+func (c *Cluster) PodLoop(ctx context.Context, ns, image, url string, count int, interval time.Duration) (*Counter, error) {
+	script := fmt.Sprintf(`for i in $(seq 1 %d); do if out=$(curl -sS --max-time 2 %s 2>&1); then echo "ok $out"; else echo "fail $out"; fi; sleep %.2f; done`, count, url, interval.Seconds())
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "loop-"},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: new(int64(1)),
+			Containers: []corev1.Container{{
+				Name: "loop", Image: image, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", script},
+			}},
+		},
+	}
+	created, err := c.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	name := created.Name
+	defer func() {
+		_ = c.Client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	}()
+	err = poll(ctx, 5*time.Minute, "client loop pod "+name+" done", func() (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		switch p.Status.Phase {
+		case corev1.PodSucceeded:
+			return true, nil
+		case corev1.PodFailed:
+			return false, fmt.Errorf("pod %s failed: %s", name, c.PodSummary(ctx, ns))
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.Kubectl(ctx, "", "logs", "-n", ns, name)
+	if err != nil {
+		return nil, err
+	}
+	n := &Counter{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		status, rest, _ := strings.Cut(line, " ")
+		if status == "ok" {
+			n.record(rest, nil)
+		} else {
+			n.record("", fmt.Errorf("%s", line))
+		}
+	}
+	if got := n.OK.Load() + n.Failed.Load(); got != int64(count) {
+		return nil, fmt.Errorf("pod %s logged %d results, want %d:\n%s", name, got, count, out)
+	}
+	return n, nil
+}
