@@ -260,3 +260,13 @@ func (c *Cluster) RestartContainerd(ctx context.Context) error {
 	}
 	return c.startContainerd(ctx)
 }
+
+// RestartKubelet stops the kubelet and starts it again with the same flags.
+func (c *Cluster) RestartKubelet(ctx context.Context) error {
+	if ch := c.Child("kubelet"); ch != nil {
+		if err := ch.Stop(10 * time.Second); err != nil {
+			return err
+		}
+	}
+	return c.startKubelet(ctx)
+}

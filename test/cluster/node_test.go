@@ -55,12 +55,14 @@ func TestReplaceOverlay(t *testing.T) {
 	defer cancel()
 	deployReplaceOverlay(ctx, t, c, shardproxyTag)
 
-	tables, err := c.NFTTables(ctx)
+	var tables []string
+	err := poll(ctx, time.Minute, "the default instance's table", func() (bool, error) {
+		var err error
+		tables, err = c.NFTTables(ctx)
+		return containsPrefix(tables, "ip shardproxy-default"), err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if !containsPrefix(tables, "ip shardproxy") {
-		t.Errorf("the node has no shardproxy table: %q", tables)
+		t.Fatalf("%v: the node has %q", err, tables)
 	}
 	t.Logf("node tables: %v", tables)
 

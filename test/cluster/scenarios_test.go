@@ -84,14 +84,14 @@ func TestInstances(t *testing.T) {
 		}
 		webs[w.ns] = web
 	}
-	tables, err := c.NFTTables(ctx)
+	var tables []string
+	err = poll(ctx, time.Minute, "every instance's table", func() (bool, error) {
+		tables, err = c.NFTTables(ctx)
+		return containsPrefix(tables, "ip shardproxy-default") && containsPrefix(tables, "ip shardproxy-team-a") &&
+			containsPrefix(tables, "ip shardproxy-team-b"), err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"default", "team-a", "team-b"} {
-		if !containsPrefix(tables, "ip shardproxy-"+name) {
-			t.Errorf("no table of instance %s on the node: %q", name, tables)
-		}
+		t.Fatalf("%v: the node has %q", err, tables)
 	}
 
 	t.Run("every way in", func(t *testing.T) {
