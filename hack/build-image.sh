@@ -12,7 +12,7 @@
 #               ${shardproxy_packages[@]}, the binary built from this repository with the
 #               Dockerfile's flags, cap_net_admin on it and on nft, user 65532, the binary
 #               as entrypoint (deploy/image_test.go keeps the two in step). Tag: $TAG
-#               (default dev); always rebuilt (the repository changes).
+#               (default: the VERSION file); always rebuilt (the repository changes).
 #   pause       hack/pause, the node's sandbox image (static, nothing else).
 #   coredns     CoreDNS from hack/tools/coredns (static, nothing else).
 #   agnhost     upstream's test image: agnhost from the k8s.io/kubernetes module on Debian
@@ -25,11 +25,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${SHARDPROXY_CACHE:-${HOME}/.cache/shardproxy}"
 images="${cache}/images"
-tag="${TAG:-dev}"
+# The image's tag and the binary's version: the VERSION file, as the Dockerfile's.
+tag="${TAG:-$(cat "${root}/VERSION")}"
 go="${GO:-go}"
 
 # The shardproxy image's packages, entrypoint, user and build flags: deploy/Dockerfile's.
-shardproxy_packages=(nftables conntrack iproute2 kmod)
+shardproxy_packages=(nftables conntrack iproute2 kmod iptables)
 shardproxy_entrypoint=/usr/local/bin/shardproxy
 shardproxy_user=65532:65532
 shardproxy_ldflags="-s -w -X main.version=${tag}"

@@ -29,7 +29,7 @@ type key struct{ pkg, test string }
 
 func main() {
 	layer := flag.String("layer", "tests", "the layer's name for the summary line")
-	show := flag.String("show", "e2e: ,coexist: Test", "comma-separated prefixes of output lines to print from passing tests")
+	show := flag.String("show", "e2e: ,coexist: Test,cluster: ", "comma-separated prefixes of output lines to print from passing tests")
 	flag.Parse()
 	os.Exit(summarize(os.Stdin, os.Stdout, *layer, strings.Split(*show, ",")))
 }

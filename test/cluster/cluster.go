@@ -72,6 +72,8 @@ type Cluster struct {
 	Dir string
 	// Kubeconfig is the admin kubeconfig, for programs run inside NodeNS.
 	Kubeconfig string
+	// StartTime is how long Start took once the binaries and images were built.
+	StartTime time.Duration
 	// Bins are the paths of the Kubernetes binaries by name (kubelet, kubectl, ...).
 	Bins map[string]string
 
@@ -127,6 +129,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		opts.Logf("cluster: %s up in %v", s.name, time.Since(t0).Round(time.Millisecond))
 	}
 	opts.Logf("cluster: node %s Ready with CoreDNS in %v (dir %s)", NodeName, time.Since(start).Round(time.Second), c.Dir)
+	c.StartTime = time.Since(start)
 	return c, nil
 }
 

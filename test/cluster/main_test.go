@@ -45,7 +45,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	agnhostImage = "localhost/agnhost:" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(images["agnhost"]), "agnhost-"), ".tar")
-	log.Printf("cluster: shardproxy and agnhost images built in %v", time.Since(start).Round(time.Second))
+	imagesTime := time.Since(start)
 	c, err := Start(ctx, Options{RepoRoot: root, Logf: log.Printf, Images: images})
 	code := 1
 	if err != nil {
@@ -59,6 +59,7 @@ func runMain(m *testing.M) int {
 		}
 	} else {
 		cl = c
+		fmt.Printf("cluster: images built in %v; node Ready with CoreDNS %v later\n", imagesTime.Round(time.Second), c.StartTime.Round(time.Second))
 		code = m.Run()
 	}
 	t0 := time.Now()
@@ -71,7 +72,7 @@ func runMain(m *testing.M) int {
 		log.Printf("cluster teardown left the host changed:\n%s", diff)
 		return 1
 	}
-	log.Printf("cluster: torn down in %v, host as found", time.Since(t0).Round(time.Millisecond))
+	fmt.Printf("cluster: torn down in %v, host as found (no process, mount, network namespace or cgroup left)\n", time.Since(t0).Round(time.Millisecond))
 	return code
 }
 

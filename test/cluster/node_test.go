@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -122,7 +123,7 @@ func deployReplaceOverlay(ctx context.Context, t *testing.T, c *Cluster, tag str
 	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("replace-kube-proxy overlay (image %s) applied and Ready in %v", tag, time.Since(start).Round(time.Millisecond))
+	fmt.Printf("cluster: replace-kube-proxy overlay (image %s) applied and its pod Ready in %v\n", tag, time.Since(start).Round(time.Millisecond))
 }
 
 func containsPrefix(list []string, prefix string) bool {
@@ -142,6 +143,18 @@ func podReady(p *corev1.Pod) bool {
 	for _, cond := range p.Status.Conditions {
 		if cond.Type == corev1.PodReady {
 			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// containsWord reports whether text has ip as a whole word (not 10.96.0.1 in 10.96.0.10).
+func containsWord(text, ip string) bool {
+	for _, f := range strings.FieldsFunc(text, func(r rune) bool {
+		return r == ' ' || r == '\t' || r == '\n' || r == '/' || r == ',' || r == '{' || r == '}' || r == ':'
+	}) {
+		if f == ip {
+			return true
 		}
 	}
 	return false

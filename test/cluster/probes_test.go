@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -43,7 +44,8 @@ func TestProbesGateThePod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Node being deleted: pod %s unready after %v", pod.Name, time.Since(start).Round(time.Second))
+	unready := time.Since(start)
+	t.Logf("Node being deleted: pod %s unready after %v", pod.Name, unready.Round(time.Second))
 	if got := probe(ctx, c, "/healthz"); got != http.StatusServiceUnavailable {
 		t.Errorf("/healthz answers %d while the Node is being deleted, want 503", got)
 	}
@@ -64,7 +66,7 @@ func TestProbesGateThePod(t *testing.T) {
 		}
 		time.Sleep(5 * time.Second)
 	}
-	t.Logf("pod %s stayed unready and running, %d restarts, for 75s", pod.Name, restarts)
+	fmt.Printf("cluster: probes: Node being deleted: pod unready after %v, /healthz 503, /livez 200, still running with %d restarts 75s later\n", unready.Round(time.Second), restarts)
 }
 
 func shardproxyPod(ctx context.Context, t *testing.T, c *Cluster) *corev1.Pod {

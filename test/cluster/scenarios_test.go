@@ -99,7 +99,7 @@ func TestInstances(t *testing.T) {
 			web := webs[w.ns]
 			for _, path := range trafficPaths(c, web) {
 				n := path.run(ctx, t, 20)
-				t.Logf("%-8s %-32s %s", w.ns, path.name, n)
+				fmt.Printf("cluster: every way in: %-8s %-28s %s\n", w.ns, path.name, n)
 				if n.Failed.Load() > 0 || len(n.ServedBy()) != 2 {
 					t.Errorf("%s, %s: %s; want every request answered, by both pods", w.ns, path.name, n)
 				}
@@ -140,7 +140,7 @@ func TestInstances(t *testing.T) {
 				counters, labels = append(counters, podCounter), append(labels, "team-a pod->DNS name")
 			}
 			for i, n := range counters {
-				t.Logf("%s: %-26s %s", name, labels[i], n)
+				fmt.Printf("cluster: %s: %-26s %s\n", name, labels[i], n)
 				if n.Failed.Load() > 0 || n.OK.Load() == 0 {
 					t.Errorf("%s: %s: %s; want 0 failed", name, labels[i], n)
 				}

@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/shardproxy/shardproxy/test/controlplane"
@@ -41,7 +43,8 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("shardproxy: %s in %v", Totals(withShardproxy), time.Since(start).Round(time.Second))
+	shardproxyTime := time.Since(start).Round(time.Second)
+	t.Logf("shardproxy: %s in %v", Totals(withShardproxy), shardproxyTime)
 
 	c.replaceWithKubeProxy(ctx, t)
 	start = time.Now()
@@ -49,8 +52,12 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("kube-proxy: %s in %v", Totals(withKubeProxy), time.Since(start).Round(time.Second))
-	t.Logf("[sig-network] Services, focus %q:\n%s", focus, CompareTable("shardproxy", withShardproxy, "kube-proxy", withKubeProxy))
+	kubeProxyTime := time.Since(start).Round(time.Second)
+	t.Logf("kube-proxy: %s in %v", Totals(withKubeProxy), kubeProxyTime)
+	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (shardproxy %v, kube-proxy %v):\n", controlplane.KubernetesVersion, focus, ServicesSkip, shardproxyTime, kubeProxyTime)
+	for _, line := range strings.Split(strings.TrimSpace(CompareTable("shardproxy", withShardproxy, "kube-proxy", withKubeProxy)), "\n") {
+		fmt.Printf("cluster:   %s\n", line)
+	}
 
 	passedUpstream := map[string]bool{}
 	for _, r := range withKubeProxy {
@@ -89,10 +96,19 @@ func (c *Cluster) conformanceSetup(ctx context.Context, t *testing.T) string {
 // kube-proxy (nftables mode) in the node's namespace with kube-proxy's default ports.
 func (c *Cluster) replaceWithKubeProxy(ctx context.Context, t *testing.T) {
 	t.Helper()
-	if err := c.Client.AppsV1().DaemonSets("kube-system").Delete(ctx, "shardproxy", metav1.DeleteOptions{}); err != nil {
+	c.removeShardproxy(ctx, t)
+	c.startKubeProxy(ctx, t, "nftables")
+}
+
+// removeShardproxy deletes shardproxy's DaemonSet, waits for its pod to go and deletes
+// the tables it leaves (a supervisor that exits keeps its rules in place).
+func (c *Cluster) removeShardproxy(ctx context.Context, t *testing.T) {
+	t.Helper()
+	err := c.Client.AppsV1().DaemonSets("kube-system").Delete(ctx, "shardproxy", metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	err := poll(ctx, 2*time.Minute, "shardproxy's pod gone", func() (bool, error) {
+	err = poll(ctx, 2*time.Minute, "shardproxy's pod gone", func() (bool, error) {
 		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
 		return err == nil && len(pods.Items) == 0, nil
 	})
@@ -103,19 +119,27 @@ func (c *Cluster) replaceWithKubeProxy(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The instances' tables and the node-wide one (shardproxy_node).
 	for _, table := range tables {
-		if family, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy-") {
+		if family, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy") {
 			if _, err := c.InNode(ctx, "nft", "delete", "table", family, name); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+}
+
+// startKubeProxy runs upstream kube-proxy v1.36.3 in mode in the node's namespace on its
+// default ports, serving the unlabeled Services, until the test ends; then it is stopped
+// and its rules cleaned up (kube-proxy --cleanup), as later tests expect.
+func (c *Cluster) startKubeProxy(ctx context.Context, t *testing.T, mode string) {
+	t.Helper()
 	bin, err := controlplane.KubeProxyBinary(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kp, err := c.startChild("kube-proxy", bin,
-		"--proxy-mode=nftables",
+		"--proxy-mode="+mode,
 		"--kubeconfig="+c.Kubeconfig,
 		"--hostname-override="+NodeName,
 		"--cluster-cidr="+ClusterCIDR,
@@ -128,6 +152,17 @@ func (c *Cluster) replaceWithKubeProxy(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := kp.Stop(10 * time.Second); err != nil {
+			t.Error(err)
+		}
+		c.mu.Lock()
+		delete(c.children, "kube-proxy")
+		c.mu.Unlock()
+		if out, err := c.InNode(context.Background(), bin, "--cleanup"); err != nil {
+			t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
+		}
+	})
 	err = poll(ctx, time.Minute, "kube-proxy healthy", func() (bool, error) {
 		if !kp.Running() {
 			return false, kp.ExitErr()
@@ -143,16 +178,4 @@ func (c *Cluster) replaceWithKubeProxy(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v; log ends:\n%s", err, kp.LogTail(20))
 	}
-	// Give the node back without kube-proxy, its rules removed, as later tests expect.
-	t.Cleanup(func() {
-		if err := kp.Stop(10 * time.Second); err != nil {
-			t.Error(err)
-		}
-		c.mu.Lock()
-		delete(c.children, "kube-proxy")
-		c.mu.Unlock()
-		if out, err := c.InNode(context.Background(), bin, "--cleanup"); err != nil {
-			t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
-		}
-	})
 }

@@ -1,0 +1,99 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestAlongsideOverlay applies deploy/overlays/alongside-kube-proxy, with only the image
+// changed through kustomize, to a node whose Service proxy is upstream kube-proxy
+// (iptables mode, as the overlay's users run it): shardproxy reaches kube-apiserver
+// through the kubernetes Service kube-proxy serves, becomes Ready on its own ports, and
+// serves team-a's labeled Service while kube-proxy keeps the unlabeled one; traffic from
+// the node and from a pod reaches both. The node is left without either proxy.
+func TestAlongsideOverlay(t *testing.T) {
+	c := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c.startKubeProxy(ctx, t, "iptables")
+	t.Cleanup(func() { c.removeShardproxy(context.Background(), t) })
+
+	dir, err := filepath.Abs("../../deploy/overlays/alongside-kube-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + shardproxyTag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Apply(ctx, yaml); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("cluster: alongside-kube-proxy overlay (image %s) beside kube-proxy (iptables): pod Ready in %v\n", shardproxyTag, time.Since(start).Round(time.Millisecond))
+
+	labeled, err := c.DeployWeb(ctx, "team-a", agnhostImage, "team-a", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlabeled, err := c.DeployWeb(ctx, "plain", agnhostImage, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, ns := range []string{"team-a", "plain"} {
+			_ = c.Client.AppsV1().Deployments(ns).Delete(context.Background(), "web", metav1.DeleteOptions{})
+			_ = c.Client.CoreV1().Services(ns).Delete(context.Background(), "web", metav1.DeleteOptions{})
+		}
+	})
+	err = poll(ctx, time.Minute, "team-a's table", func() (bool, error) {
+		tables, err := c.NFTTables(ctx)
+		return containsPrefix(tables, "ip shardproxy-team-a"), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, web := range []*Web{labeled, unlabeled} {
+		for _, path := range trafficPaths(c, web) {
+			if path.name != "node -> ClusterIP" && path.name != "pod -> DNS name" {
+				continue
+			}
+			n := path.run(ctx, t, 20)
+			fmt.Printf("cluster: alongside: %-7s %-20s %s\n", web.Namespace, path.name, n)
+			if n.Failed.Load() > 0 || len(n.ServedBy()) != 2 {
+				t.Errorf("%s, %s: %s; want every request answered, by both pods", web.Namespace, path.name, n)
+			}
+		}
+	}
+	// Which proxy serves which: kube-proxy has no rule for the labeled Service, and
+	// shardproxy's team-a table none for the unlabeled one.
+	kubeProxyRules, err := c.InNode(ctx, "iptables-save", "-t", "nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	teamA, err := c.InNode(ctx, "nft", "list", "table", "ip", "shardproxy-team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, check := range []struct {
+		what, rules, ip string
+		want            bool
+	}{
+		{"kube-proxy, unlabeled", kubeProxyRules, unlabeled.ClusterIP, true},
+		{"kube-proxy, labeled", kubeProxyRules, labeled.ClusterIP, false},
+		{"shardproxy team-a, labeled", teamA, labeled.ClusterIP, true},
+		{"shardproxy team-a, unlabeled", teamA, unlabeled.ClusterIP, false},
+	} {
+		if got := containsWord(check.rules, check.ip); got != check.want {
+			t.Errorf("%s: rules mention %s: %v, want %v", check.what, check.ip, got, check.want)
+		}
+	}
+}
