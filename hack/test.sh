@@ -14,8 +14,8 @@
 #   demo         `make demo --once`: the README's main job, end to end
 #
 # Every package lands in exactly one layer: anything not listed as kernel, integration,
-# e2e or cluster is unit. Root is required (CI is root). Exits non-zero if any layer failed, after
-# running them all.
+# e2e or cluster is unit. Root is required (CI is root). Exits non-zero if any layer
+# failed, after running them all.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
