@@ -97,6 +97,11 @@ func TestInstances(t *testing.T) {
 	t.Run("every way in", func(t *testing.T) {
 		for _, w := range instanceWebs {
 			web := webs[w.ns]
+			took, err := c.WaitServedByAll(ctx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Printf("cluster: every way in: %-8s both pods answer through the ClusterIP %v after the Deployment is available\n", w.ns, took.Round(time.Millisecond))
 			for _, path := range trafficPaths(c, web) {
 				n := path.run(ctx, t, 20)
 				fmt.Printf("cluster: every way in: %-8s %-28s %s\n", w.ns, path.name, n)

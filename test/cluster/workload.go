@@ -226,3 +226,19 @@ func (c *Cluster) PodLoop(ctx context.Context, ns, image, url string, count int,
 	}
 	return n, nil
 }
+
+// WaitServedByAll waits until GET url from inside ns has been answered by want distinct
+// pods: a Deployment is available before the proxy has programmed all its endpoints (one
+// sync period later), and a test that counts must start once it has. It returns how long
+// that took.
+func (c *Cluster) WaitServedByAll(ctx context.Context, ns, url string, want int) (time.Duration, error) {
+	start := time.Now()
+	seen := map[string]bool{}
+	err := poll(ctx, time.Minute, fmt.Sprintf("%s answered by %d pods", url, want), func() (bool, error) {
+		if body, err := c.Get(ctx, ns, url); err == nil {
+			seen[body] = true
+		}
+		return len(seen) >= want, nil
+	})
+	return time.Since(start), err
+}
