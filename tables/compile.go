@@ -304,22 +304,27 @@ func sameEndpoints(a, b []Endpoint) bool {
 // use: "numgen inc" keeps one counter per rule, so a chain shared with other ports would
 // interleave their connections (two Services of two endpoints each, used in turn, would
 // each always get the same endpoint). Every entry of the port with n endpoints in the
-// same map shares the chain, and so one counter.
+// same map shares the chain, and so one counter. The chain's rule only picks, through an
+// anonymous vmap of n elements, a shared pick-at-<k> chain that looks up index k of the
+// endpoint map: a rule that bound the endpoint map itself would make the kernel walk
+// every element of that map (all Services' endpoints) once per port (issue 14).
 func (pc *portCompiler) rrChain(cluster bool, n int) string {
-	epMap := mapEndpoints
 	name := fmt.Sprintf("%s%s-%d", roundRobinPrefix, pc.portID(), n)
 	if cluster {
-		epMap = mapClusterEndpoints
 		name = fmt.Sprintf("%s%s-cluster-%d", roundRobinPrefix, pc.portID(), n)
 	}
 	if pc.out.objects.chains == nil {
 		pc.out.objects = newPortObjects()
 	}
 	if _, ok := pc.out.objects.chains[name]; !ok {
-		ip, proto := pc.c.ip, pc.sp.Protocol
-		pc.out.objects.chains[name] = []string{fmt.Sprintf(
-			"meta l4proto %s dnat %s to %s daddr . %s dport . %s map @%s",
-			proto, ip, ip, proto, pickExpr(LBRoundRobin, ip, n), endpointsMap(epMap, proto))}
+		gotos := make([]string, n)
+		for k := range n {
+			at := pickChainFor(LBRoundRobin, cluster, k)
+			pc.pick[at] = true
+			gotos[k] = fmt.Sprintf("%d : goto %s", k, at)
+		}
+		pc.out.objects.chains[name] = []string{fmt.Sprintf("%s vmap { %s }",
+			pickExpr(LBRoundRobin, pc.c.ip, n), strings.Join(gotos, " , "))}
 	}
 	return name
 }
@@ -575,6 +580,12 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	pick := pickExpr(mode, ip, n)
+	if mode == LBRoundRobin {
+		// pick-at-<k>: the index the port's rr chain chose. nft 1.0.6 cannot parse a
+		// literal of numgen's unnamed type in the key, but takes a constant numgen.
+		pick = fmt.Sprintf("numgen random mod 1 offset %d", n)
+	}
 	epMap := mapEndpoints
 	if cluster {
 		epMap = mapClusterEndpoints
@@ -583,7 +594,7 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	for _, proto := range allProtocols() {
 		rules = append(rules, fmt.Sprintf(
 			"meta l4proto %s dnat %s to %s daddr . %s dport . %s map @%s",
-			proto, ip, ip, proto, pickExpr(mode, ip, n), endpointsMap(epMap, proto)))
+			proto, ip, ip, proto, pick, endpointsMap(epMap, proto)))
 	}
 	return rules, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables/tracer"
 )
@@ -41,13 +42,21 @@ func TestGoldenModes(t *testing.T) {
 		want string
 	}{
 		{
-			name: "roundRobin: one chain and counter per Service port, shared by its entries",
+			name: "roundRobin: one counter per Service port, shared by its entries, picking shared pick-at chains",
 			port: rrPort,
 			want: common + `
 				map service-ips 172.30.0.10 . tcp . 80 : goto RR
 				map service-ips 192.168.100.1 . tcp . 30080 : goto RR
 				chain RR
-				chain RR meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen inc mod 2 map @endpoints-tcp`,
+				chain RR numgen inc mod 2 vmap { 0 : goto pick-at-0 , 1 : goto pick-at-1 }
+				chain pick-at-0
+				chain pick-at-0 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 offset 0 map @endpoints-tcp
+				chain pick-at-0 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 offset 0 map @endpoints-udp
+				chain pick-at-0 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 offset 0 map @endpoints-sctp
+				chain pick-at-1
+				chain pick-at-1 meta l4proto tcp dnat ip to ip daddr . tcp dport . numgen random mod 1 offset 1 map @endpoints-tcp
+				chain pick-at-1 meta l4proto udp dnat ip to ip daddr . udp dport . numgen random mod 1 offset 1 map @endpoints-udp
+				chain pick-at-1 meta l4proto sctp dnat ip to ip daddr . sctp dport . numgen random mod 1 offset 1 map @endpoints-sctp`,
 		},
 		{
 			name: "sourceHash: shared pick chains over a hash of the client address",
@@ -129,6 +138,54 @@ func TestGoldenModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRoundRobinBindsEndpointMapsOnce: roundRobin's per-port rules must not bind the
+// endpoint maps, since the kernel walks every element of a map for each rule that binds
+// it: at 10,000 Services that made full syncs take minutes and soft-locked the CPU
+// (issue 14). The rules that look the maps up are the shared pick-at chains', as many
+// as the largest endpoint count, however many Service ports there are.
+func TestRoundRobinBindsEndpointMapsOnce(t *testing.T) {
+	binding := func(ports int) (rules, bindings int) {
+		var svcs []*ServicePort
+		for i := range ports {
+			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
+			svcs = append(svcs, sp(fmt.Sprintf("web%d", i), 80, withEndpoints(eps, eps[:1]), func(p *ServicePort) {
+				p.LoadBalancing = LBRoundRobin
+				p.ClusterIP = netip.AddrFrom4([4]byte{172, 30, 1, byte(i)})
+				p.NodePort = 30000 + uint16(i)
+				p.ExternalLocal = true
+			}))
+		}
+		s, fake := newFake(t, testConfig(IPv4))
+		fullSync(t, s, services(svcs...))
+		return countMapRules(fake)
+	}
+	rules1, bind1 := binding(1)
+	rules20, bind20 := binding(20)
+	if rules20 <= rules1 {
+		t.Fatalf("20 ports wrote %d dynamic rules, 1 port %d: the per-port chains are missing", rules20, rules1)
+	}
+	if bind1 != bind20 || bind1 == 0 {
+		t.Errorf("rules binding an endpoint map: %d with 1 port, %d with 20; want the same, nonzero", bind1, bind20)
+	}
+}
+
+// countMapRules counts the rules of the dynamic chains in fake, and those among them
+// that use a named endpoint map.
+func countMapRules(fake *knftables.Fake) (rules, bindings int) {
+	for name, ch := range fake.Table.Chains {
+		if !isDynamicChain(name) {
+			continue
+		}
+		for _, r := range ch.Rules {
+			rules++
+			if strings.Contains(r.Rule, "@"+mapEndpoints) || strings.Contains(r.Rule, "@"+mapClusterEndpoints) {
+				bindings++
+			}
+		}
+	}
+	return rules, bindings
 }
 
 // modePackets are new connections to every entry of every feature Service, from

@@ -41,11 +41,13 @@ const (
 	// pickPrefix chains ("pick-<n>") DNAT to one of n endpoints of the endpoints-<proto>
 	// maps; pickClusterPrefix chains do the same over the cluster-endpoints-<proto> maps.
 	// Modes other than random add their tag: "pick-sh-<n>" (sourceHash, n endpoints),
-	// "pick-ch-<slots>" (consistentHash, a table of that many slots); see pickChainFor.
+	// "pick-ch-<slots>" (consistentHash, a table of that many slots), "pick-at-<k>"
+	// (roundRobin: index k, which the port's rr chain chose); see pickChainFor.
 	pickPrefix        = "pick-"
 	pickClusterPrefix = "pick-cluster-"
 	// roundRobinPrefix names the round-robin chains of a port, "rr-<id>-<n>" and
-	// "rr-<id>-cluster-<n>": one counter per Service port needs a rule per port.
+	// "rr-<id>-cluster-<n>": one counter per Service port needs a rule per port; the
+	// rule sends each connection to the shared pick-at-<k> chain of its index.
 	roundRobinPrefix = "rr-"
 	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
 	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
@@ -94,10 +96,11 @@ const (
 func allProtocols() []Protocol { return []Protocol{TCP, UDP, SCTP} }
 
 // modeTags are the name tags of the shared pick chains of each mode.
-var modeTags = map[LBMode]string{LBRandom: "", LBSourceHash: "sh-", LBConsistentHash: "ch-"}
+var modeTags = map[LBMode]string{LBRandom: "", LBRoundRobin: "at-", LBSourceHash: "sh-", LBConsistentHash: "ch-"}
 
 // pickChainFor names the shared pick chain of a mode over n choices (endpoints, or
-// table slots for consistentHash), of the cluster-endpoints maps when cluster is set.
+// table slots for consistentHash; for roundRobin, the one index k the chain looks up),
+// of the cluster-endpoints maps when cluster is set.
 func pickChainFor(m LBMode, cluster bool, n int) string {
 	prefix := pickPrefix
 	if cluster {
@@ -120,7 +123,7 @@ func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
 		}
 	}
 	n, err = strconv.Atoi(rest)
-	if err != nil || n <= 0 {
+	if err != nil || n < 0 || (n == 0 && m != LBRoundRobin) {
 		return "", false, 0, fmt.Errorf("bad pick chain name %q", name)
 	}
 	return m, cluster, n, nil

@@ -158,9 +158,10 @@ func ctSelector(t *tokens, s *state) (v value, ok bool) {
 	return value{}, false
 }
 
-// numgenSelector reads the rest of "numgen random|inc mod N" (after "numgen"): any of
-// 0..N-1. The counter of "inc" is not modelled: over many connections it reaches every
-// value, which is what the tracer reports.
+// numgenSelector reads the rest of "numgen random|inc mod N [offset K]" (after
+// "numgen"): any of 0..N-1. The counter of "inc" is not modelled: over many connections
+// it reaches every value, which is what the tracer reports. An offset is modelled only
+// with "mod 1", the constant K the round-robin pick-at chains use.
 func numgenSelector(t *tokens) (value, error) {
 	if kind := t.next(); kind != "random" && kind != "inc" {
 		return value{}, fmt.Errorf("unknown numgen %q", kind)
@@ -172,7 +173,15 @@ func numgenSelector(t *tokens) (value, error) {
 	if err != nil || n == 0 {
 		return value{}, fmt.Errorf("bad numgen modulus")
 	}
-	return value{numRange: n, isNum: true}, nil
+	if t.peek(0) != "offset" {
+		return value{numRange: n, isNum: true}, nil
+	}
+	t.next()
+	k, err := strconv.ParseUint(t.next(), 10, 32)
+	if err != nil || n != 1 {
+		return value{}, fmt.Errorf("numgen offset is modelled only as a constant (mod 1)")
+	}
+	return value{num: k, isNum: true}, nil
 }
 
 // jhashSelector reads the rest of "jhash ip|ip6 saddr mod N seed S" (after "jhash") and
