@@ -304,27 +304,30 @@ func sameEndpoints(a, b []Endpoint) bool {
 // use: "numgen inc" keeps one counter per rule, so a chain shared with other ports would
 // interleave their connections (two Services of two endpoints each, used in turn, would
 // each always get the same endpoint). Every entry of the port with n endpoints in the
-// same map shares the chain, and so one counter. The chain's rule only picks, through an
-// anonymous vmap of n elements, a shared pick-at-<k> chain that looks up index k of the
-// endpoint map: a rule that bound the endpoint map itself would make the kernel walk
-// every element of that map (all Services' endpoints) once per port (issue 14).
+// same map shares the chain, and so one counter. The rule only picks an index k, through
+// the shared round-robin-picks map (k : goto pick-at-<k>), and the shared pick-at-<k>
+// chain looks up element k of the endpoint map. A rule per port that bound the endpoint
+// map, or an anonymous vmap, would cost the kernel a walk of every element of that map,
+// or of every set of the table, per port (issue 14); this map has max(n) elements.
 func (pc *portCompiler) rrChain(cluster bool, n int) string {
 	name := fmt.Sprintf("%s%s-%d", roundRobinPrefix, pc.portID(), n)
+	picks := mapRoundRobinPicks
 	if cluster {
 		name = fmt.Sprintf("%s%s-cluster-%d", roundRobinPrefix, pc.portID(), n)
+		picks = mapRoundRobinClusterPicks
 	}
 	if pc.out.objects.chains == nil {
 		pc.out.objects = newPortObjects()
 	}
 	if _, ok := pc.out.objects.chains[name]; !ok {
-		gotos := make([]string, n)
 		for k := range n {
 			at := pickChainFor(LBRoundRobin, cluster, k)
 			pc.pick[at] = true
-			gotos[k] = fmt.Sprintf("%d : goto %s", k, at)
+			pc.out.shared = append(pc.out.shared, element{set: picks, isMap: true,
+				key: []string{strconv.Itoa(k)}, value: []string{"goto " + at}}.id())
 		}
-		pc.out.objects.chains[name] = []string{fmt.Sprintf("%s vmap { %s }",
-			pickExpr(LBRoundRobin, pc.c.ip, n), strings.Join(gotos, " , "))}
+		pc.out.objects.chains[name] = []string{fmt.Sprintf("%s vmap @%s",
+			pickExpr(LBRoundRobin, pc.c.ip, n), picks)}
 	}
 	return name
 }
@@ -685,6 +688,8 @@ func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.
 		{Name: mapServiceIPs, Type: entryType + " : verdict", Comment: ptr("entry -> pick chain")},
 		{Name: mapShortCircuit, Type: entryType + " : verdict", Comment: ptr("Local-policy entry, from pods and node -> pick chain")},
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
+		{Name: mapRoundRobinPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-at chain")},
+		{Name: mapRoundRobinClusterPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-cluster-at chain")},
 	}
 	for _, proto := range allProtocols() {
 		// typeof, because the index has numgen's type, which has no name of its own.

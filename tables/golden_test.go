@@ -276,6 +276,8 @@ add map ip shardproxy-test endpoints-sctp { typeof ip daddr . sctp dport . numge
 add map ip shardproxy-test endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> endpoint" ; }
 add map ip shardproxy-test endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> endpoint" ; }
 add map ip shardproxy-test no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment "entry without endpoints -> reject or drop" ; }
+add map ip shardproxy-test round-robin-cluster-picks { typeof numgen inc mod 1 : verdict ; comment "round-robin index -> pick-cluster-at chain" ; }
+add map ip shardproxy-test round-robin-picks { typeof numgen inc mod 1 : verdict ; comment "round-robin index -> pick-at chain" ; }
 add map ip shardproxy-test service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "entry -> pick chain" ; }
 add map ip shardproxy-test short-circuit-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "Local-policy entry, from pods and node -> pick chain" ; }
 add rule ip shardproxy-test filter-forward ct state new ip daddr . meta l4proto . th dport vmap @no-endpoint-services

@@ -47,7 +47,8 @@ const (
 	pickClusterPrefix = "pick-cluster-"
 	// roundRobinPrefix names the round-robin chains of a port, "rr-<id>-<n>" and
 	// "rr-<id>-cluster-<n>": one counter per Service port needs a rule per port; the
-	// rule sends each connection to the shared pick-at-<k> chain of its index.
+	// rule sends each connection, through round-robin-picks, to the shared pick-at-<k>
+	// chain of its index.
 	roundRobinPrefix = "rr-"
 	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
 	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
@@ -79,6 +80,11 @@ const (
 	mapEndpoints = "endpoints"
 	// mapClusterEndpoints ("cluster-endpoints-<proto>") is the same for mapShortCircuit.
 	mapClusterEndpoints = "cluster-endpoints"
+	// mapRoundRobinPicks sends a round-robin index k to the pick-at-<k> chain, for the
+	// rr chains of the ports (one map for all: see rrChain); mapRoundRobinClusterPicks
+	// sends it to pick-cluster-at-<k>.
+	mapRoundRobinPicks        = "round-robin-picks"
+	mapRoundRobinClusterPicks = "round-robin-cluster-picks"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject
 	// chain (no endpoints at all) or to drop (Local policy, no local endpoints).
 	mapNoEndpoints = "no-endpoint-services"

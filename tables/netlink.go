@@ -263,6 +263,8 @@ func parseFields(spec string, typeOf bool) ([]field, error) {
 			out = append(out, fieldProto)
 		case strings.HasPrefix(e, "numgen "):
 			out = append(out, fieldIndex)
+		case e == "verdict":
+			out = append(out, fieldVerdict)
 		default:
 			return nil, fmt.Errorf("unknown expression %q", e)
 		}

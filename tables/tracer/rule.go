@@ -517,27 +517,45 @@ func (tr *Tracer) evalAnonVmap(tbl *knftables.FakeTable, t *tokens, s *state, va
 }
 
 // evalVmap looks the values up in a named verdict map ("vmap @m") and applies the
-// verdict of the first matching element; no element means no match.
+// verdict of the first matching element; no element means no match. A numgen range
+// ("numgen inc mod 3 vmap @m") takes every index it can, each to its own outcome.
 func (tr *Tracer) evalVmap(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) (bool, []*state, error) {
 	t.next()
 	name := strings.TrimPrefix(t.next(), "@")
-	elems, err := lookup(tbl, name, vals)
-	if err != nil {
-		return false, nil, err
+	keys := expand(vals)
+	var out []*state
+	for _, key := range keys {
+		elems, err := lookup(tbl, name, key)
+		if err != nil {
+			return false, nil, err
+		}
+		if len(elems) == 0 {
+			continue
+		}
+		n := s
+		if len(keys) > 1 {
+			n = s.clone()
+		}
+		res, err := tr.applyVerdict(tbl, name, elems[0].Value, n, depth)
+		if err != nil {
+			return false, nil, err
+		}
+		out = append(out, res...)
 	}
-	if len(elems) == 0 {
-		return false, nil, nil
-	}
-	verdict := strings.Fields(strings.Join(elems[0].Value, " "))
+	return len(out) > 0, out, nil
+}
+
+// applyVerdict applies the verdict value of an element of the verdict map name.
+func (tr *Tracer) applyVerdict(tbl *knftables.FakeTable, name string, value []string, s *state, depth int) ([]*state, error) {
+	verdict := strings.Fields(strings.Join(value, " "))
 	switch verdict[0] {
 	case "goto", "jump":
-		res, err := tr.jump(tbl, verdict[0], verdict[1], s, depth)
-		return true, res, err
+		return tr.jump(tbl, verdict[0], verdict[1], s, depth)
 	case "drop", "accept", "return":
 		s.verdict = verdict[0]
-		return true, []*state{s}, nil
+		return []*state{s}, nil
 	}
-	return false, nil, fmt.Errorf("unknown verdict %q in @%s", verdict, name)
+	return nil, fmt.Errorf("unknown verdict %q in @%s", verdict, name)
 }
 
 // matchLiterals compares a single value with a literal or a { a, b } set literal: true
