@@ -64,7 +64,9 @@ instances:
 		"service-ips { 172.30.0.22 . tcp . 80 : goto rr-",
 		"service-ips { 172.30.0.23 . tcp . 80 : goto pick-ch-256 }",
 		"jhash ip saddr mod 256 seed 0x1f2e3d4c map @endpoints-tcp",
-		"numgen inc mod 2 map @endpoints-tcp",
+		"numgen inc mod 2 vmap @round-robin-picks",
+		"round-robin-picks { 1 : goto pick-at-1 }",
+		"numgen random mod 1 offset 1 map @endpoints-tcp",
 		"endpoints-tcp { 172.30.0.21 . 80 . 255 : ",
 	} {
 		if !strings.Contains(script, want) {
