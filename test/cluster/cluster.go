@@ -150,7 +150,6 @@ func newCluster(opts Options, bins map[string]string) (*Cluster, error) {
 	c.st = state{
 		Owner: os.Getpid(), Dir: dir, Namespaces: []string{c.NodeNS, c.ExtNS},
 		CgroupName: "spc-" + id, Sock: filepath.Join(dir, "containerd", "containerd.sock"),
-		NetnsBefore: listNetns(),
 	}
 	return c, c.st.save()
 }
@@ -172,7 +171,7 @@ func (c *Cluster) Close() error {
 			errs = append(errs, ch.Stop(15*time.Second))
 		}
 	}
-	errs = append(errs, teardownNode(c.st, children["containerd"], c.opts.Logf))
+	errs = append(errs, teardownNode(&c.st, children["containerd"], c.opts.Logf))
 	if c.stopCP != nil {
 		errs = append(errs, c.stopCP())
 	}

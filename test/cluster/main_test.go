@@ -67,7 +67,10 @@ func runMain(m *testing.M) int {
 		log.Printf("cluster teardown: %v", err)
 		code = 1
 	}
-	after := snapshotHost()
+	after := hostState{libModules: snapshotHost().libModules}
+	if c != nil {
+		after = leftovers(c)
+	}
 	if diff := before.diff(after); diff != "" {
 		log.Printf("cluster teardown left the host changed:\n%s", diff)
 		return 1
@@ -94,28 +97,33 @@ type hostState struct {
 
 func snapshotHost() hostState {
 	var s hostState
-	ours := func(v string) bool {
-		return strings.Contains(v, dirPrefix) || strings.Contains(v, "spc-") || strings.Contains(v, "/run/netns/cni-")
-	}
+	_, err := os.Stat(libModules)
+	s.libModules = err == nil
+	return s
+}
+
+// leftovers lists what of cluster c is still on the host: its namespaces, mounts under
+// its directory or of its pods' namespaces, cgroups and processes. Other clusters (other
+// engineers' test runs) are not looked at.
+func leftovers(c *Cluster) hostState {
+	var s hostState
 	for _, ns := range listNetns() {
-		if strings.HasPrefix(ns, "spc-") || strings.HasPrefix(ns, "cni-") {
+		ino, _ := nsInode(filepath.Join(netnsDir, ns))
+		if slices.Contains(c.st.Namespaces, ns) || slices.Contains(c.st.PodNetns, ino) {
 			s.netns = append(s.netns, ns)
 		}
 	}
 	for _, m := range mountPoints() {
-		if ours(m) {
+		if strings.HasPrefix(m, c.Dir+"/") {
 			s.mounts = append(s.mounts, m)
 		}
 	}
 	for _, h := range cgroupHierarchies() {
-		entries, _ := os.ReadDir(h)
-		for _, e := range entries {
-			if e.IsDir() && strings.HasPrefix(e.Name(), "spc-") {
-				s.cgroups = append(s.cgroups, filepath.Join(h, e.Name()))
-			}
+		if _, err := os.Stat(filepath.Join(h, c.st.CgroupName)); err == nil {
+			s.cgroups = append(s.cgroups, filepath.Join(h, c.st.CgroupName))
 		}
 	}
-	for _, pid := range pidsMatching(dirPrefix) {
+	for _, pid := range pidsMatching(c.Dir + "/") {
 		s.procs = append(s.procs, fmt.Sprint(pid))
 	}
 	_, err := os.Stat(libModules)

@@ -30,12 +30,13 @@ const (
 // state is what teardown needs to undo a cluster, saved in its directory so that the next
 // Start can undo one whose test process was killed.
 type state struct {
-	Owner       int      `json:"owner"`
-	Dir         string   `json:"dir"`
-	Namespaces  []string `json:"namespaces"`
-	CgroupName  string   `json:"cgroupName"`
-	Sock        string   `json:"sock"`
-	NetnsBefore []string `json:"netnsBefore"`
+	Owner      int      `json:"owner"`
+	Dir        string   `json:"dir"`
+	Namespaces []string `json:"namespaces"`
+	CgroupName string   `json:"cgroupName"`
+	Sock       string   `json:"sock"`
+	// PodNetns are the inodes of the pods' network namespaces, found at teardown.
+	PodNetns []uint64 `json:"podNetns"`
 	// LibModules is set when Start created an empty /lib/modules: these VMs have none,
 	// and the replace overlay mounts it (type Directory) into its init container.
 	LibModules bool `json:"libModules"`
@@ -87,8 +88,15 @@ func cgroupHierarchies() []string {
 
 // teardownNode ends every process of the node: the pods' (by cgroup), containerd, and
 // containerd's shims (by the socket they were started for).
-func teardownNode(s state, containerd *controlplane.Child, logf func(string, ...any)) error {
+func teardownNode(s *state, containerd *controlplane.Child, logf func(string, ...any)) error {
 	var errs []error
+	// The pods' network namespaces, known by inode while their processes hold them: other
+	// clusters on the machine have cni-* namespaces too.
+	for _, pid := range cgroupPids(s.CgroupName) {
+		if ino, err := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && !slices.Contains(s.PodNetns, ino) {
+			s.PodNetns = append(s.PodNetns, ino)
+		}
+	}
 	for range 50 {
 		pids := cgroupPids(s.CgroupName)
 		if len(pids) == 0 {
@@ -175,8 +183,9 @@ func teardownHost(s state) error {
 		}
 	}
 	for _, ns := range listNetns() {
-		if strings.HasPrefix(ns, "cni-") && !slices.Contains(s.NetnsBefore, ns) {
-			mounts = append(mounts, filepath.Join(netnsDir, ns))
+		path := filepath.Join(netnsDir, ns)
+		if ino, err := nsInode(path); err == nil && strings.HasPrefix(ns, "cni-") && slices.Contains(s.PodNetns, ino) {
+			mounts = append(mounts, path)
 		}
 	}
 	// Deepest first.
@@ -282,8 +291,17 @@ func removeStale(logf func(string, ...any)) {
 			continue
 		}
 		logf("cluster: tearing down %s, left by dead process %d", dir, s.Owner)
-		if err := errors.Join(teardownNode(s, nil, logf), teardownHost(s)); err != nil {
+		if err := errors.Join(teardownNode(&s, nil, logf), teardownHost(s)); err != nil {
 			logf("cluster: tearing down %s: %v", dir, err)
 		}
 	}
+}
+
+// nsInode is the inode of a namespace file (/proc/PID/ns/net or a bind mount of one).
+func nsInode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }
