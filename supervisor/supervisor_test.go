@@ -31,6 +31,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/tables/tablestest"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -79,7 +80,7 @@ func (failing) Run(context.Context, *knftables.Transaction) error {
 func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	key := fmt.Sprintf("%s %s", tables.KnftFamily(fam), table)
+	key := tablestest.Key(fam, table)
 	fk := f.fakes[key]
 	if fk == nil {
 		fk = knftables.NewFake(tables.KnftFamily(fam), table)
@@ -117,23 +118,7 @@ func (f *fakeTables) seed(t *testing.T, spec string) {
 func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]tables.ListedTable, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []tables.ListedTable
-	for key, fk := range f.fakes {
-		family, name, _ := strings.Cut(key, " ")
-		if family != string(tables.KnftFamily(fam)) {
-			continue
-		}
-		fk.RLock()
-		if fk.Table != nil {
-			lt := tables.ListedTable{Name: name}
-			if fk.Table.Comment != nil {
-				lt.Comment = *fk.Table.Comment
-			}
-			out = append(out, lt)
-		}
-		fk.RUnlock()
-	}
-	return out, nil
+	return tablestest.Listed(f.fakes, fam), nil
 }
 
 // dump returns a table's content, or "" if it does not exist yet.

@@ -3,7 +3,6 @@ package servicecidr
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/tables/tablestest"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -109,9 +109,7 @@ type fakeHost struct {
 	writes  int
 }
 
-func key(fam tables.Family, table string) string {
-	return fmt.Sprintf("%s %s", tables.KnftFamily(fam), table)
-}
+func key(fam tables.Family, table string) string { return tablestest.Key(fam, table) }
 
 func (h *fakeHost) open(fam tables.Family, table string) (knftables.Interface, error) {
 	h.mu.Lock()
@@ -141,23 +139,7 @@ func (c *countingFake) Run(ctx context.Context, tx *knftables.Transaction) error
 func (h *fakeHost) list(_ context.Context, fam tables.Family) ([]tables.ListedTable, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var out []tables.ListedTable
-	for k, fk := range h.fakes {
-		family, name, _ := strings.Cut(k, " ")
-		if family != string(tables.KnftFamily(fam)) {
-			continue
-		}
-		fk.RLock()
-		if fk.Table != nil {
-			lt := tables.ListedTable{Name: name}
-			if fk.Table.Comment != nil {
-				lt.Comment = *fk.Table.Comment
-			}
-			out = append(out, lt)
-		}
-		fk.RUnlock()
-	}
-	return out, nil
+	return tablestest.Listed(h.fakes, fam), nil
 }
 
 // elements returns the ServiceCIDRs a family's node table holds, "" without the table.

@@ -145,6 +145,25 @@ func expect[T comparable](t *testing.T, what string, got, want T) {
 	}
 }
 
+// convertYAML converts a KubeProxyConfiguration given by its fields (YAML after the
+// apiVersion and kind lines) and decodes the result as a shardproxy configuration.
+func convertYAML(t *testing.T, fields string) (*config.Config, []byte) {
+	t.Helper()
+	kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" + fields))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Convert(kp, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Decode(out, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, out
+}
+
 // TestConvertBindAddresses: kube-proxy's spellings of a bind address, each listening
 // where kube-proxy's would.
 func TestConvertBindAddresses(t *testing.T) {
@@ -156,18 +175,7 @@ func TestConvertBindAddresses(t *testing.T) {
 		{"10.0.0.0/8:10256", "0.0.0.0:10256"},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
-			kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhealthzBindAddress: \"" + tc.in + "\"\n"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := Convert(kp, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg, err := config.Decode(out, "t")
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg, _ := convertYAML(t, "healthzBindAddress: \""+tc.in+"\"\n")
 			if cfg.HealthzBindAddress != tc.want {
 				t.Errorf("healthzBindAddress %q, want %q", cfg.HealthzBindAddress, tc.want)
 			}
@@ -186,18 +194,7 @@ func TestConvertIPVSSchedulers(t *testing.T) {
 		{"wlc", "", `ipvs.scheduler: "wlc": no counterpart`}, // "": the default, random
 	} {
 		t.Run(tc.scheduler, func(t *testing.T) {
-			kp, err := Decode([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: ipvs\nipvs: {scheduler: \"" + tc.scheduler + "\"}\n"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := Convert(kp, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg, err := config.Decode(out, "t")
-			if err != nil {
-				t.Fatal(err)
-			}
+			cfg, out := convertYAML(t, "mode: ipvs\nipvs: {scheduler: \""+tc.scheduler+"\"}\n")
 			cfg.DefaultWith(func(string) string { return "node-1" }, nil)
 			if got := cfg.Instances[0].LoadBalancing.Mode; got != tc.wantMode {
 				t.Errorf("loadBalancing.mode %q, want %q", got, tc.wantMode)
