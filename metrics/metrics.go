@@ -81,6 +81,7 @@ type Metrics struct {
 	healthz                    *prometheus.CounterVec
 	livez                      *prometheus.CounterVec
 	conntrackReconcilerDeleted *prometheus.CounterVec
+	conntrackReconcilerLatency *prometheus.HistogramVec
 
 	// shardproxy's own.
 	instanceUp        *prometheus.GaugeVec
@@ -224,6 +225,12 @@ func New() *Metrics {
 		Subsystem: kubeProxySubsystem,
 		Name:      "conntrack_reconciler_deleted_entries_total",
 		Help:      "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{labelIPFamily}))
+	m.conntrackReconcilerLatency = nodeWide(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: kubeProxySubsystem,
+		Name:      "conntrack_reconciler_sync_duration_seconds",
+		Help:      "ReconcileConntrackFlowsLatency latency in seconds",
+		Buckets:   syncLatencyBuckets(),
 	}, []string{labelIPFamily}))
 
 	m.instanceUp = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -465,6 +472,13 @@ func (m *Metrics) Handover(from, to string) {
 func (m *Metrics) ConntrackDeleted(instance string, family string, n int) {
 	addCount(m.conntrackDeleted.WithLabelValues(instance), n)
 	addCount(m.conntrackReconcilerDeleted.WithLabelValues(family), n)
+}
+
+// ObserveConntrackReconcile records how long one conntrack cleanup of IP family
+// family ("IPv4" or "IPv6") took, as upstream's reconciler histogram does for each of
+// its rounds; node-wide, like the reconciler's deleted counter.
+func (m *Metrics) ObserveConntrackReconcile(family string, d time.Duration) {
+	m.conntrackReconcilerLatency.WithLabelValues(family).Observe(d.Seconds())
 }
 
 // SetPendingChanges records how many Services have a Service, respectively

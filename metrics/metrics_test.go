@@ -41,6 +41,7 @@ var nodeWideNames = []string{
 	"kubeproxy_proxy_healthz_total",
 	"kubeproxy_proxy_livez_total",
 	"kubeproxy_conntrack_reconciler_deleted_entries_total",
+	"kubeproxy_conntrack_reconciler_sync_duration_seconds",
 	"shardproxy_handovers_total",
 	"shardproxy_build_info",
 }
@@ -214,6 +215,7 @@ func TestLint(t *testing.T) {
 	m.Handover("team-a", "team-b")
 	m.HealthzResult(200)
 	m.LivezResult(200)
+	m.ObserveConntrackReconcile(IPv4, time.Millisecond)
 	problems, err := testutil.GatherAndLint(m.Registry(), append(perInstanceNames, nodeWideNames...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -8,10 +9,8 @@ import (
 )
 
 // upstreamKubeProxyLabels are the kube-proxy series of nftables mode and their labels,
-// as upstream kube-proxy defines them in pkg/proxy/metrics, taken from the Kubernetes
-// metrics reference of v1.34 (the newest release this list was checked against; the
-// issue asks for v1.36's, which an e2e test against the real kube-proxy v1.36.3 should
-// confirm). The iptables- and ipvs-only series
+// as upstream kube-proxy defines them in pkg/proxy/metrics, checked against
+// k8s.io/kubernetes v1.36.3's pkg/proxy/metrics/metrics.go. The iptables- and ipvs-only series
 // (kubeproxy_sync_proxy_rules_iptables_*, kubeproxy_iptables_*) are left out: shardproxy
 // runs nftables only.
 var upstreamKubeProxyLabels = map[string][]string{
@@ -35,9 +34,7 @@ var upstreamKubeProxyLabels = map[string][]string{
 }
 
 // notExported are upstream's series above that shardproxy does not export, and why.
-var notExported = map[string]string{
-	"kubeproxy_conntrack_reconciler_sync_duration_seconds": "not implemented yet: the conntrack cleanup (supervisor/conntrack) has no duration histogram",
-}
+var notExported = map[string]string{}
 
 // TestKubeProxySeriesHaveUpstreamLabels: every kubeproxy_* series shardproxy exports is
 // one of upstream's, with upstream's labels, plus "instance" on those shardproxy keeps per
@@ -49,6 +46,7 @@ func TestKubeProxySeriesHaveUpstreamLabels(t *testing.T) {
 		m.SetLastSync("team-a", fam, time.Now())
 		m.SetLastQueued("team-a", fam, time.Now())
 		m.ConntrackDeleted("team-a", fam, 1)
+		m.ObserveConntrackReconcile(fam, time.Millisecond)
 	}
 	m.HealthzResult(200)
 	m.LivezResult(200)
@@ -92,6 +90,60 @@ func TestKubeProxySeriesHaveUpstreamLabels(t *testing.T) {
 	for name := range upstreamKubeProxyLabels {
 		if _, ok := got[name]; !ok && notExported[name] == "" {
 			t.Errorf("upstream's %s is not exported", name)
+		}
+	}
+}
+
+// upstreamBuckets are the upper bounds of upstream's histograms, from pkg/proxy/metrics
+// of k8s.io/kubernetes v1.36.3: ExponentialBuckets(0.001, 2, 15) for the sync and
+// conntrack reconciler durations.
+var upstreamBuckets = map[string][]float64{
+	"kubeproxy_sync_proxy_rules_duration_seconds":          exponential(0.001, 2, 15),
+	"kubeproxy_sync_full_proxy_rules_duration_seconds":     exponential(0.001, 2, 15),
+	"kubeproxy_sync_partial_proxy_rules_duration_seconds":  exponential(0.001, 2, 15),
+	"kubeproxy_conntrack_reconciler_sync_duration_seconds": exponential(0.001, 2, 15),
+}
+
+// exponential returns count bounds from start, each factor times the previous.
+func exponential(start, factor float64, count int) []float64 {
+	out := make([]float64, count)
+	for i := range out {
+		out[i] = start
+		start *= factor
+	}
+	return out
+}
+
+// TestHistogramsHaveUpstreamBuckets: the histograms shardproxy shares with upstream
+// bucket observations as upstream does, so dashboards' histogram_quantile agree.
+func TestHistogramsHaveUpstreamBuckets(t *testing.T) {
+	m := New()
+	m.InitInstance("team-a")
+	m.ObserveSync("team-a", IPv4, true, time.Millisecond)
+	m.ObserveSync("team-a", IPv4, false, time.Millisecond)
+	m.ObserveConntrackReconcile(IPv4, time.Millisecond)
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range fams {
+		want, ok := upstreamBuckets[f.GetName()]
+		if !ok || len(f.GetMetric()) == 0 {
+			continue
+		}
+		seen[f.GetName()] = true
+		var got []float64
+		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
+			got = append(got, b.GetUpperBound())
+		}
+		if !slices.EqualFunc(got, want, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }) {
+			t.Errorf("%s buckets %v, want upstream's %v", f.GetName(), got, want)
+		}
+	}
+	for name := range upstreamBuckets {
+		if !seen[name] {
+			t.Errorf("%s: no series observed", name)
 		}
 	}
 }

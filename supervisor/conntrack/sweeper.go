@@ -33,10 +33,13 @@ type Node interface {
 	ServedElsewhere(inst string, names []types.NamespacedName) map[types.NamespacedName]*instance.ServiceModel
 }
 
-// Metrics counts the flows a Sweeper deleted; *metrics.Metrics implements it.
+// Metrics counts the flows a Sweeper deleted and times its cleanups;
+// *metrics.Metrics implements it.
 type Metrics interface {
 	// ConntrackDeleted counts n flows of family ("IPv4" or "IPv6") deleted for instance.
 	ConntrackDeleted(instance string, family string, n int)
+	// ObserveConntrackReconcile records how long one cleanup of family took.
+	ObserveConntrackReconcile(family string, d time.Duration)
 }
 
 // Sweeper is the conntrack cleanup of a node's instances: after each sync it decides
@@ -155,9 +158,13 @@ func (s *Sweeper) clean(logger klog.Logger, inst string, fam tables.Family, item
 	}
 	ctx, cancel := context.WithTimeout(klog.NewContext(context.Background(), logger), cleanupTimeout)
 	defer cancel()
+	start := time.Now()
 	n, err := s.cleaner.CleanupChange(ctx, ch)
 	if err != nil {
 		logger.Error(err, "Conntrack cleanup failed", "family", fam)
+	} else {
+		// As upstream, a round that failed is not timed: its duration says nothing.
+		s.metrics.ObserveConntrackReconcile(fam.String(), time.Since(start))
 	}
 	if n > 0 {
 		s.metrics.ConntrackDeleted(inst, fam.String(), n)

@@ -1,6 +1,7 @@
 package conntrack
 
 import (
+	"errors"
 	"reflect"
 	"slices"
 	"testing"
@@ -112,4 +113,61 @@ func TestServingEndpoints(t *testing.T) {
 	if want := []string{epA, epB, "10.244.4.2:5353"}; !slices.Equal(eps, want) || len(got) != 1 {
 		t.Errorf("serving endpoints %v (all: %v), want only the UDP port's %v", eps, got, want)
 	}
+}
+
+// TestSweepObservesReconcileDuration: each family's cleanup that ran is observed in
+// upstream's kubeproxy_conntrack_reconciler_sync_duration_seconds under that family; a
+// family without ports to compare, and a cleanup whose dump failed (as upstream skips a
+// round whose listing failed), are not.
+func TestSweepObservesReconcileDuration(t *testing.T) {
+	tests := []struct {
+		name     string
+		listErr  error
+		wantIPv4 uint64
+	}{
+		{name: "cleanup ran", wantIPv4: 1},
+		{name: "conntrack dump failed", listErr: errors.New("netlink: broken"), wantIPv4: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, sl := dnsService(sliceEndpoint(epA, false), sliceEndpoint(epB, false))
+			current := []*discoveryv1.EndpointSlice{sl}
+			ct := NewFake(udp(hostPort(clusterIP, "53"), epA))
+			ct.ListErr = tc.listErr
+			m := metrics.New()
+			s := NewSweeper(NewCleaner(ct), fakeNode{slices: func() []*discoveryv1.EndpointSlice { return current }}, m, klog.Background())
+			name := types.NamespacedName{Namespace: "a", Name: "dns"}
+			before := instance.Build(svc, current, instance.NodeInfo{Name: "node-1"})
+			current = nil
+			s.Synced("team-a", []instance.ChangedService{{Name: name, Before: before, After: nil}}, false)
+			got := reconcileObservations(t, m)
+			if got["IPv4"] != tc.wantIPv4 || got["IPv6"] != 0 {
+				t.Errorf("observations by family %v, want IPv4 %d and IPv6 0 (the Service has no IPv6 port)", got, tc.wantIPv4)
+			}
+		})
+	}
+}
+
+// reconcileObservations returns the sample count of the reconciler's duration
+// histogram by ip_family.
+func reconcileObservations(t *testing.T, m *metrics.Metrics) map[string]uint64 {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, f := range fams {
+		if f.GetName() != "kubeproxy_conntrack_reconciler_sync_duration_seconds" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "ip_family" {
+					out[l.GetValue()] = s.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return out
 }
