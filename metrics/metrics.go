@@ -93,6 +93,9 @@ type Metrics struct {
 	syncOperations    *prometheus.HistogramVec
 	buildInfo         *prometheus.GaugeVec
 
+	// rest counts and times the API client's requests (restclient.go).
+	rest restClientMetrics
+
 	// instanceVectors are the vectors with a proxy_instance label, as perInstance and
 	// perInstanceTimestamp register them: ForgetInstance and InitInstance go through
 	// them, so a metric is defined in one place, New.
@@ -280,6 +283,8 @@ func New() *Metrics {
 		Name:      "build_info",
 		Help:      "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
 	}, []string{labelVersion, labelGoVersion}))
+
+	m.rest = newRESTClientMetrics(m)
 
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
 		Registry: m.registry,

@@ -75,6 +75,10 @@ type Deps struct {
 	LegacyRules LegacyRules
 	// Logger receives the supervisor's and its instances' log lines; default klog's.
 	Logger logr.Logger
+	// Metrics is where the supervisor's series go; default a fresh metrics.New(). The
+	// caller passes its own when something outside the supervisor feeds it too (the
+	// API client's transport, see metrics.InstrumentTransport).
+	Metrics *metrics.Metrics
 }
 
 // Supervisor runs one node's instances.
@@ -157,11 +161,14 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	if deps.Logger.GetSink() == nil {
 		deps.Logger = klog.Background()
 	}
+	if deps.Metrics == nil {
+		deps.Metrics = metrics.New()
+	}
 	s := &Supervisor{
 		cfg:       cfg,
 		deps:      deps,
 		logger:    deps.Logger.WithValues("node", cfg.NodeName),
-		metrics:   metrics.New(),
+		metrics:   deps.Metrics,
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
 

@@ -34,6 +34,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/legacy"
+	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
@@ -220,11 +221,14 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
+	// The client's requests are counted as kube-proxy's rest_client_* series.
+	m := metrics.New()
+	rc.Wrap(m.InstrumentTransport)
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv)})
+	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv), Metrics: m})
 	if err != nil {
 		return err
 	}
