@@ -108,14 +108,18 @@ bench:
 # a local kube-apiserver) once with upstream kube-proxy v1.36.3 in nftables mode and once
 # with one shardproxy instance, one after the other in a fresh node namespace, and prints
 # both proxies' first full sync, partial sync, network programming latency and peak RSS
-# from their own metrics, with the ratios (test/bench/compare). Root only; ~10 minutes on
-# two cores with the default scales, after `make deps`. BENCH_COMPARE_FLAGS adds flags,
-# e.g. `-only shardproxy -heap-profile-dir DIR` (shardproxy's heap after its first sync).
+# from their own metrics, then their CPU per minute under a steady churn of 20 endpoint
+# changes per second for a minute, with the ratios (test/bench/compare). Writes the JSON
+# and a plot of sync time and RSS against Services (BENCH_COMPARE_PLOT, .svg or .png).
+# Root only; ~15 minutes on two cores with the default scales, after `make deps`.
+# BENCH_COMPARE_FLAGS adds flags, e.g. `-only shardproxy -heap-profile-dir DIR`
+# (shardproxy's heap after its first sync) or `-churn-duration 0` (no churn phase).
 BENCH_COMPARE_SCALES ?= 1000,10000
 BENCH_COMPARE_OUT    ?= _output/bench/compare.json
+BENCH_COMPARE_PLOT   ?= _output/bench/compare.svg
 bench-compare: deps
 	$(GO) build -o bin/shardproxy-bench-compare ./test/bench/cmd/shardproxy-bench-compare
-	bin/shardproxy-bench-compare -repo . -scales $(BENCH_COMPARE_SCALES) -out $(BENCH_COMPARE_OUT) $(BENCH_COMPARE_FLAGS)
+	bin/shardproxy-bench-compare -repo . -scales $(BENCH_COMPARE_SCALES) -out $(BENCH_COMPARE_OUT) -plot $(BENCH_COMPARE_PLOT) $(BENCH_COMPARE_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

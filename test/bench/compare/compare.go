@@ -65,6 +65,13 @@ type Options struct {
 	// HeapProfileDir, when set, receives shardproxy's heap profile after its first full
 	// sync at each scale (heap-N.pprof; `go tool pprof -sample_index=inuse_space`).
 	HeapProfileDir string
+	// ChurnRate is the endpoint changes per second of the churn phase (issue 13 item 4),
+	// made after the samples for ChurnDuration (0: no churn phase).
+	ChurnRate     float64
+	ChurnDuration time.Duration
+	// Plot, when set, receives an SVG of first full sync and peak RSS against Services
+	// for both proxies.
+	Plot string
 }
 
 // Main runs bench-compare and returns the exit code.
@@ -83,6 +90,13 @@ func Main(args []string) int {
 			err = errors.Join(err, werr)
 		} else {
 			fmt.Printf("\nJSON: %s\n", o.Out)
+		}
+		if o.Plot != "" {
+			if werr := rep.WritePlot(o.Plot); werr != nil {
+				err = errors.Join(err, werr)
+			} else {
+				fmt.Printf("plot: %s\n", o.Plot)
+			}
 		}
 	}
 	if err != nil {
@@ -106,6 +120,9 @@ func parseOptions(args []string) (Options, error) {
 	fs.BoolVar(&o.Keep, "keep", false, "keep each scale's work directory (logs)")
 	fs.StringVar(&o.Only, "only", "", `measure only "kube-proxy" or "shardproxy" (no ratios)`)
 	fs.StringVar(&o.HeapProfileDir, "heap-profile-dir", "", "write shardproxy's heap profile after its first full sync here (heap-N.pprof)")
+	fs.Float64Var(&o.ChurnRate, "churn-rate", 20, "endpoint changes per second in the churn phase")
+	fs.DurationVar(&o.ChurnDuration, "churn-duration", time.Minute, "how long the churn phase lasts, per proxy (0: none)")
+	fs.StringVar(&o.Plot, "plot", "", "write an SVG plot (first full sync and peak RSS against Services) here")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +138,9 @@ func parseOptions(args []string) (Options, error) {
 	}
 	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 {
 		return o, errors.New("-endpoints, -samples and -min-sync-period must be positive")
+	}
+	if o.ChurnDuration < 0 || (o.ChurnDuration > 0 && o.ChurnRate <= 0) {
+		return o, errors.New("-churn-duration must not be negative, and -churn-rate must be positive with a churn phase")
 	}
 	return o, nil
 }

@@ -113,6 +113,13 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	}
 	res.PartialSyncMedianSeconds = median(res.PartialSyncSeconds)
 	res.ProgrammingMedianSeconds = median(res.ProgrammingSeconds)
+	if m.r.o.ChurnDuration > 0 {
+		c, err := m.churn(ctx, d)
+		if err != nil {
+			return fail(fmt.Errorf("churn: %w", err))
+		}
+		res.Churn = &c
+	}
 	res.PeakRSSMB, err = peakRSSMB(d.pid())
 	if err != nil {
 		return fail(err)

@@ -47,6 +47,8 @@ type ProxyResult struct {
 	ProgrammingSeconds       []float64 `json:"networkProgrammingSeconds"`
 	ProgrammingMedianSeconds float64   `json:"networkProgrammingMedianSeconds"`
 	PeakRSSMB                float64   `json:"peakRSSMB"`
+	// Churn is the churn phase (nil: not run).
+	Churn *ChurnResult `json:"churn,omitempty"`
 }
 
 // Ratios are shardproxy / upstream.
@@ -56,6 +58,7 @@ type Ratios struct {
 	PartialSync   float64 `json:"partialSync"`
 	Programming   float64 `json:"networkProgramming"`
 	PeakRSS       float64 `json:"peakRSS"`
+	ChurnCPU      float64 `json:"churnCPU"`
 }
 
 func ratio(ours, theirs float64) float64 {
@@ -73,6 +76,9 @@ func (s *ScaleResult) fillRatios() {
 		PartialSync:   ratio(o.PartialSyncMedianSeconds, u.PartialSyncMedianSeconds),
 		Programming:   ratio(o.ProgrammingMedianSeconds, u.ProgrammingMedianSeconds),
 		PeakRSS:       ratio(o.PeakRSSMB, u.PeakRSSMB),
+	}
+	if u.Churn != nil && o.Churn != nil {
+		s.Ratios.ChurnCPU = ratio(o.Churn.CPUSecondsPerMinute, u.Churn.CPUSecondsPerMinute)
 	}
 }
 
@@ -96,6 +102,17 @@ func PrintTable(w io.Writer, r *Report) {
 		row("partial sync, median", "ms", 1e3, u.PartialSyncMedianSeconds, o.PartialSyncMedianSeconds, s.Ratios.PartialSync)
 		row("network programming, median", "ms", 1e3, u.ProgrammingMedianSeconds, o.ProgrammingMedianSeconds, s.Ratios.Programming)
 		row("peak RSS", "MB", 1, u.PeakRSSMB, o.PeakRSSMB, s.Ratios.PeakRSS)
+		if u.Churn != nil || o.Churn != nil {
+			uc, oc := u.Churn, o.Churn
+			if uc == nil {
+				uc = &ChurnResult{}
+			}
+			if oc == nil {
+				oc = &ChurnResult{}
+			}
+			row(fmt.Sprintf("CPU under churn (%d / %d changes)", uc.Changes, oc.Changes), "s/min", 1, uc.CPUSecondsPerMinute, oc.CPUSecondsPerMinute, s.Ratios.ChurnCPU)
+			row("network programming under churn, mean", "ms", 1e3, uc.ProgrammingMeanSeconds, oc.ProgrammingMeanSeconds, ratio(oc.ProgrammingMeanSeconds, uc.ProgrammingMeanSeconds))
+		}
 		tw.Flush()
 	}
 }

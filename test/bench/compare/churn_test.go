@@ -1,0 +1,122 @@
+package compare
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name, stat string
+		want       float64
+		wantErr    bool
+	}{
+		{"plain", "4242 (shardproxy) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 75 0 0 20 0 12 0 100 0 0", 3.25, false},
+		{"a command with spaces and parentheses", "7 (kube (proxy) x) R 1 7 7 0 -1 0 0 0 0 0 100 100 0 0", 2, false},
+		{"truncated", "7 (p) R 1 7", 0, true},
+		{"no command", "7 p R", 0, true},
+		{"not a number", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 x 1 0 0", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStatCPU(tc.stat)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestCPUSecondsOfThisProcess: the CPU time read from /proc grows with work done.
+func TestCPUSecondsOfThisProcess(t *testing.T) {
+	before, err := cpuSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	deadline := time.Now().Add(10 * time.Second)
+	after := before
+	for after < before+0.05 && time.Now().Before(deadline) {
+		for i := range 1_000_000 {
+			x += i
+		}
+		if after, err = cpuSeconds(os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after < before+0.05 {
+		t.Errorf("CPU time %vs after 10s of spinning, was %vs (sum %d)", after, before, x)
+	}
+}
+
+func sampleReport() *Report {
+	return &Report{Endpoints: 10, Scales: []ScaleResult{
+		{Services: 1000, Upstream: ProxyResult{FirstFullSyncSeconds: 3, PeakRSSMB: 120}, Shardproxy: ProxyResult{FirstFullSyncSeconds: 0.3, PeakRSSMB: 60}},
+		{Services: 10000, Upstream: ProxyResult{FirstFullSyncSeconds: 32, PeakRSSMB: 487,
+			Churn: &ChurnResult{Changes: 1200, CPUSecondsPerMinute: 30}},
+			Shardproxy: ProxyResult{FirstFullSyncSeconds: 2.9, PeakRSSMB: 250,
+				Churn: &ChurnResult{Changes: 1199, CPUSecondsPerMinute: 3}}},
+	}}
+}
+
+func TestPrintTableShowsChurn(t *testing.T) {
+	r := sampleReport()
+	for i := range r.Scales {
+		r.Scales[i].fillRatios()
+	}
+	if got := r.Scales[1].Ratios.ChurnCPU; got != 0.1 {
+		t.Errorf("churn CPU ratio %v, want 0.1", got)
+	}
+	var b bytes.Buffer
+	PrintTable(&b, r)
+	out := b.String()
+	if !strings.Contains(out, "CPU under churn (1200 / 1199 changes)") || !strings.Contains(out, "0.100") {
+		t.Errorf("no churn row with its ratio:\n%s", out)
+	}
+	if strings.Count(out, "CPU under churn") != 1 {
+		t.Errorf("a churn row for a scale without churn:\n%s", out)
+	}
+}
+
+func TestWritePlot(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		file, magic string
+	}{
+		{"compare.svg", "<svg"},
+		{"compare.png", "\x89PNG"},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			path := filepath.Join(dir, "sub", tc.file)
+			if err := sampleReport().WritePlot(path); err != nil {
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(data[:min(len(data), 200)]), tc.magic) {
+				t.Errorf("%s does not start like one: %q", tc.file, data[:min(len(data), 40)])
+			}
+			if tc.file == "compare.svg" {
+				for _, want := range []string{"shardproxy", "kube-proxy (nftables)", "First full sync", "Peak RSS"} {
+					if !strings.Contains(string(data), want) {
+						t.Errorf("the SVG lacks %q", want)
+					}
+				}
+			}
+		})
+	}
+	if err := (&Report{}).WritePlot(filepath.Join(dir, "empty.svg")); err == nil {
+		t.Error("a report without scales plotted")
+	}
+	if err := sampleReport().WritePlot(filepath.Join(dir, "x.gif")); err == nil {
+		t.Error("an unknown format plotted")
+	}
+}
