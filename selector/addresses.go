@@ -54,10 +54,28 @@ type Reserved struct {
 	// PodCIDRs are the cluster's (or this node's) pod ranges: served, a user address
 	// would capture the traffic of the pod that has it.
 	PodCIDRs []netip.Prefix
+	// OtherNodeIPs are the other Nodes' addresses, sorted by address: served here, a
+	// user address would capture this node's traffic to that node (kubelet, SSH).
+	OtherNodeIPs []NodeIP
+	// CIDRs are the ranges the operator reserved (reservedCIDRs).
+	CIDRs []netip.Prefix
+}
+
+// NodeIP is an address of a Node.
+type NodeIP struct {
+	Addr netip.Addr
+	Node string
 }
 
 func (r Reserved) equal(o Reserved) bool {
-	return slices.Equal(r.NodeIPs, o.NodeIPs) && slices.Equal(r.ServiceCIDRs, o.ServiceCIDRs) && slices.Equal(r.PodCIDRs, o.PodCIDRs)
+	return slices.Equal(r.NodeIPs, o.NodeIPs) && slices.Equal(r.ServiceCIDRs, o.ServiceCIDRs) && slices.Equal(r.PodCIDRs, o.PodCIDRs) &&
+		slices.Equal(r.OtherNodeIPs, o.OtherNodeIPs) && slices.Equal(r.CIDRs, o.CIDRs)
+}
+
+// clone returns a copy of r sharing no slice with it.
+func (r Reserved) clone() Reserved {
+	return Reserved{NodeIPs: slices.Clone(r.NodeIPs), ServiceCIDRs: slices.Clone(r.ServiceCIDRs), PodCIDRs: slices.Clone(r.PodCIDRs),
+		OtherNodeIPs: slices.Clone(r.OtherNodeIPs), CIDRs: slices.Clone(r.CIDRs)}
 }
 
 // claimant is a Service that writes user addresses.
@@ -183,7 +201,7 @@ func (b *addressBook) setReserved(r Reserved) []*corev1.Service {
 	if b.reserved.equal(r) {
 		return nil
 	}
-	b.reserved = Reserved{NodeIPs: slices.Clone(r.NodeIPs), ServiceCIDRs: slices.Clone(r.ServiceCIDRs), PodCIDRs: slices.Clone(r.PodCIDRs)}
+	b.reserved = r.clone()
 	out := make([]*corev1.Service, 0, len(b.claimants))
 	for _, c := range b.claimants {
 		out = append(out, c.svc)
@@ -223,6 +241,14 @@ func (b *addressBook) reservedWhy(a netip.Addr) string {
 		return "it is a loopback, link-local, unspecified or multicast address"
 	case slices.Contains(b.reserved.NodeIPs, a):
 		return "it is an address of this node"
+	}
+	if i, ok := slices.BinarySearchFunc(b.reserved.OtherNodeIPs, a, func(n NodeIP, a netip.Addr) int { return n.Addr.Compare(a) }); ok {
+		return "it is an address of node " + b.reserved.OtherNodeIPs[i].Node
+	}
+	for _, p := range b.reserved.CIDRs {
+		if p.Contains(a) {
+			return "it is inside the reserved CIDR " + p.String() + " (reservedCIDRs)"
+		}
 	}
 	for _, p := range b.reserved.ServiceCIDRs {
 		if p.Contains(a) {

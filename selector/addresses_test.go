@@ -1,6 +1,8 @@
 package selector
 
 import (
+	"fmt"
+	"math/rand"
 	"net/netip"
 	"slices"
 	"strings"
@@ -139,6 +141,9 @@ func TestAddressPrecedence(t *testing.T) {
 			f.d.SetReserved(Reserved{NodeIPs: ips, ServiceCIDRs: ps})
 		}
 	}
+	reserveOther := func(r Reserved) func(*precedenceFixture) {
+		return func(f *precedenceFixture) { f.d.SetReserved(r) }
+	}
 	victim := svcAt("b", "victim", "team-b", 10, "10.96.0.10")
 	for _, tc := range []struct {
 		name        string
@@ -229,6 +234,23 @@ func TestAddressPrecedence(t *testing.T) {
 			},
 			wantProblem: "a/s: externalIP 192.0.2.50 refused: it is an address of this node",
 		},
+		{
+			name: "another node's address is refused, and served again once that node lets go of it",
+			steps: []step{
+				{apply: change(svcAt("a", "s", "", 1, "10.96.0.1", "172.30.0.2", "lb:172.30.0.9")), inst: "default", ns: "a", nm: "s", want: []string{"172.30.0.2", "lb:172.30.0.9"}},
+				{apply: reserveOther(Reserved{OtherNodeIPs: []NodeIP{{netip.MustParseAddr("172.30.0.2"), "node-2"}, {netip.MustParseAddr("172.30.0.9"), "node-9"}}}), inst: "default", ns: "a", nm: "s", want: nil},
+				{apply: reserveOther(Reserved{OtherNodeIPs: []NodeIP{{netip.MustParseAddr("172.30.0.9"), "node-9"}}}), inst: "default", ns: "a", nm: "s", want: []string{"172.30.0.2"}},
+			},
+			wantProblem: "a/s: load-balancer IP 172.30.0.9 refused: it is an address of node node-9",
+		},
+		{
+			name: "an address inside reservedCIDRs is refused",
+			steps: []step{
+				{apply: reserveOther(Reserved{CIDRs: []netip.Prefix{netip.MustParsePrefix("172.30.0.0/24")}}), inst: "default", ns: "a", nm: "s", want: nil},
+				{apply: change(svcAt("a", "s", "", 1, "10.96.0.1", "172.30.0.7", "192.0.2.8")), inst: "default", ns: "a", nm: "s", want: []string{"192.0.2.8"}},
+			},
+			wantProblem: "a/s: externalIP 172.30.0.7 refused: it is inside the reserved CIDR 172.30.0.0/24 (reservedCIDRs)",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newPrecedenceFixture(t)
@@ -288,5 +310,66 @@ func TestUserAddressInPodCIDRRefused(t *testing.T) {
 	}
 	if got := f.sinks["default"].addresses("x", "lb"); !slices.Equal(got, []string{"192.0.2.1"}) {
 		t.Errorf("served user addresses %q, want only 192.0.2.1", got)
+	}
+}
+
+// TestArbitrationIndependentOfOrder: whatever order Services and reservation changes
+// (other nodes' addresses, reservedCIDRs, this node's) arrive in, each instance ends up
+// programming the same user addresses as a Dispatcher that knew the final reservations
+// before any Service: an update (a partial sync) and a resync from scratch (a full sync)
+// agree.
+func TestArbitrationIndependentOfOrder(t *testing.T) {
+	final := Reserved{
+		NodeIPs:      []netip.Addr{netip.MustParseAddr("192.0.2.1")},
+		OtherNodeIPs: []NodeIP{{netip.MustParseAddr("172.30.0.2"), "node-2"}, {netip.MustParseAddr("172.30.0.3"), "node-3"}},
+		CIDRs:        []netip.Prefix{netip.MustParsePrefix("198.51.100.0/28")},
+	}
+	intermediate := []Reserved{
+		{},
+		{OtherNodeIPs: []NodeIP{{netip.MustParseAddr("172.30.0.4"), "node-4"}}},
+		{NodeIPs: []netip.Addr{netip.MustParseAddr("172.30.0.2")}, CIDRs: []netip.Prefix{netip.MustParsePrefix("172.30.0.0/24")}},
+	}
+	addrs := []string{"172.30.0.2", "lb:172.30.0.3", "172.30.0.4", "198.51.100.5", "lb:198.51.100.20", "192.0.2.1", "192.0.2.9"}
+	insts := []string{"", "team-a", "team-b"}
+	var svcs []*corev1.Service
+	for i := range 9 {
+		var mine []string
+		for j, a := range addrs {
+			if (i+j)%3 != 0 {
+				mine = append(mine, a)
+			}
+		}
+		svcs = append(svcs, svcAt("ns", fmt.Sprintf("s%d", i), insts[i%3], i%4, fmt.Sprintf("10.96.0.%d", i+1), mine...))
+	}
+	ref := newPrecedenceFixture(t)
+	ref.d.SetReserved(final)
+	for _, s := range svcs {
+		ref.d.ServiceChanged(s)
+	}
+	for seed := int64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		f := newPrecedenceFixture(t)
+		steps := make([]func(), 0, len(svcs)+len(intermediate)+1)
+		for _, s := range svcs {
+			steps = append(steps, func() { f.d.ServiceChanged(s) })
+		}
+		for _, r := range intermediate {
+			steps = append(steps, func() { f.d.SetReserved(r) })
+		}
+		steps = append(steps, func() { f.d.SetReserved(final) })
+		rng.Shuffle(len(steps), func(i, j int) { steps[i], steps[j] = steps[j], steps[i] })
+		for _, step := range steps {
+			step()
+		}
+		// The supervisor hands over its newest view last; then every verdict must be
+		// the reference's, whichever Services came before or after it.
+		f.d.SetReserved(final)
+		for i, s := range svcs {
+			inst := []string{"default", "team-a", "team-b"}[i%3]
+			got, want := f.sinks[inst].addresses("ns", s.Name), ref.sinks[inst].addresses("ns", s.Name)
+			if !slices.Equal(got, want) {
+				t.Errorf("seed %d: %s programs ns/%s with %v, a Dispatcher that knew the reservations first with %v", seed, inst, s.Name, got, want)
+			}
+		}
 	}
 }

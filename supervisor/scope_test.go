@@ -36,26 +36,35 @@ func TestWatchSelectors(t *testing.T) {
 		name         string
 		instances    []config.Instance
 		serviceCIDRs bool
-		want         map[string][]string
+		otherNodes   bool
+		// want maps resources to label selectors, nodes to field selectors.
+		want map[string][]string
 	}{{
 		name:         "a default instance watches every Service",
 		instances:    append([]config.Instance{{Name: "d", Default: true}}, teams...),
 		serviceCIDRs: true,
-		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": {all}},
+		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": {all}, "nodes": {node}},
 	}, {
 		name:         "named instances only: their proxy names and their shadows",
 		instances:    teams,
 		serviceCIDRs: true,
 		want: map[string][]string{"services": {named, shadow},
-			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}, "nodes": {node}},
 	}, {
 		name:      "without the ServiceCIDR API every Service (the address precedence needs their cluster IPs)",
 		instances: teams,
-		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": nil},
+		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": nil, "nodes": {node}},
+	}, {
+		name:         "reserving other nodes' addresses: still one Node watch, of every Node",
+		instances:    teams,
+		serviceCIDRs: true,
+		otherNodes:   true,
+		want: map[string][]string{"services": {named, shadow},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}, "nodes": {all}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-			w, err := NewWatches(client, "node-1", watchScope(tc.instances, tc.serviceCIDRs), tc.serviceCIDRs)
+			w, err := NewWatches(client, "node-1", watchScope(tc.instances, tc.serviceCIDRs), WatchOptions{ServiceCIDRs: tc.serviceCIDRs, OtherNodes: tc.otherNodes})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,11 +76,13 @@ func TestWatchSelectors(t *testing.T) {
 					continue
 				}
 				res := a.GetResource().Resource
-				if f := wa.GetWatchRestrictions().Fields.String(); res == "nodes" && f != node || res != "nodes" && f != "" {
-					t.Errorf("%s watch fields %q", res, f)
-				}
+				f := wa.GetWatchRestrictions().Fields.String()
 				if res == "nodes" {
+					got[res] = append(got[res], f)
 					continue
+				}
+				if f != "" {
+					t.Errorf("%s watch fields %q", res, f)
 				}
 				got[res] = append(got[res], wa.GetWatchRestrictions().Labels.String())
 			}
@@ -103,7 +114,7 @@ func startWatches(t *testing.T, w *Watches) {
 		t.Fatal(err)
 	}
 	d := selector.NewDispatcher(router, map[string]selector.Sink{}, w.SlicesOf, selector.Events{})
-	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}); err != nil {
+	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -208,7 +219,7 @@ func TestMergerJoinsOverlappingWatches(t *testing.T) {
 // shadow and the owner selection) is listed once, at the newer version.
 func TestSlicesOfJoinsWatches(t *testing.T) {
 	client := fake.NewClientset()
-	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), false)
+	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,6 +119,9 @@ type Supervisor struct {
 
 	// reservedMu serializes updateReserved.
 	reservedMu sync.Mutex
+	// otherNodes holds a pending "another Node's addresses changed" (capacity 1), so a
+	// burst of them (the initial list of every Node) costs one updateReserved.
+	otherNodes chan struct{}
 }
 
 // New builds a supervisor from a validated configuration. Nothing runs before Run.
@@ -173,6 +176,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		specs:     map[string]config.Instance{},
 
 		nodeChanged: make(chan struct{}),
+		otherNodes:  make(chan struct{}, 1),
 	}
 	if deps.Version == "" {
 		deps.Version = "unknown"
@@ -262,7 +266,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if !serviceCIDRs {
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
 	}
-	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs), serviceCIDRs)
+	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs),
+		WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: *s.cfg.ReserveOtherNodeAddresses})
 	if err != nil {
 		return err
 	}
@@ -309,7 +314,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if cidrDrop != nil {
 		onServiceCIDRs = func() { s.updateReserved(); cidrDrop.Changed() }
 	}
-	if err := w.Connect(d, s.onNode, onServiceCIDRs); err != nil {
+	if err := w.Connect(d, s.onNode, onServiceCIDRs, s.otherNodesChanged); err != nil {
 		return err
 	}
 
@@ -352,6 +357,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
+	// Every Node's addresses are known: verdicts are final before any instance syncs.
+	s.updateReserved()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.runOtherNodes(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); s.runServiceCIDRDrop(ctx, cidrDrop) }()
 	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
@@ -490,8 +499,30 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	}
 }
 
+// otherNodesChanged notes that another Node's addresses changed, for runOtherNodes.
+func (s *Supervisor) otherNodesChanged() {
+	select {
+	case s.otherNodes <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// runOtherNodes updates the reserved addresses after other Nodes' changes until ctx
+// ends.
+func (s *Supervisor) runOtherNodes(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.otherNodes:
+			s.updateReserved()
+		}
+	}
+}
+
 // updateReserved tells the dispatcher the addresses no Service's user-set addresses may
-// take: this node's (its Node object's and its interfaces') and the ServiceCIDRs.
+// take: this node's (its Node object's and its interfaces'), the other Nodes', the
+// ServiceCIDRs, the pod CIDRs and the operator's reservedCIDRs.
 //
 // The Node and ServiceCIDR handlers run on their own goroutines: reservedMu makes each
 // call read and hand over the addresses as one step, so an older view never lands last.
@@ -525,7 +556,8 @@ func (s *Supervisor) updateReserved() {
 	}
 	slices.SortFunc(ips, netip.Addr.Compare)
 	s.dispatcher.SetReserved(selector.Reserved{NodeIPs: slices.Compact(ips),
-		ServiceCIDRs: sortedPrefixes(s.watches.ServiceCIDRs()), PodCIDRs: s.podCIDRs(node)})
+		ServiceCIDRs: sortedPrefixes(s.watches.ServiceCIDRs()), PodCIDRs: s.podCIDRs(node),
+		OtherNodeIPs: s.watches.OtherNodeIPs(), CIDRs: sortedPrefixes(s.cfg.ReservedCIDRs)})
 }
 
 func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {

@@ -668,3 +668,47 @@ func TestOlderClaimTakesAddressAcrossInstances(t *testing.T) {
 		return strings.Contains(f.tables.dump(teamB), "192.0.2.5 . tcp . 80") && !strings.Contains(f.tables.dump(teamA), "192.0.2.5")
 	})
 }
+
+// TestOtherNodesAddressesAreReserved: an externalIP or load-balancer IP equal to another
+// Node's address (this node's pods would reach that node's kubelet or SSH at the
+// Service's endpoints instead), or inside reservedCIDRs, is refused with a Warning event;
+// the address is served once no Node has it any more.
+func TestOtherNodesAddressesAreReserved(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{configure: func(c *config.Config) {
+		c.ReservedCIDRs = []string{"198.51.100.0/24"}
+		for i := range c.Instances {
+			c.Instances[i].Tenant.ExternalIPCIDRs = []string{"0.0.0.0/0"}
+		}
+	}})
+	ctx := context.Background()
+	node2 := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "172.31.0.2"}}}}
+	if _, err := f.client.CoreV1().Nodes().Create(ctx, node2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.createService("x", "plain", "", "172.30.0.1")
+	svc, err := f.client.CoreV1().Services("x").Get(ctx, "plain", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalIPs = []string{"172.31.0.2", "198.51.100.7"}
+	if _, err := f.client.CoreV1().Services("x").Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"AddressRefused: externalIP 172.31.0.2 refused: it is an address of node node-2",
+		"AddressRefused: externalIP 198.51.100.7 refused: it is inside the reserved CIDR 198.51.100.0/24 (reservedCIDRs)",
+	} {
+		testutil.Eventually(t, waitTimeout, want, func() bool { return strings.Contains(f.rec.all(), want) })
+	}
+	if dump := f.tables.dump("ip shardproxy-default"); strings.Contains(dump, "172.31.0.2") || strings.Contains(dump, "198.51.100.7") {
+		t.Fatalf("a refused address is programmed:\n%s", dump)
+	}
+	node2.Status.Addresses[0].Address = "172.31.0.3"
+	if _, err := f.client.CoreV1().Nodes().UpdateStatus(ctx, node2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "172.31.0.2 programmed once node-2 no longer has it", func() bool {
+		return strings.Contains(f.tables.dump("ip shardproxy-default"), "172.31.0.2 . tcp . 80")
+	})
+}

@@ -3,6 +3,9 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,10 +30,21 @@ const byServiceIndex = "by-service"
 // NodeHandler hears about this node's Node object.
 type NodeHandler func(node *corev1.Node, deleted bool)
 
+// WatchOptions are what NewWatches watches beyond the Services and EndpointSlices of
+// its scope.
+type WatchOptions struct {
+	// ServiceCIDRs is false when the apiserver does not serve networking.k8s.io/v1
+	// ServiceCIDRs.
+	ServiceCIDRs bool
+	// OtherNodes watches every Node, not only this one, for their addresses.
+	OtherNodes bool
+}
+
 // Watches are the node's API watches: one informer per resource and label selector of
 // watchScope, whatever the number of instances.
 type Watches struct {
 	client      kubernetes.Interface
+	nodeName    string
 	scope       []string
 	factories   []informers.SharedInformerFactory
 	nodeFactory informers.SharedInformerFactory
@@ -44,10 +58,9 @@ type Watches struct {
 }
 
 // NewWatches creates the informers (nothing runs before Start) for the Services and
-// EndpointSlices of scope (watchScope's selectors). serviceCIDRs is false when the
-// apiserver does not serve networking.k8s.io/v1 ServiceCIDRs.
-func NewWatches(client kubernetes.Interface, nodeName string, scope []string, serviceCIDRs bool) (*Watches, error) {
-	w := &Watches{client: client, scope: scope}
+// EndpointSlices of scope (watchScope's selectors), this Node, and what opts add.
+func NewWatches(client kubernetes.Interface, nodeName string, scope []string, opts WatchOptions) (*Watches, error) {
+	w := &Watches{client: client, scope: scope, nodeName: nodeName}
 	for _, sel := range scope {
 		services := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
@@ -63,18 +76,64 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, se
 		}
 		w.slices = append(w.slices, sl)
 	}
-	w.nodeFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}), informers.WithTransform(trimForCache))
+	w.nodeFactory = newNodeFactory(client, nodeName, opts.OtherNodes)
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
-	if serviceCIDRs {
+	if opts.ServiceCIDRs {
 		// Every ServiceCIDR: neither the Node's field selector nor a Service label applies.
 		cidrs := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimForCache))
 		w.factories = append(w.factories, cidrs)
 		w.serviceCIDR = cidrs.Networking().V1().ServiceCIDRs().Informer()
 	}
 	return w, nil
+}
+
+// newNodeFactory returns the factory of the one Node watch: of this Node only, or of
+// every Node when otherNodes is set. Still one watch then, not two: this Node's object
+// is kept whole, the others' only as name and addresses (a Node with its images and
+// conditions is several kilobytes; at 5,000 nodes the trimmed cache is about a
+// megabyte).
+func newNodeFactory(client kubernetes.Interface, nodeName string, otherNodes bool) informers.SharedInformerFactory {
+	if !otherNodes {
+		return informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+			}), informers.WithTransform(trimForCache))
+	}
+	return informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(func(obj any) (any, error) {
+		n, ok := obj.(*corev1.Node)
+		if !ok || n.Name == nodeName {
+			return trimForCache(obj)
+		}
+		return &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+			Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+		}, nil
+	}))
+}
+
+// OtherNodeIPs lists the addresses of the Nodes other than this one (none unless
+// WatchOptions.OtherNodes), sorted by address; an address two Nodes list is named
+// after the first by name.
+func (w *Watches) OtherNodeIPs() []selector.NodeIP {
+	var out []selector.NodeIP
+	for _, o := range w.node.GetStore().List() {
+		n, ok := o.(*corev1.Node)
+		if !ok || n.Name == w.nodeName {
+			continue
+		}
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				out = append(out, selector.NodeIP{Addr: ip.Unmap(), Node: n.Name})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b selector.NodeIP) int {
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Node, b.Node)
+	})
+	return slices.CompactFunc(out, func(a, b selector.NodeIP) bool { return a.Addr == b.Addr })
 }
 
 func sliceServiceIndex(obj any) ([]string, error) {
@@ -163,9 +222,11 @@ func (w *Watches) ServiceCIDRs() []string {
 	return out
 }
 
-// Connect sends every event to the dispatcher, node events to onNode, and calls
-// onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API).
-func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs func()) error {
+// Connect sends every event to the dispatcher, this Node's events to onNode, and calls
+// onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API) and
+// onOtherNodes whenever another Node's addresses do (never without
+// WatchOptions.OtherNodes).
+func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs, onOtherNodes func()) error {
 	services, err := w.resourceHandlers("Services", w.getService,
 		func(obj any) { withService(obj, d.ServiceChanged) }, func(obj any) { withService(obj, d.ServiceDeleted) })
 	if err != nil {
@@ -182,11 +243,7 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 		funcs    cache.ResourceEventHandlerFuncs
 	}
 	all := []handler{
-		{"this Node", w.node, cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { withNode(obj, false, onNode) },
-			UpdateFunc: func(_, obj any) { withNode(obj, false, onNode) },
-			DeleteFunc: func(obj any) { withNode(obj, true, onNode) },
-		}},
+		{"Nodes", w.node, w.nodeHandlers(onNode, onOtherNodes)},
 		{"ServiceCIDRs", w.serviceCIDR, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { onServiceCIDRs() },
 			UpdateFunc: func(any, any) { onServiceCIDRs() },
@@ -295,6 +352,44 @@ func withSlice(obj any, f func(*discoveryv1.EndpointSlice)) {
 	}
 	if sl, ok := obj.(*discoveryv1.EndpointSlice); ok {
 		f(sl)
+	}
+}
+
+// nodeHandlers route this Node's events to onNode and other Nodes' address changes to
+// onOtherNodes (a status update that leaves the addresses alone, most of them, is
+// dropped here).
+func (w *Watches) nodeHandlers(onNode NodeHandler, onOtherNodes func()) cache.ResourceEventHandlerFuncs {
+	other := func(obj any) bool {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		n, ok := obj.(*corev1.Node)
+		return ok && n.Name != w.nodeName
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if other(obj) {
+				onOtherNodes()
+				return
+			}
+			withNode(obj, false, onNode)
+		},
+		UpdateFunc: func(old, obj any) {
+			if other(obj) {
+				if o, n := old.(*corev1.Node), obj.(*corev1.Node); !slices.Equal(o.Status.Addresses, n.Status.Addresses) {
+					onOtherNodes()
+				}
+				return
+			}
+			withNode(obj, false, onNode)
+		},
+		DeleteFunc: func(obj any) {
+			if other(obj) {
+				onOtherNodes()
+				return
+			}
+			withNode(obj, true, onNode)
+		},
 	}
 }
 

@@ -59,7 +59,7 @@ func TestStartWaitsForHandlers(t *testing.T) {
 	}
 	objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	client := fake.NewClientset(objs...)
-	w, err := NewWatches(client, "node-1", []string{""}, false)
+	w, err := NewWatches(client, "node-1", []string{""}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func TestStartWaitsForHandlers(t *testing.T) {
 	}
 	sink := &deliveredSink{services: map[types.NamespacedName]bool{}, slices: map[string]bool{}}
 	d := selector.NewDispatcher(router, map[string]selector.Sink{"default": sink}, w.SlicesOf, selector.Events{})
-	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}); err != nil {
+	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -94,6 +94,16 @@ type Config struct {
 	// where the API server does not serve ServiceCIDRs. A pointer so that an explicit
 	// false survives Default. Default true.
 	ServiceCIDRDrop *bool `yaml:"serviceCIDRDrop"`
+	// ReserveOtherNodeAddresses refuses, as a Service's externalIP or load-balancer IP,
+	// the addresses of every Node of the cluster (status.addresses), not only this
+	// node's: such an address would send this node's traffic to that node (kubelet, SSH)
+	// to the Service's endpoints instead. It costs one watch of every Node, kept to name
+	// and addresses in memory. A pointer so that an explicit false survives Default.
+	// Default true.
+	ReserveOtherNodeAddresses *bool `yaml:"reserveOtherNodeAddresses"`
+	// ReservedCIDRs are ranges no Service's externalIP or load-balancer IP may take on
+	// this node (the node subnet, management hosts), at no API cost.
+	ReservedCIDRs []string `yaml:"reservedCIDRs"`
 	// Conntrack holds the node-wide conntrack sysctls the supervisor sets once.
 	Conntrack Conntrack `yaml:"conntrack"`
 	// Instances are the proxies run side by side; at least one.
@@ -229,6 +239,9 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	}
 	if c.ServiceCIDRDrop == nil {
 		c.ServiceCIDRDrop = ptr(true)
+	}
+	if c.ReserveOtherNodeAddresses == nil {
+		c.ReserveOtherNodeAddresses = ptr(true)
 	}
 
 	ct := &c.Conntrack

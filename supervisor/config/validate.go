@@ -64,6 +64,7 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	p.cidrList("reservedCIDRs", c.ReservedCIDRs)
 	c.Conntrack.validate(&p, "conntrack")
 	c.validateInstances(&p, prefixOK)
 	return errors.Join(p...)

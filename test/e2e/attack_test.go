@@ -51,6 +51,8 @@ const (
 	// address (standing in for SSH and the kubelet).
 	nodeSSHPort            = 2222
 	nodeSSHPortNoEndpoints = 2223
+	// kubeletPort is the port node-2 serves on its address (its kubelet).
+	kubeletPort = 10250
 	// tries is how many connections each victim check opens; unprogrammed addresses
 	// (which time out) get fewer.
 	tries             = 20
@@ -154,6 +156,31 @@ func TestAttack(t *testing.T) {
 			nodeSSHPort, nodeSSHPortNoEndpoints, verdict(t), got.servers["node"], 2*tries, got.servers["attacker"])
 		for _, svc := range []*corev1.Service{redirect, cut} {
 			waitEvent(t, e, svc, "AddressRefused", "externalIP "+netns.NodeIPv4+" refused: it is an address of this node")
+		}
+	})
+
+	t.Run("externalIP is another node's IP", func(t *testing.T) {
+		// node-2's Node object lists Node2IPv4; node-2 serves its kubelet port there.
+		stop, err := e.TP.Serve(e.TP.Node2, "node-2", "tcp", netns.Node2IPv4, kubeletPort, t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(stop)
+		kubelet := []env.ServicePort{{Name: "kubelet", Protocol: corev1.ProtocolTCP, Port: kubeletPort, TargetPort: attackerPort}}
+		evil := create(t, "evil-other-node", kubelet, attackers, env.WithProxyName("team-a"), env.WithExternalIPs(netns.Node2IPv4))
+		reach(t, e, e.TP.Pod2, "tcp", evil.Spec.ClusterIP, kubeletPort, "attacker")
+		// From a pod of this node and from the node itself (its kubelet, its SSH).
+		got := tally(t, e, e.TP.Pod1, netns.Node2IPv4, kubeletPort, tries)
+		got.add(tally(t, e, e.TP.Node, netns.Node2IPv4, kubeletPort, tries))
+		if got.servers["node-2"] != 2*tries || got.total() != 2*tries {
+			t.Errorf("pod1 and node -> %s:%d: %v, want every connection answered by node-2's own listener",
+				netns.Node2IPv4, kubeletPort, got)
+		}
+		fmt.Printf("e2e: attack externalIP = another node's IP (port %d): %s; node-2's own listener %d/%d connections, attacker %d\n",
+			kubeletPort, verdict(t), got.servers["node-2"], 2*tries, got.servers["attacker"])
+		waitEvent(t, e, evil, "AddressRefused", "externalIP "+netns.Node2IPv4+" refused: it is an address of node "+env.Node2Name)
+		if tableHas(e, "team-a", netns.Node2IPv4) {
+			t.Errorf("team-a's table holds node-2's address %s", netns.Node2IPv4)
 		}
 	})
 
