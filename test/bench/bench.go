@@ -58,6 +58,8 @@ type Options struct {
 	// Modes are the load-balancing modes every scale is measured in (every Service of
 	// the instance in that mode); the first is the reference of the checks.
 	Modes []tables.LBMode
+	// IPv6Percent of the generated Services are IPv6 (the instance syncs both families).
+	IPv6Percent int
 }
 
 // Main runs the bench (or, with -child, one child) and returns the exit code.
@@ -108,6 +110,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.IntVar(&o.Conns, "conns", 400, "TCP connections per per-packet measurement")
 	fs.StringVar(&o.Out, "out", "_output/bench/bench.json", "JSON report path")
 	fs.StringVar(&o.ProfileDir, "profile-dir", "", "write CPU (full and partial sync) and heap profiles of each scale here")
+	fs.IntVar(&o.IPv6Percent, "ipv6-percent", 0, "share of the generated Services that are IPv6, 0-100 (both families synced by the one instance)")
 	modes := fs.String("modes", "random", "comma-separated load-balancing modes to measure each scale in (random, roundRobin, sourceHash, consistentHash)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -124,6 +127,9 @@ func parseOptions(args []string) (Options, error) {
 	}
 	if o.Endpoints < 1 || o.Samples < 1 || o.FloorRuns < 0 || o.Conns < 10 {
 		return o, errors.New("-endpoints and -samples must be positive, -floor-runs not negative, -conns at least 10")
+	}
+	if o.IPv6Percent < 0 || o.IPv6Percent > 100 {
+		return o, fmt.Errorf("-ipv6-percent %d: want 0 to 100", o.IPv6Percent)
 	}
 	return o, nil
 }
@@ -250,7 +256,7 @@ func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode
 		dump = filepath.Join(r.work, fmt.Sprintf("ruleset-%d-%s.nft", n, mode))
 	}
 	r.logf("%d Services × %d endpoints, %s: one instance (full sync, resync, partial syncs)", n, o.Endpoints, mode)
-	single := &childOptions{mode: "single", services: n, endpoints: o.Endpoints, instances: 1,
+	single := &childOptions{mode: "single", services: n, endpoints: o.Endpoints, ipv6Percent: o.IPv6Percent, instances: 1,
 		samples: o.Samples, dump: dump, cpuProfile: o.ProfileDir, lbMode: mode}
 	if err := r.child(ctx, single, &sr.ChildResult); err != nil {
 		return nil, err
@@ -271,7 +277,7 @@ func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode
 
 	if o.Instances > 1 && mode == o.Modes[0] {
 		r.logf("%d Services: %d instances × %d Services in one process", n, o.Instances, n/o.Instances)
-		multi := &childOptions{mode: "multi", services: n, endpoints: o.Endpoints, instances: o.Instances, samples: 1}
+		multi := &childOptions{mode: "multi", services: n, endpoints: o.Endpoints, ipv6Percent: o.IPv6Percent, instances: o.Instances, samples: 1}
 		var mr MultiResult
 		if err := r.child(ctx, multi, &mr); err != nil {
 			return nil, err
@@ -350,7 +356,7 @@ func (r *runner) packet(ctx context.Context, o Options) ([]PacketResult, error) 
 	var out []PacketResult
 	for _, n := range o.PacketScales {
 		r.logf("per-packet cost: %d Services in the node, %d connections each to a ClusterIP and to the pod", n, o.Conns)
-		load := &childOptions{mode: "load", services: n, endpoints: o.Endpoints, instances: 1, samples: 1,
+		load := &childOptions{mode: "load", services: n, endpoints: o.Endpoints, ipv6Percent: o.IPv6Percent, instances: 1, samples: 1,
 			target: net.JoinHostPort(netns.Pod1IPv4, strconv.Itoa(port))}
 		var ignored struct{}
 		if err := r.childIn(ctx, tp.Node, load, &ignored); err != nil {

@@ -49,13 +49,16 @@ type childOptions struct {
 	cpuProfile string        // single: write CPU and heap profiles into this directory
 	target     string        // load: Service 0's only endpoint, ip:port
 	lbMode     tables.LBMode // single: every Service's load-balancing mode
+	// ipv6Percent of the generated Services are IPv6.
+	ipv6Percent int
 }
 
 func (o *childOptions) args() []string {
 	return []string{"-child", o.mode,
 		"-services", strconv.Itoa(o.services), "-endpoints", strconv.Itoa(o.endpoints),
 		"-instances", strconv.Itoa(o.instances), "-samples", strconv.Itoa(o.samples),
-		"-dump", o.dump, "-cpuprofile", o.cpuProfile, "-target", o.target, "-lb-mode", string(o.lbMode)}
+		"-dump", o.dump, "-cpuprofile", o.cpuProfile, "-target", o.target, "-lb-mode", string(o.lbMode),
+		"-ipv6-percent", strconv.Itoa(o.ipv6Percent)}
 }
 
 func parseChild(args []string) (*childOptions, error) {
@@ -70,6 +73,7 @@ func parseChild(args []string) (*childOptions, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "")
 	fs.StringVar(&o.target, "target", "", "")
 	lbMode := fs.String("lb-mode", "", "")
+	fs.IntVar(&o.ipv6Percent, "ipv6-percent", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -108,15 +112,15 @@ type benchInstance struct {
 // tableConfig is the node every child pretends to be: the test/netns node's addresses,
 // ClusterCIDR local detection over the generated and the topology's pod CIDRs.
 func tableConfig(slot int) tables.Config {
-	node := netip.MustParseAddr(netns.NodeIPv4)
+	node, node6 := netip.MustParseAddr(netns.NodeIPv4), netip.MustParseAddr(netns.NodeIPv6)
 	return tables.Config{
 		TablePrefix:   "shardproxy",
 		Slot:          slot,
 		MasqueradeBit: 14,
-		Local: tables.LocalTraffic{Mode: tables.LocalClusterCIDR, CIDRs: []netip.Prefix{
-			gen.PodCIDR, netip.MustParsePrefix(netns.ClusterPodCIDRv4), netip.MustParsePrefix(netns.ClusterPodCIDRv6)}},
-		NodePortIPs: []netip.Addr{node},
-		NodeIPs:     []netip.Addr{node},
+		Local: tables.LocalTraffic{Mode: tables.LocalClusterCIDR, CIDRs: append(gen.PodCIDRs(),
+			netip.MustParsePrefix(netns.ClusterPodCIDRv4), netip.MustParsePrefix(netns.ClusterPodCIDRv6))},
+		NodePortIPs: []netip.Addr{node, node6},
+		NodeIPs:     []netip.Addr{node, node6},
 	}
 }
 
@@ -224,7 +228,7 @@ func (bi *benchInstance) feed(c *gen.Cluster, keep func(i int) bool) {
 // childSingle measures one instance: full sync, memory, a second full sync over the
 // populated table, and the partial syncs.
 func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
-	c := gen.Generate(o.services, o.endpoints)
+	c := gen.GenerateFamilies(o.services, o.endpoints, o.ipv6Percent)
 	bi, err := newInstance("bench", 0, o.lbMode)
 	if err != nil {
 		return nil, err
@@ -372,7 +376,7 @@ func summarize(name string, runs []syncOnce) Partial {
 // childMulti runs o.instances instances, Service i on instance i mod o.instances, and
 // fully syncs them at once, as a supervisor does at start.
 func childMulti(ctx context.Context, o *childOptions) (*MultiResult, error) {
-	c := gen.Generate(o.services, o.endpoints)
+	c := gen.GenerateFamilies(o.services, o.endpoints, o.ipv6Percent)
 	var insts []*benchInstance
 	for k := range o.instances {
 		bi, err := newInstance(fmt.Sprintf("bench-%c", 'a'+k), k, tables.LBRandom)
@@ -417,7 +421,7 @@ func childLoad(ctx context.Context, o *childOptions) error {
 	if err != nil {
 		return fmt.Errorf("-target: %w", err)
 	}
-	c := gen.Generate(max(o.services, 1), o.endpoints)
+	c := gen.GenerateFamilies(max(o.services, 1), o.endpoints, o.ipv6Percent)
 	slice := c.Slices[0]
 	slice.Endpoints = slice.Endpoints[:1]
 	slice.Endpoints[0].Addresses = []string{target.Addr().String()}

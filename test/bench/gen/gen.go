@@ -32,6 +32,14 @@ var (
 	LoadBalancerBase = netip.MustParseAddr("198.18.0.1")
 	// SourceRanges are the loadBalancerSourceRanges of the Services that have them.
 	SourceRanges = []string{"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/25"}
+
+	// The IPv6 plan, for the IPv6 Services of a cluster generated with an IPv6 share:
+	// none of it overlaps the test/netns topology's fd00:10:244::/56 pods or its links.
+	ClusterIPBase6    = netip.MustParseAddr("fd00:10:96::a")
+	EndpointBase6     = netip.MustParseAddr("fd00:100:64::1")
+	PodCIDR6          = netip.MustParsePrefix("fd00:100:64::/64")
+	LoadBalancerBase6 = netip.MustParseAddr("fd00:198:18::1")
+	SourceRanges6     = []string{"2001:db8::/48", "2001:db8:1::/48"}
 )
 
 const (
@@ -45,9 +53,15 @@ const (
 	Nodes = 20
 	// FirstNodePort is the first NodePort handed out. NodePorts are allocated in order
 	// and may go past the default 30000-32767 range (as a cluster with a widened
-	// --service-node-port-range does) so every scale gets its share of NodePort Services.
+	// --service-node-port-range does) so every scale gets its share of NodePort Services;
+	// past 65535 they go on from WrapNodePort (45,536 distinct ports in all: 100,000
+	// Services need about 37,000).
 	FirstNodePort = 30000
+	WrapNodePort  = 20000
 )
+
+// PodCIDRs are the generated pods' ranges, IPv4 then IPv6.
+func PodCIDRs() []netip.Prefix { return []netip.Prefix{PodCIDR, PodCIDR6} }
 
 // Mix fixes which kind of Service index i is; it is a pure function of i, so any subset
 // of a generated cluster can be regenerated exactly.
@@ -95,15 +109,21 @@ type Cluster struct {
 	Slices   []*discoveryv1.EndpointSlice
 	// Endpoints is the number of endpoints per Service.
 	Endpoints int
+	// IPv6Percent of the Services are IPv6 (single-stack, with an IPv6 slice).
+	IPv6Percent int
 
 	nextNodePort int
 	nextPod      netip.Addr
+	nextPod6     netip.Addr
 	version      int
 }
 
-// Generate returns n Services with m endpoints each.
-func Generate(n, m int) *Cluster {
-	c := &Cluster{Endpoints: m, nextNodePort: FirstNodePort, nextPod: EndpointBase}
+// Generate returns n IPv4 Services with m endpoints each.
+func Generate(n, m int) *Cluster { return GenerateFamilies(n, m, 0) }
+
+// GenerateFamilies returns n Services with m endpoints each, ipv6Percent of them IPv6.
+func GenerateFamilies(n, m, ipv6Percent int) *Cluster {
+	c := &Cluster{Endpoints: m, IPv6Percent: ipv6Percent, nextNodePort: FirstNodePort, nextPod: EndpointBase, nextPod6: EndpointBase6}
 	for i := range n {
 		svc, slice := c.New(i)
 		c.Services = append(c.Services, svc)
@@ -115,21 +135,49 @@ func Generate(n, m int) *Cluster {
 // ServiceName is the name of Service i.
 func ServiceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
-// ClusterIP is the cluster IP of Service i.
+// ClusterIP is the cluster IP of Service i, were it IPv4.
 func ClusterIP(i int) netip.Addr { return addrAdd(ClusterIPBase, i) }
+
+// IsIPv6 says whether Service i is IPv6. The IPv6 ones are spread over every kind of
+// the mix: 37 is prime to 100, so 37·i mod 100 visits every residue MixOf looks at.
+// Service 0, the one the per-packet measurement reaches, stays IPv4 below 100%.
+func (c *Cluster) IsIPv6(i int) bool { return (37*i)%100 >= 100-c.IPv6Percent }
+
+// clusterIP is Service i's cluster IP in its family.
+func (c *Cluster) clusterIP(i int) netip.Addr {
+	if c.IsIPv6(i) {
+		return addrAdd(ClusterIPBase6, i)
+	}
+	return ClusterIP(i)
+}
+
+// takeNodePort hands out the next NodePort.
+func (c *Cluster) takeNodePort() int32 {
+	p := c.nextNodePort
+	c.nextNodePort++
+	if c.nextNodePort > 65535 {
+		c.nextNodePort = WrapNodePort
+	}
+	return int32(p)
+}
 
 // New returns Service i and its EndpointSlice with fresh pod addresses and NodePorts;
 // it does not add them to the Cluster (Generate does).
 func (c *Cluster) New(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 	mix := MixOf(i)
 	name := ServiceName(i)
+	v6 := c.IsIPv6(i)
+	family, addressType, lbBase, ranges := corev1.IPv4Protocol, discoveryv1.AddressTypeIPv4, LoadBalancerBase, SourceRanges
+	if v6 {
+		family, addressType, lbBase, ranges = corev1.IPv6Protocol, discoveryv1.AddressTypeIPv6, LoadBalancerBase6, SourceRanges6
+	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: name, ResourceVersion: c.nextVersion()},
 		Spec: corev1.ServiceSpec{
 			Type:       mix.Type,
-			ClusterIP:  ClusterIP(i).String(),
-			ClusterIPs: []string{ClusterIP(i).String()},
-			IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			ClusterIP:  c.clusterIP(i).String(),
+			ClusterIPs: []string{c.clusterIP(i).String()},
+			IPFamilies: []corev1.IPFamily{family},
 		},
 	}
 	type port struct {
@@ -147,8 +195,7 @@ func (c *Cluster) New(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 	for _, p := range ports {
 		sp := corev1.ServicePort{Name: p.name, Protocol: p.proto, Port: p.port, TargetPort: intstr.FromInt32(8000 + p.port)}
 		if mix.Type != corev1.ServiceTypeClusterIP {
-			sp.NodePort = int32(c.nextNodePort)
-			c.nextNodePort++
+			sp.NodePort = c.takeNodePort()
 		}
 		svc.Spec.Ports = append(svc.Spec.Ports, sp)
 	}
@@ -159,13 +206,12 @@ func (c *Cluster) New(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 		}
 	}
 	if mix.Type == corev1.ServiceTypeLoadBalancer {
-		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: addrAdd(LoadBalancerBase, i).String()}}
+		svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: addrAdd(lbBase, i).String()}}
 		if mix.ExternalLocal {
-			svc.Spec.HealthCheckNodePort = int32(c.nextNodePort)
-			c.nextNodePort++
+			svc.Spec.HealthCheckNodePort = c.takeNodePort()
 		}
 		if mix.SourceRanges {
-			svc.Spec.LoadBalancerSourceRanges = SourceRanges
+			svc.Spec.LoadBalancerSourceRanges = ranges
 		}
 	}
 	if mix.InternalLocal {
@@ -183,21 +229,26 @@ func (c *Cluster) New(i int) (*corev1.Service, *discoveryv1.EndpointSlice) {
 			Labels:          map[string]string{discoveryv1.LabelServiceName: name},
 			ResourceVersion: c.nextVersion(),
 		},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addressType,
 	}
 	for _, p := range ports {
 		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{Name: ptr.To(p.name), Protocol: ptr.To(p.proto), Port: ptr.To(8000 + p.port)})
 	}
 	for k := range c.Endpoints {
-		slice.Endpoints = append(slice.Endpoints, c.endpoint(i+k))
+		slice.Endpoints = append(slice.Endpoints, c.endpoint(i+k, v6))
 	}
 	return svc, slice
 }
 
-// endpoint returns a ready endpoint with a fresh pod address on node n mod Nodes.
-func (c *Cluster) endpoint(n int) discoveryv1.Endpoint {
-	ip := c.nextPod
-	c.nextPod = c.nextPod.Next()
+// endpoint returns a ready endpoint with a fresh pod address of the family on node n
+// mod Nodes.
+func (c *Cluster) endpoint(n int, v6 bool) discoveryv1.Endpoint {
+	next := &c.nextPod
+	if v6 {
+		next = &c.nextPod6
+	}
+	ip := *next
+	*next = next.Next()
 	return discoveryv1.Endpoint{
 		Addresses:  []string{ip.String()},
 		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
@@ -214,7 +265,7 @@ func (c *Cluster) ReplaceEndpoint(i, k int) *discoveryv1.EndpointSlice {
 	slice.ResourceVersion = c.nextVersion()
 	k %= len(slice.Endpoints)
 	node := slice.Endpoints[k].NodeName
-	slice.Endpoints[k] = c.endpoint(0)
+	slice.Endpoints[k] = c.endpoint(0, slice.AddressType == discoveryv1.AddressTypeIPv6)
 	slice.Endpoints[k].NodeName = node
 	c.Slices[i] = slice
 	return slice
@@ -225,8 +276,15 @@ func (c *Cluster) nextVersion() string {
 	return strconv.Itoa(c.version)
 }
 
-// addrAdd returns base + n (IPv4).
+// addrAdd returns base + n (n < 2^32; an IPv6 base's last 32 bits must not overflow).
 func addrAdd(base netip.Addr, n int) netip.Addr {
+	if base.Is6() {
+		b := base.As16()
+		v := uint32(b[12])<<24 | uint32(b[13])<<16 | uint32(b[14])<<8 | uint32(b[15])
+		v += uint32(n)
+		b[12], b[13], b[14], b[15] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+		return netip.AddrFrom16(b)
+	}
 	b := base.As4()
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	v += uint32(n)

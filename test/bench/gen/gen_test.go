@@ -1,0 +1,116 @@
+package gen
+
+import (
+	"net/netip"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// TestGenerateFamilies: the IPv6 share is exact, spread over every kind of Service, and
+// each Service's addresses, slice and endpoints are of its family.
+func TestGenerateFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		percent int
+		wantV6  int
+	}{
+		{"IPv4 only", 0, 0},
+		{"half IPv6", 50, 500},
+		{"IPv6 only", 100, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := GenerateFamilies(1000, 3, tc.percent)
+			v6 := 0
+			kinds := map[corev1.ServiceType]map[bool]bool{}
+			for i, svc := range c.Services {
+				is6 := c.IsIPv6(i)
+				if is6 {
+					v6++
+				}
+				if kinds[svc.Spec.Type] == nil {
+					kinds[svc.Spec.Type] = map[bool]bool{}
+				}
+				kinds[svc.Spec.Type][is6] = true
+				checkFamily(t, svc, c.Slices[i], is6)
+			}
+			if v6 != tc.wantV6 {
+				t.Errorf("%d IPv6 Services, want %d", v6, tc.wantV6)
+			}
+			if tc.percent == 50 {
+				for kind, fams := range kinds {
+					if !fams[true] || !fams[false] {
+						t.Errorf("%s Services only in one family: %v", kind, fams)
+					}
+				}
+			}
+		})
+	}
+}
+
+func checkFamily(t *testing.T, svc *corev1.Service, slice *discoveryv1.EndpointSlice, v6 bool) {
+	t.Helper()
+	is6 := func(s string) bool { return netip.MustParseAddr(s).Is6() }
+	if is6(svc.Spec.ClusterIP) != v6 || (svc.Spec.IPFamilies[0] == corev1.IPv6Protocol) != v6 {
+		t.Fatalf("%s: cluster IP %s, families %v, want IPv6 %v", svc.Name, svc.Spec.ClusterIP, svc.Spec.IPFamilies, v6)
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if is6(ing.IP) != v6 {
+			t.Errorf("%s: load-balancer IP %s of the other family", svc.Name, ing.IP)
+		}
+	}
+	for _, r := range svc.Spec.LoadBalancerSourceRanges {
+		if netip.MustParsePrefix(r).Addr().Is6() != v6 {
+			t.Errorf("%s: source range %s of the other family", svc.Name, r)
+		}
+	}
+	if (slice.AddressType == discoveryv1.AddressTypeIPv6) != v6 {
+		t.Errorf("%s: slice address type %s", svc.Name, slice.AddressType)
+	}
+	for _, ep := range slice.Endpoints {
+		if is6(ep.Addresses[0]) != v6 {
+			t.Errorf("%s: endpoint %s of the other family", svc.Name, ep.Addresses[0])
+		}
+	}
+}
+
+// TestGenerateIPv4Unchanged: the IPv4-only cluster is what it always was, so figures
+// stay comparable across runs of the benchmarks.
+func TestGenerateIPv4Unchanged(t *testing.T) {
+	c := Generate(3, 2)
+	if got := c.Services[2].Spec.ClusterIP; got != "10.96.0.12" {
+		t.Errorf("Service 2's cluster IP %s, want 10.96.0.12", got)
+	}
+	if got := c.Slices[1].Endpoints[0].Addresses[0]; got != "100.64.0.3" {
+		t.Errorf("Service 1's first endpoint %s, want 100.64.0.3", got)
+	}
+	if got := c.ReplaceEndpoint(0, 1).Endpoints[1].Addresses[0]; got != "100.64.0.7" {
+		t.Errorf("replaced endpoint %s, want 100.64.0.7", got)
+	}
+}
+
+// TestNodePortsAreDistinctAt100k: 100,000 Services get valid NodePorts, none twice.
+func TestNodePortsAreDistinctAt100k(t *testing.T) {
+	c := GenerateFamilies(100_000, 1, 50)
+	seen := map[int32]string{}
+	for _, svc := range c.Services {
+		ports := []int32{svc.Spec.HealthCheckNodePort}
+		for _, p := range svc.Spec.Ports {
+			ports = append(ports, p.NodePort)
+		}
+		for _, p := range ports {
+			if p == 0 {
+				continue
+			}
+			if p < WrapNodePort || p > 65535 {
+				t.Fatalf("%s: NodePort %d outside %d-65535", svc.Name, p, WrapNodePort)
+			}
+			if other, dup := seen[p]; dup {
+				t.Fatalf("NodePort %d given to %s and %s", p, other, svc.Name)
+			}
+			seen[p] = svc.Name
+		}
+	}
+	t.Logf("%d NodePorts", len(seen))
+}
