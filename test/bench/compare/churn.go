@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -16,8 +17,8 @@ type ChurnResult struct {
 	// Changes is the number of EndpointSlice updates made; Seconds how long they took.
 	Changes int     `json:"changes"`
 	Seconds float64 `json:"seconds"`
-	// CPUSecondsPerMinute is the process's user + system CPU time over the churn, per
-	// minute of churn.
+	// CPUSecondsPerMinute is the user + system CPU time of the process and its children
+	// (kube-proxy's nft) over the churn, per minute of churn.
 	CPUSecondsPerMinute float64 `json:"cpuSecondsPerMinute"`
 	// Syncs is the number of syncs (full + partial) the proxy ran meanwhile.
 	Syncs int `json:"syncs"`
@@ -78,7 +79,12 @@ func (m *measurer) churn(ctx context.Context, d *daemon) (ChurnResult, error) {
 // architecture Go supports.
 const clockTicks = 100
 
-// cpuSeconds reads a process's user + system CPU time (its threads included).
+// cpuSeconds reads the CPU time (user + system) of a process and its children: its
+// own threads', its reaped children's (cutime, cstime) and its live children's. The
+// children count because kube-proxy does its nftables work in `nft` child processes,
+// where the kernel's cost of a transaction lands; a child live at one reading and
+// reaped by the next moves from the live sum to cutime/cstime whole, so the
+// difference of two readings is what was spent between them.
 func cpuSeconds(pid int) (float64, error) {
 	if pid == 0 {
 		return 0, fmt.Errorf("process not running")
@@ -87,29 +93,60 @@ func cpuSeconds(pid int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return parseStatCPU(string(data))
+	st, err := parseStat(string(data))
+	if err != nil {
+		return 0, err
+	}
+	total := st.self + st.children
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		if child, err := parseStat(string(data)); err == nil && child.ppid == pid {
+			total += child.self
+		}
+	}
+	return total, nil
 }
 
-// parseStatCPU returns utime + stime of a /proc/<pid>/stat line, in seconds. The
-// command name (field 2) may hold spaces and parentheses, so fields are counted after
-// its last ')'.
-func parseStatCPU(stat string) (float64, error) {
+// procStat is what cpuSeconds reads of a /proc/<pid>/stat line.
+type procStat struct {
+	ppid int
+	// self is utime + stime, children cutime + cstime, in seconds.
+	self, children float64
+}
+
+// parseStat parses a /proc/<pid>/stat line. The command name (field 2) may hold spaces
+// and parentheses, so fields are counted after its last ')'.
+func parseStat(stat string) (procStat, error) {
+	var st procStat
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
+		return st, fmt.Errorf("malformed stat %q", stat)
 	}
 	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("stat has %d fields after the command, want at least 13", len(f))
+	// f[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14 to 17.
+	if len(f) < 15 {
+		return st, fmt.Errorf("stat has %d fields after the command, want at least 15", len(f))
 	}
-	var ticks float64
-	for _, s := range f[11:13] {
-		v, err := strconv.ParseUint(s, 10, 64)
+	var v [5]float64
+	for k, idx := range []int{1, 11, 12, 13, 14} {
+		n, err := strconv.ParseInt(f[idx], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("stat CPU field %q: %w", s, err)
+			return st, fmt.Errorf("stat field %d %q: %w", idx+3, f[idx], err)
 		}
-		ticks += float64(v)
+		v[k] = float64(n)
 	}
-	return ticks / clockTicks, nil
+	st.ppid = int(v[0])
+	st.self = (v[1] + v[2]) / clockTicks
+	st.children = (v[3] + v[4]) / clockTicks
+	return st, nil
 }

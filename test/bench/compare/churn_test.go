@@ -5,31 +5,66 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"os/exec"
 	"testing"
 	"time"
 )
 
-func TestParseStatCPU(t *testing.T) {
+func TestParseStat(t *testing.T) {
 	for _, tc := range []struct {
 		name, stat string
-		want       float64
+		want       procStat
 		wantErr    bool
 	}{
-		{"plain", "4242 (shardproxy) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 75 0 0 20 0 12 0 100 0 0", 3.25, false},
-		{"a command with spaces and parentheses", "7 (kube (proxy) x) R 1 7 7 0 -1 0 0 0 0 0 100 100 0 0", 2, false},
-		{"truncated", "7 (p) R 1 7", 0, true},
-		{"no command", "7 p R", 0, true},
-		{"not a number", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 x 1 0 0", 0, true},
+		{"plain", "4242 (shardproxy) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 75 10 5 20 0", procStat{ppid: 1, self: 3.25, children: 0.15}, false},
+		{"a command with spaces and parentheses", "7 (kube (proxy) x) R 3 7 7 0 -1 0 0 0 0 0 100 100 0 0", procStat{ppid: 3, self: 2}, false},
+		{"truncated", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 1 1", procStat{}, true},
+		{"no command", "7 p R", procStat{}, true},
+		{"not a number", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 x 1 0 0", procStat{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStatCPU(tc.stat)
+			got, err := parseStat(tc.stat)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
 			}
-			if got != tc.want {
-				t.Errorf("got %v, want %v", got, tc.want)
+			if err == nil && got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestCPUSecondsCountsChildren: a child's CPU counts while it runs and after it was
+// reaped, as kube-proxy's nft does.
+func TestCPUSecondsCountsChildren(t *testing.T) {
+	before, err := cpuSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	live := before
+	deadline := time.Now().Add(10 * time.Second)
+	for live < before+0.05 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // polling a busy child; it is not this test's CPU
+		if live, err = cpuSeconds(os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	reaped, err := cpuSeconds(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if live < before+0.05 {
+		t.Errorf("a busy child's CPU not counted while it runs: %v then %v", before, live)
+	}
+	if reaped < live {
+		t.Errorf("CPU went down when the child was reaped: %v then %v", live, reaped)
 	}
 }
 
