@@ -3,9 +3,9 @@ package compare
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
-	"os/exec"
 	"testing"
 	"time"
 )
