@@ -85,6 +85,7 @@ type Metrics struct {
 
 	// shardproxy's own.
 	instanceUp        *prometheus.GaugeVec
+	instanceStale     *prometheus.GaugeVec
 	instanceRestarts  *prometheus.CounterVec
 	instanceServices  *prometheus.GaugeVec
 	instanceEndpoints *prometheus.GaugeVec
@@ -240,6 +241,11 @@ func New() *Metrics {
 		Namespace: shardproxyNamespace,
 		Name:      "instance_up",
 		Help:      "Whether the proxy instance is running and has synced its rules (1) or not (0)",
+	}, inst))
+	m.instanceStale = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "instance_stale",
+		Help:      "Whether the proxy instance, while up, is behind its health bound (1): a queued update older than its health timeout, or a sync loop that finished no sync for twice it",
 	}, inst))
 	m.instanceRestarts = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: shardproxyNamespace,
@@ -463,6 +469,15 @@ func (m *Metrics) InstanceRestarted(instance string) {
 func (m *Metrics) SetOwned(instance string, services, endpoints int) {
 	m.instanceServices.WithLabelValues(instance).Set(float64(services))
 	m.instanceEndpoints.WithLabelValues(instance).Set(float64(endpoints))
+}
+
+// SetInstanceStale records whether instance, while up, is behind its health bound.
+func (m *Metrics) SetInstanceStale(instance string, stale bool) {
+	v := 0.0
+	if stale {
+		v = 1
+	}
+	m.instanceStale.WithLabelValues(instance).Set(v)
 }
 
 // Handover counts one Service moved from instance from to instance to.

@@ -29,6 +29,7 @@ var perInstanceNames = []string{
 	"kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
 	"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
 	"shardproxy_instance_up",
+	"shardproxy_instance_stale",
 	"shardproxy_instance_restarts_total",
 	"shardproxy_instance_services",
 	"shardproxy_instance_endpoints",
@@ -57,6 +58,7 @@ func exercise(m *Metrics, instance string) {
 	m.ObserveNetworkProgramming(instance, IPv4, 1500*time.Millisecond)
 	m.SyncFailed(instance, IPv4)
 	m.CleanupFailed(instance, IPv6)
+	m.SetInstanceStale(instance, true)
 	m.SetInstanceUp(instance, true)
 	m.InstanceRestarted(instance)
 	m.SetOwned(instance, 7, 21)

@@ -106,6 +106,7 @@ func (o *observer) Queued(inst string) {
 // side and fails, and is retried, as a whole.
 func (o *observer) SyncFailed(inst string, err error) {
 	o.health.SetInstanceError(inst, err)
+	o.health.SyncFinished(inst)
 	for _, fam := range instanceFamilies() {
 		o.metrics.SyncFailed(inst, fam.String())
 	}

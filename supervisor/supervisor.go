@@ -598,7 +598,14 @@ func (r *statusRecorder) WriteHeader(code int) {
 // metricsHandler serves /metrics and, with enableProfiling, Go's pprof handlers.
 func (s *Supervisor) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", s.metrics.Handler())
+	metricsHandler := s.metrics.Handler()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		// Staleness grows with time alone, no event sets it: read it at scrape time.
+		for inst, why := range s.health.Stale() {
+			s.metrics.SetInstanceStale(inst, why != "")
+		}
+		metricsHandler.ServeHTTP(w, r)
+	})
 	if !s.cfg.EnableProfiling {
 		return mux
 	}

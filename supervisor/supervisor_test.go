@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +70,34 @@ type fakeTables struct {
 	mu    sync.Mutex
 	fakes map[string]*knftables.Fake
 	fail  string // table name whose transactions always fail
+	// hang is a table name whose transactions, after the first of each family, block
+	// until their context ends: an nft that never returns.
+	hang string
+	runs map[string]int
+}
+
+// hangingTable is fakeTables.hang's table: its first transaction runs, the next ones
+// never return before their context ends.
+type hangingTable struct {
+	knftables.Interface
+	fk  *knftables.Fake
+	f   *fakeTables
+	key string
+}
+
+func (h *hangingTable) Run(ctx context.Context, tx *knftables.Transaction) error {
+	h.f.mu.Lock()
+	if h.f.runs == nil {
+		h.f.runs = map[string]int{}
+	}
+	h.f.runs[h.key]++
+	n := h.f.runs[h.key]
+	h.f.mu.Unlock()
+	if n == 1 {
+		return h.fk.Run(ctx, tx)
+	}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 type failing struct{ *knftables.Fake }
@@ -88,6 +117,9 @@ func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface,
 	}
 	if table == f.fail {
 		return failing{fk}, nil
+	}
+	if table == f.hang {
+		return &hangingTable{Interface: fk, fk: fk, f: f, key: key}, nil
 	}
 	return fk, nil
 }
@@ -205,6 +237,8 @@ type fixtureOptions struct {
 	noServiceCIDRDrop bool
 	// hcListener opens the health-check node ports (default: real sockets).
 	hcListener healthcheck.Listener
+	// hangTable is a table whose transactions after the first of each family hang.
+	hangTable string
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -244,7 +278,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		objects = append(objects, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
 			Spec: networkingv1.ServiceCIDRSpec{CIDRs: opts.serviceCIDRs}})
 	}
-	f := &fixture{t: t, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable},
+	f := &fixture{t: t, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	if opts.serviceCIDRs != nil {
 		f.client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
@@ -711,4 +745,70 @@ func TestOtherNodesAddressesAreReserved(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "172.31.0.2 programmed once node-2 no longer has it", func() bool {
 		return strings.Contains(f.tables.dump("ip shardproxy-default"), "172.31.0.2 . tcp . 80")
 	})
+}
+
+// TestStalledSyncLoopIsStaleButNodeHealthy: an instance whose periodic full sync hangs in
+// nft (nothing queued, so upstream's verdict never goes stale) shows as stale in /status,
+// in /healthz's instances and in shardproxy_instance_stale; /healthz and /livez stay 200,
+// since the other instances serve their tenants and a pod restart would stop them too.
+func TestStalledSyncLoopIsStaleButNodeHealthy(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{hangTable: "shardproxy-team-b", configure: func(c *config.Config) {
+		for i := range c.Instances {
+			if c.Instances[i].Name == "team-b" {
+				c.Instances[i].SyncPeriod = config.Duration{Duration: 100 * time.Millisecond}
+				c.Instances[i].FullSyncPeriod = config.Duration{Duration: 100 * time.Millisecond}
+			}
+		}
+	}})
+	srv := httptest.NewServer(f.sup.countedHealth())
+	defer srv.Close()
+	metricsSrv := httptest.NewServer(f.sup.metricsHandler())
+	defer metricsSrv.Close()
+	var status healthcheck.StatusResponse
+	testutil.Eventually(t, waitTimeout, "team-b stale in /status with a stuck sync loop", func() bool {
+		code, body := httpGet(t, srv.URL+"/status")
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
+			return false
+		}
+		return strings.Contains(status.Instances["team-b"].Stale, "the sync loop is stuck")
+	})
+	if b := status.Instances["team-b"]; b.Healthy || !b.Up {
+		t.Errorf("team-b in /status: healthy %v, up %v; want unhealthy and up", b.Healthy, b.Up)
+	}
+	for _, inst := range []string{"default", "team-a"} {
+		if st := status.Instances[inst]; !st.Healthy || st.Stale != "" {
+			t.Errorf("%s in /status: healthy %v, stale %q; want healthy", inst, st.Healthy, st.Stale)
+		}
+	}
+	for _, path := range []string{"/healthz", "/livez"} {
+		code, body := httpGet(t, srv.URL+path)
+		var resp healthcheck.HealthResponse
+		if err := json.Unmarshal([]byte(body), &resp); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if code != http.StatusOK || !resp.Healthy || resp.Instances["team-b"].Healthy {
+			t.Errorf("GET %s: %d %s; want 200, healthy, team-b's entry unhealthy", path, code, body)
+		}
+	}
+	_, body := httpGet(t, metricsSrv.URL+"/metrics")
+	for _, want := range []string{`shardproxy_instance_stale{proxy_instance="team-b"} 1`, `shardproxy_instance_stale{proxy_instance="team-a"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// httpGet returns the status code and body of a GET.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
 }

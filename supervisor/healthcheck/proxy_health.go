@@ -46,15 +46,19 @@ func (RealClock) Now() time.Time { return time.Now() }
 // been applied within its health timeout, and, beyond upstream, unless the supervisor has
 // marked it down.
 //
+// Beyond upstream, an instance whose sync loop has finished no sync (successful or not)
+// for twice its health timeout is stale too, with nothing queued: a periodic sync that
+// hangs queues nothing.
+//
 // /healthz is what load balancers read, for every tenant's traffic at once, so it fails
 // only for what is node-wide: while the Node is being deleted (as upstream), or when no
 // instance is healthy (nothing on the node proxies). One unhealthy instance among healthy
-// ones shows in its entry, in /status and in the metrics, and, for its Local-policy
-// LoadBalancer Services, on their health-check node ports; draining the node for it would
-// move every other tenant's traffic too. /livez, which the kubelet restarts the pod on,
-// fails only on a stale queued update of an instance that is up: the supervisor restarts
-// a down instance itself (with a backoff of up to a minute), and killing the pod for it
-// would stop every other instance too.
+// ones shows in its entry, in /status (stale, with why) and in the metrics, and, for its
+// Local-policy LoadBalancer Services, on their health-check node ports; draining the node
+// for it would move every other tenant's traffic too. /livez, which the kubelet restarts
+// the pod on, fails likewise only when the node is wedged as a whole: instances are up
+// and none of them is live. One stale instance among live ones would be restarted with
+// every other tenant's; the supervisor restarts a down instance itself.
 //
 // The /healthz and /livez bodies have upstream kube-proxy's fields with upstream's
 // meaning (lastUpdated, currentTime, nodeEligible on /healthz, healthy, and status per IP
@@ -98,7 +102,16 @@ type instanceState struct {
 	// update queued before then does not count against /livez for the time the instance
 	// was down.
 	upSince time.Time
+	// lastRun is when the instance's sync loop last finished a sync, successful or not
+	// (or was added, or came back up): a loop that stops finishing syncs is stuck, even
+	// with nothing queued (its periodic syncs hang).
+	lastRun time.Time
 }
+
+// stuckFactor times an instance's health timeout is how long its sync loop may go
+// without finishing a sync. The loop syncs at least every sync period (the timeout is
+// twice that), so this leaves a sync a whole timeout to run before it counts as hung.
+const stuckFactor = 2
 
 // NewProxyHealth returns a ProxyHealth with no instances. healthTimeout gives each
 // instance's timeout (typically twice its sync period); nil means DefaultHealthTimeout for
@@ -127,7 +140,7 @@ func (h *ProxyHealth) AddInstance(name string) {
 	if _, ok := h.instances[name]; ok {
 		return
 	}
-	h.instances[name] = &instanceState{up: true, familyUpdated: map[corev1.IPFamily]time.Time{}}
+	h.instances[name] = &instanceState{up: true, familyUpdated: map[corev1.IPFamily]time.Time{}, lastRun: h.clock.Now()}
 	h.logger.V(2).Info("Tracking instance health", "instance", name)
 }
 
@@ -156,6 +169,7 @@ func (h *ProxyHealth) Updated(instance string, families ...corev1.IPFamily) {
 		now := h.clock.Now()
 		st.oldestQueued = time.Time{}
 		st.lastUpdated = now
+		st.lastRun = now
 		for _, f := range families {
 			st.familyUpdated[f] = now
 		}
@@ -172,6 +186,12 @@ func (h *ProxyHealth) SetInstanceError(instance string, err error) {
 			st.lastError = err.Error()
 		}
 	})
+}
+
+// SyncFinished records that the instance's sync loop finished a sync, failed or not:
+// the loop is running. Updated implies it.
+func (h *ProxyHealth) SyncFinished(instance string) {
+	h.update(instance, func(st *instanceState) { st.lastRun = h.clock.Now() })
 }
 
 // SetInstanceCounts records how many Services and endpoints the instance programmed in its
@@ -194,6 +214,10 @@ func (h *ProxyHealth) SetInstanceUp(instance string, up bool, reason string) {
 			if up {
 				st.upSince = h.clock.Now()
 			}
+		}
+		if up {
+			// The supervisor (re)starts the loop: its first sync has a whole bound.
+			st.lastRun = h.clock.Now()
 		}
 		st.up = up
 		st.downReason = ""
@@ -253,26 +277,60 @@ func (h *ProxyHealth) update(instance string, fn func(*instanceState)) {
 	fn(st)
 }
 
-// healthyLocked is the upstream verdict plus the up flag; h.mu must be held. As upstream, a
-// pending update goes stale once it is as old as the timeout.
+// healthyLocked is the upstream verdict plus the up flag and the stuck loop; h.mu must
+// be held.
 func (h *ProxyHealth) healthyLocked(instance string, st *instanceState, now time.Time) bool {
-	if !st.up {
-		return false
-	}
-	return st.oldestQueued.IsZero() || now.Sub(st.oldestQueued) < h.timeout(instance)
+	return st.up && h.staleLocked(instance, st, now, false) == ""
 }
 
-// liveLocked is the /livez verdict; h.mu must be held. Only a stale queued update counts,
-// and only the time the instance has been up since the update was queued.
+// liveLocked is the instance's /livez verdict; h.mu must be held: a down instance is
+// live (the supervisor restarts it), an up one unless it is stale, counting only the
+// time it has been up.
 func (h *ProxyHealth) liveLocked(instance string, st *instanceState, now time.Time) bool {
-	if !st.up || st.oldestQueued.IsZero() {
-		return true
+	return !st.up || h.staleLocked(instance, st, now, true) == ""
+}
+
+// staleLocked says why the instance is behind its bound, or "": as upstream, a pending
+// update goes stale once it is as old as the timeout (with sinceUp, only the time the
+// instance has been up counts); beyond upstream, a sync loop that has finished no sync
+// for stuckFactor timeouts is stuck, pending work or not. h.mu must be held.
+func (h *ProxyHealth) staleLocked(instance string, st *instanceState, now time.Time, sinceUp bool) string {
+	timeout := h.timeout(instance)
+	if !st.oldestQueued.IsZero() {
+		since := st.oldestQueued
+		if sinceUp && st.upSince.After(since) {
+			since = st.upSince
+		}
+		if age := now.Sub(since); age >= timeout {
+			return fmt.Sprintf("an update queued %s ago is not programmed (health timeout %s)", age.Round(time.Millisecond), timeout)
+		}
 	}
-	since := st.oldestQueued
-	if st.upSince.After(since) {
-		since = st.upSince
+	if idle := now.Sub(st.lastRun); st.up && idle >= stuckFactor*timeout {
+		return fmt.Sprintf("no sync finished for %s (bound %s): the sync loop is stuck", idle.Round(time.Millisecond), stuckFactor*timeout)
 	}
-	return now.Sub(since) < h.timeout(instance)
+	return ""
+}
+
+// staleOf is staleLocked's reason for an instance that is up, "" for one that is down
+// (DownReason says why). h.mu must be held.
+func (h *ProxyHealth) staleOf(instance string, st *instanceState, now time.Time) string {
+	if !st.up {
+		return ""
+	}
+	return h.staleLocked(instance, st, now, false)
+}
+
+// Stale returns, for each tracked instance, why it is stale ("" when it is not), for the
+// per-instance metric.
+func (h *ProxyHealth) Stale() map[string]string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	now := h.clock.Now()
+	out := make(map[string]string, len(h.instances))
+	for name, st := range h.instances {
+		out[name] = h.staleOf(name, st, now)
+	}
+	return out
 }
 
 // HealthResponse is the body of /healthz and /livez: upstream kube-proxy's fields (its
@@ -290,7 +348,7 @@ type HealthResponse struct {
 	NodeEligible *bool `json:"nodeEligible,omitempty"`
 	// Healthy is the verdict on the instances, without the node's eligibility (as
 	// upstream): on /healthz, false only when no instance is healthy; on /livez, false
-	// when any instance is not live.
+	// only when instances are up and none of them is live (the whole node is wedged).
 	Healthy bool `json:"healthy"`
 	// Status is the health of each IP family the instances have programmed, keyed
 	// "IPv4" and "IPv6" as upstream; absent before the first sync.
@@ -312,9 +370,11 @@ type FamilyHealth struct {
 
 // InstanceHealth is the health of one instance as /healthz, /livez and /status report it.
 type InstanceHealth struct {
-	// Healthy is the instance's verdict. /livez gives its own verdict, which ignores
-	// whether the instance is up, and fails on any instance that is not live; /healthz
-	// and /status give the full one, and /healthz fails only when no instance is healthy.
+	// Healthy is the instance's verdict: false while it is down or stale (a queued update
+	// older than its health timeout, or a sync loop that finished no sync for twice it).
+	// /livez gives its own verdict, which ignores whether the instance is up and counts
+	// only the time it has been up; /healthz and /status give the full one. Neither
+	// endpoint fails for one instance among live ones.
 	Healthy bool `json:"healthy"`
 	// LastUpdated is when the last successful sync finished; absent before the first.
 	LastUpdated time.Time `json:"lastUpdated,omitzero"`
@@ -345,6 +405,9 @@ type InstanceStatus struct {
 	LastError string `json:"lastError"`
 	// DownReason says why the instance is down; after a panic, it holds the stack.
 	DownReason string `json:"downReason,omitempty"`
+	// Stale says why the instance, while up, is behind its bound (a stale queued update,
+	// a stuck sync loop); empty when it is not.
+	Stale string `json:"stale,omitempty"`
 	// Services is how many Services the instance programmed in its last sync.
 	Services int `json:"services"`
 	// Endpoints is how many endpoints the instance programmed in its last sync.
@@ -387,6 +450,7 @@ func (h *ProxyHealth) snapshot() snapshot {
 			},
 			LastError:  st.lastError,
 			DownReason: st.downReason,
+			Stale:      h.staleOf(name, st, s.now),
 			Services:   st.services,
 			Endpoints:  st.endpoints,
 		}
@@ -403,7 +467,7 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 		CurrentTime: s.now,
 		Instances:   make(map[string]InstanceHealth, len(s.instances)),
 	}
-	healthyCount, unhealthyCount := 0, 0
+	healthyCount, unhealthyCount, upCount, upLive := 0, 0, 0, 0
 	var newest time.Time
 	for name, status := range s.instances {
 		st := status.InstanceHealth
@@ -433,10 +497,20 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 		} else {
 			unhealthyCount++
 		}
+		if st.Up {
+			upCount++
+			if s.live[name] {
+				upLive++
+			}
+		}
 	}
-	resp.Healthy = unhealthyCount == 0
 	if withNode {
-		resp.Healthy = resp.Healthy || healthyCount > 0
+		resp.Healthy = unhealthyCount == 0 || healthyCount > 0
+	} else {
+		// Only a wedge of the whole node is the kubelet's to fix by restarting the pod:
+		// one stale instance is shown per instance, and restarting the pod for it would
+		// stop every other tenant's too.
+		resp.Healthy = upCount == 0 || upLive > 0
 	}
 	healthy := resp.Healthy
 	if withNode {

@@ -107,11 +107,65 @@ func TestProxyHealth(t *testing.T) {
 			name: "instance is healthy at start",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
-				clock.Step(10 * timeout)
+				clock.Step(stuckFactor*timeout - time.Second)
 			},
 			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			// A periodic sync that hangs (nft never returns) queues nothing.
+			name: "a sync loop that finishes no sync for twice the timeout is stuck, with nothing queued",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.Updated("team-a")
+				clock.Step(stuckFactor * timeout)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusServiceUnavailable,
+			wantInstances: map[string]bool{"team-a": false},
+			wantEligible:  true,
+		},
+		{
+			name: "a sync loop that keeps finishing syncs, failed ones too, is not stuck",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				clock.Step(stuckFactor*timeout - time.Second)
+				h.SyncFinished("team-a")
+				clock.Step(stuckFactor*timeout - time.Second)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			name: "an instance restarted by the supervisor has a whole bound again",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				clock.Step(stuckFactor*timeout - time.Second)
+				h.SetInstanceUp("team-a", true, "")
+				clock.Step(stuckFactor*timeout - time.Second)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
+			// The kubelet restarting the pod would stop every other tenant's instance.
+			name: "one stuck instance beside a healthy one fails neither healthz nor livez",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.AddInstance("team-b")
+				clock.Step(timeout)
+				h.Updated("team-a")
+				clock.Step(timeout)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true, "team-b": false},
 			wantEligible:  true,
 		},
 		{
@@ -200,8 +254,9 @@ func TestProxyHealth(t *testing.T) {
 			wantEligible:  true,
 		},
 		{
-			// A load balancer reading /healthz would drain the node for every tenant.
-			name: "one stale instance beside a healthy one fails livez but not healthz",
+			// A load balancer reading /healthz would drain the node for every tenant, and a
+			// kubelet reading /livez would restart every tenant's instance.
+			name: "one stale instance beside a healthy one fails neither healthz nor livez",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("team-b")
@@ -212,7 +267,7 @@ func TestProxyHealth(t *testing.T) {
 				clock.Step(timeout / 2)
 			},
 			wantHealthz:   http.StatusOK,
-			wantLivez:     http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{"team-a": true, "team-b": false},
 			wantEligible:  true,
 		},
@@ -365,7 +420,7 @@ func TestProxyHealth(t *testing.T) {
 				clock.Step(timeout / 2)
 			},
 			wantHealthz:   http.StatusOK,
-			wantLivez:     http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
 			wantInstances: map[string]bool{"team-a": true, "fast": false},
 			wantEligible:  true,
 		},

@@ -158,7 +158,7 @@ func TestHealthFamiliesAndVerdict(t *testing.T) {
 			wantEligible: true,
 		},
 		{
-			name: "a stale instance fails its families and /livez, not /healthz",
+			name: "a stale instance fails its families, neither /healthz nor /livez",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.AddInstance("v4-only")
@@ -168,8 +168,8 @@ func TestHealthFamiliesAndVerdict(t *testing.T) {
 				clock.Step(DefaultHealthTimeout)
 				h.Updated("team-a", v4, v6)
 			},
-			wantCode:    [2]int{200, 503},
-			wantHealthy: [2]bool{true, false},
+			wantCode:    [2]int{200, 200},
+			wantHealthy: [2]bool{true, true},
 			wantStatus: [2]map[corev1.IPFamily]FamilyHealth{
 				{v4: {LastUpdated: at(0)}, v6: {LastUpdated: at(DefaultHealthTimeout), Healthy: true}},
 				{v4: {LastUpdated: at(0)}, v6: {LastUpdated: at(DefaultHealthTimeout), Healthy: true}},
