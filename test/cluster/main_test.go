@@ -108,8 +108,11 @@ func snapshotHost() hostState {
 func leftovers(c *Cluster) hostState {
 	var s hostState
 	for _, ns := range listNetns() {
+		// A pod's namespace by inode, and only a cni-* one, as teardownHost: once
+		// unmounted its inode is free for any new namespace (another engineer's test
+		// run's spd*-node was taken for a leftover pod namespace).
 		ino, _ := nsInode(filepath.Join(netnsDir, ns))
-		if slices.Contains(c.st.Namespaces, ns) || slices.Contains(c.st.PodNetns, ino) {
+		if slices.Contains(c.st.Namespaces, ns) || strings.HasPrefix(ns, "cni-") && slices.Contains(c.st.PodNetns, ino) {
 			s.netns = append(s.netns, ns)
 		}
 	}
