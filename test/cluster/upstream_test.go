@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,16 @@ import (
 )
 
 // conformanceEnv selects the focus: "full" runs every single-node [sig-network] Services
-// test (`make conformance`), "off" none; anything else the [Conformance] ones (CI).
+// test (`make conformance`), "off" none, empty ServicesConformanceFocus (CI); anything
+// else is a focus regexp of its own (to rerun one test).
 const conformanceEnv = "SHARDPROXY_CONFORMANCE"
+
+// ciMustRun are tests of ServicesConformanceFocus beyond [Conformance]: a run of that
+// focus that did not select them fails, so a broken regexp cannot drop them silently.
+var ciMustRun = []string{
+	"should implement service.kubernetes.io/service-proxy-name",
+	"should be able to up and down services",
+}
 
 // TestConformance runs upstream's [sig-network] Services tests against the node twice:
 // with shardproxy's DaemonSet (the replace overlay) as the node's only Service proxy, then
@@ -30,8 +39,12 @@ func TestConformance(t *testing.T) {
 		t.Skipf("$%s=off", conformanceEnv)
 	}
 	focus := ServicesConformanceFocus
-	if mode == "full" {
+	switch mode {
+	case "":
+	case "full":
 		focus = ServicesFocus
+	default:
+		focus = mode
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
@@ -70,6 +83,13 @@ func TestConformance(t *testing.T) {
 	}
 	if len(withShardproxy) == 0 {
 		t.Error("the focus selected no test")
+	}
+	if mode == "" {
+		for _, name := range ciMustRun {
+			if !slices.ContainsFunc(withShardproxy, func(r E2EResult) bool { return strings.HasSuffix(r.Name, name) }) {
+				t.Errorf("the focus did not select %q", name)
+			}
+		}
 	}
 }
 
