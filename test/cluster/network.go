@@ -73,3 +73,15 @@ func (c *Cluster) inNS(ctx context.Context, ns, name string, args ...string) (st
 	}
 	return string(out), nil
 }
+
+// inNodeStdin runs a command inside the node's namespace with stdin as its input.
+func (c *Cluster) inNodeStdin(ctx context.Context, stdin, name string, args ...string) (string, error) {
+	full := append([]string{"--net=/run/netns/" + c.NodeNS, name}, args...)
+	cmd := exec.CommandContext(ctx, "nsenter", full...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("in %s: %s %s: %w", c.NodeNS, name, strings.Join(args, " "), err)
+	}
+	return string(out), nil
+}

@@ -100,11 +100,12 @@ func kustomizeBuild(dir string) (resmap.ResMap, error) {
 	return m, nil
 }
 
-// overlayImage is the image name (without tag) of the overlay's shardproxy container:
-// what a user's `images:` entry names to replace it.
+// overlayImage is the image name (without tag) of the first container of the overlay's
+// shardproxy (or shardproxy-cleanup) DaemonSet: what a user's `images:` entry names to
+// replace it.
 func overlayImage(m resmap.ResMap) (string, error) {
 	for _, r := range m.Resources() {
-		if r.GetKind() != "DaemonSet" || r.GetName() != "shardproxy" {
+		if r.GetKind() != "DaemonSet" || !strings.HasPrefix(r.GetName(), "shardproxy") {
 			continue
 		}
 		images, err := r.GetSlice("spec.template.spec.containers")
@@ -121,7 +122,7 @@ func overlayImage(m resmap.ResMap) (string, error) {
 		}
 		return image, nil
 	}
-	return "", fmt.Errorf("the overlay has no shardproxy DaemonSet")
+	return "", fmt.Errorf("the overlay has no shardproxy* DaemonSet")
 }
 
 // Apply applies YAML with kubectl (server-side, so a later apply of another overlay
