@@ -47,42 +47,37 @@ func jhash(k []byte, seed uint32) uint32 {
 	return c
 }
 
+// jhashMix is the kernel's __jhash_mix: six rounds of jhashRound, each word in turn.
 func jhashMix(a, b, c uint32) (uint32, uint32, uint32) {
-	a -= c
-	a ^= bits.RotateLeft32(c, 4)
-	c += b
-	b -= a
-	b ^= bits.RotateLeft32(a, 6)
-	a += c
-	c -= b
-	c ^= bits.RotateLeft32(b, 8)
-	b += a
-	a -= c
-	a ^= bits.RotateLeft32(c, 16)
-	c += b
-	b -= a
-	b ^= bits.RotateLeft32(a, 19)
-	a += c
-	c -= b
-	c ^= bits.RotateLeft32(b, 4)
-	b += a
+	a, c = jhashRound(a, b, c, 4)
+	b, a = jhashRound(b, c, a, 6)
+	c, b = jhashRound(c, a, b, 8)
+	a, c = jhashRound(a, b, c, 16)
+	b, a = jhashRound(b, c, a, 19)
+	c, b = jhashRound(c, a, b, 4)
 	return a, b, c
 }
 
+// jhashRound is one round of __jhash_mix: x -= z; x ^= rol32(z, r); z += y. It returns
+// the new x and z.
+func jhashRound(x, y, z uint32, r int) (uint32, uint32) {
+	x -= z
+	x ^= bits.RotateLeft32(z, r)
+	return x, z + y
+}
+
+// jhashFinal is the kernel's __jhash_final: seven steps of x ^= y; x -= rol32(y, r).
 func jhashFinal(a, b, c uint32) (uint32, uint32, uint32) {
-	c ^= b
-	c -= bits.RotateLeft32(b, 14)
-	a ^= c
-	a -= bits.RotateLeft32(c, 11)
-	b ^= a
-	b -= bits.RotateLeft32(a, 25)
-	c ^= b
-	c -= bits.RotateLeft32(b, 16)
-	a ^= c
-	a -= bits.RotateLeft32(c, 4)
-	b ^= a
-	b -= bits.RotateLeft32(a, 14)
-	c ^= b
-	c -= bits.RotateLeft32(b, 24)
+	c = jhashFinalStep(c, b, 14)
+	a = jhashFinalStep(a, c, 11)
+	b = jhashFinalStep(b, a, 25)
+	c = jhashFinalStep(c, b, 16)
+	a = jhashFinalStep(a, c, 4)
+	b = jhashFinalStep(b, a, 14)
+	c = jhashFinalStep(c, b, 24)
 	return a, b, c
+}
+
+func jhashFinalStep(x, y uint32, r int) uint32 {
+	return (x ^ y) - bits.RotateLeft32(y, r)
 }
