@@ -96,7 +96,9 @@ demo: deps
 # bench measures one instance with the real nft in fresh network namespaces (test/bench):
 # full and partial syncs against `nft -f` alone, memory, per-packet cost, 4 instances vs 1,
 # at BENCH_SCALES Services × 10 endpoints. Prints a table, writes BENCH_OUT. Root only;
-# ~6 minutes on two cores with the default scales. BENCH_FLAGS adds flags (-h lists them).
+# ~6 minutes on two cores with the default scales. BENCH_FLAGS adds flags (-h lists them),
+# e.g. BENCH_FLAGS=-modes=random,roundRobin,sourceHash,consistentHash measures each
+# load-balancing mode (one column per mode; the default measures random only).
 BENCH_SCALES ?= 1000,10000,30000
 BENCH_OUT    ?= _output/bench/bench.json
 bench:
