@@ -96,8 +96,14 @@ func ConsistentTableSize(n int) int {
 // Maglev's table, for comparison, needs about 2,000 slots for 10 endpoints before one
 // removal moves less than 15% of the slots.
 func consistentTable(eps []Endpoint) []int {
+	return consistentTableOfSize(eps, ConsistentTableSize(len(eps)))
+}
+
+// consistentTableOfSize is consistentTable with size slots (at least len(eps); one
+// for one endpoint). Only tests ask for another size than ConsistentTableSize's, to
+// measure what the size buys.
+func consistentTableOfSize(eps []Endpoint, size int) []int {
 	n := len(eps)
-	size := ConsistentTableSize(n)
 	if n <= 1 {
 		return make([]int, size)
 	}
