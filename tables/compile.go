@@ -153,6 +153,7 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 	cip := entry{sp.ClusterIP, sp.Protocol, sp.Port}
 	if mayTake(pc.entryID(cip)) {
 		pc.clusterIP(cip)
+		pc.cip = cip
 	}
 	ext, lbs := c.externalEntries(sp)
 	fw := c.firewallFor(sp)
@@ -201,6 +202,12 @@ type portCompiler struct {
 	mode   LBMode
 	tables map[string][]int
 	id     string
+	// cip is the port's cluster IP entry once the port holds it (zero otherwise); its
+	// consistent-hash table can serve the port's other entries (sharesClusterIPTable).
+	cip entry
+	// translated holds the entries whose cluster-ip-of and cluster-port-of elements
+	// are written.
+	translated map[entry]bool
 }
 
 func (pc *portCompiler) entryID(en entry) string {
@@ -242,6 +249,10 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 		pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + pc.aff.chain(class, eps)}})
 		return
 	}
+	if pc.sharesClusterIPTable(en, eps) {
+		pc.viaClusterIP(en, vmap, len(eps))
+		return
+	}
 	chain, slots := pc.picker(class, eps)
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	epSet, strs := endpointsMap(epMap, en.proto), pc.endpointStrings(class, eps)
@@ -256,6 +267,35 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 		}
 		pc.add(en, element{set: epSet, isMap: true, key: []string{key[0], key[2], strconv.Itoa(i)}, value: strs[ep]})
 	}
+}
+
+// sharesClusterIPTable reports whether entry en, dispatched to eps, can use the
+// consistent-hash table its port writes for the cluster IP entry instead of a copy of
+// its own (256 elements): the port holds its cluster IP entry and eps are the cluster
+// IP's endpoints (the same slice: the same policy class).
+func (pc *portCompiler) sharesClusterIPTable(en entry, eps []Endpoint) bool {
+	return pc.mode == LBConsistentHash && pc.cip.addr.IsValid() && en != pc.cip &&
+		sameEndpoints(eps, pc.internal)
+}
+
+// viaClusterIP dispatches en to the pick chain that rewrites the packet's destination to
+// the port's cluster IP and port (read from cluster-ip-of and cluster-port-of by the
+// connection's original destination) and looks the client's slot up in the cluster
+// IP's table. The rewrite only feeds the lookup: the DNAT that follows replaces the
+// destination, and conntrack keeps the original one for the replies.
+func (pc *portCompiler) viaClusterIP(en entry, vmap string, n int) {
+	chain := pickViaClusterIPChain(ConsistentTableSize(n))
+	pc.pick[chain] = true
+	pc.add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
+	if pc.translated[en] {
+		return
+	}
+	if pc.translated == nil {
+		pc.translated = map[entry]bool{}
+	}
+	pc.translated[en] = true
+	pc.add(en, element{set: mapClusterIPOf, isMap: true, key: en.key(), value: []string{pc.cip.addr.String()}})
+	pc.add(en, element{set: mapClusterPortOf, isMap: true, key: en.key(), value: []string{strconv.Itoa(int(pc.cip.port))}})
 }
 
 // picker returns the chain that picks among eps for class in the port's mode, and the
@@ -579,6 +619,9 @@ func (c *compiler) sourceRanges(in []netip.Prefix) []netip.Prefix {
 // pickChainRules returns the rules of a pick chain, from its name (pickChainFor).
 func (c *compiler) pickChainRules(name string) ([]string, error) {
 	ip := c.ip
+	if n, ok := parsePickViaClusterIPChain(name); ok {
+		return c.viaClusterIPRules(n), nil
+	}
 	mode, cluster, n, err := parsePickChain(name)
 	if err != nil {
 		return nil, err
@@ -600,6 +643,23 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 			proto, ip, ip, proto, pick, endpointsMap(epMap, proto)))
 	}
 	return rules, nil
+}
+
+// viaClusterIPRules are the rules of pick-ch-cip-<n>: for each protocol, rewrite the
+// destination to the entry's cluster IP and port, keyed by the connection's original
+// destination (the rewritten one would miss the second lookup), then DNAT through the
+// cluster IP's n-slot table in endpoints-<proto>.
+func (c *compiler) viaClusterIPRules(n int) []string {
+	ip := c.ip
+	orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)
+	var rules []string
+	for _, proto := range allProtocols() {
+		rules = append(rules, fmt.Sprintf(
+			"meta l4proto %s %s daddr set %s map @%s %s dport set %s map @%s dnat %s to %s daddr . %s dport . %s map @%s",
+			proto, ip, orig, mapClusterIPOf, proto, orig, mapClusterPortOf,
+			ip, ip, proto, pickExpr(LBConsistentHash, ip, n), endpointsMap(mapEndpoints, proto)))
+	}
+	return rules
 }
 
 // isDynamicChain reports whether a chain is a pick, affinity or round-robin chain (not
@@ -688,6 +748,8 @@ func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.
 		{Name: mapServiceIPs, Type: entryType + " : verdict", Comment: ptr("entry -> pick chain")},
 		{Name: mapShortCircuit, Type: entryType + " : verdict", Comment: ptr("Local-policy entry, from pods and node -> pick chain")},
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
+		{Name: mapClusterIPOf, Type: entryType + " : " + at, Comment: ptr("consistentHash entry -> its Service port's cluster IP")},
+		{Name: mapClusterPortOf, Type: entryType + " : inet_service", Comment: ptr("consistentHash entry -> its Service port's port")},
 		{Name: mapRoundRobinPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-at chain")},
 		{Name: mapRoundRobinClusterPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-cluster-at chain")},
 	}

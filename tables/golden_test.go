@@ -272,6 +272,8 @@ add set ip shardproxy-test hairpin { type ipv4_addr . ipv4_addr ; comment "endpo
 add map ip shardproxy-test cluster-endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
+add map ip shardproxy-test cluster-ip-of { type ipv4_addr . inet_proto . inet_service : ipv4_addr ; comment "consistentHash entry -> its Service port's cluster IP" ; }
+add map ip shardproxy-test cluster-port-of { type ipv4_addr . inet_proto . inet_service : inet_service ; comment "consistentHash entry -> its Service port's port" ; }
 add map ip shardproxy-test endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> endpoint" ; }
 add map ip shardproxy-test endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> endpoint" ; }
 add map ip shardproxy-test endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> endpoint" ; }

@@ -22,6 +22,7 @@ const (
 	lbManyClients = 10_000
 	lbConnections = 10_000
 	lbEndpoints   = 10
+	lbNodePort    = 30050
 	// lbEvenness is how far from the mean every endpoint's share may be (random and
 	// roundRobin over lbConnections; consistentHash over lbManyClients); lbDisruption
 	// the share of clients removing one of ten endpoints may move (consistentHash).
@@ -38,7 +39,7 @@ const (
 
 // lbBench is a topology whose client namespace holds lbClients extra addresses, with
 // lbEndpoints identity servers ("ep0".."ep9": five ports on the local pod, five on the
-// remote one) behind one TCP Service.
+// remote one) behind one TCP Service, also a NodePort (lbNodePort).
 type lbBench struct {
 	n       *trafficNode
 	clients []netip.Addr
@@ -80,7 +81,7 @@ func newLBBench(t *testing.T, fam Family) *lbBench {
 		}
 	}
 	b.port = &ServicePort{
-		Name: ServicePortName{Namespace: b.svc.Namespace, Name: b.svc.Name}, Protocol: TCP, Port: 80,
+		Name: ServicePortName{Namespace: b.svc.Namespace, Name: b.svc.Name}, Protocol: TCP, Port: 80, NodePort: lbNodePort,
 		ClusterIP: b.n.a("172.31.0.50", "fd00:31::50"), ClusterEndpoints: b.eps, HasEndpoints: true,
 	}
 	return b
@@ -97,12 +98,18 @@ func (b *lbBench) program(t *testing.T, s *Syncer, p *ServicePort) {
 	}
 }
 
-// connect opens count connections from the first clients in turn
+// connect opens count connections to the cluster IP from the first clients in turn
 // (clients[k%clients]), 8 at a time, and returns which server each one reached.
 func (b *lbBench) connect(t *testing.T, clients, count int) []string {
 	t.Helper()
+	return b.connectTo(t, netip.AddrPortFrom(b.port.ClusterIP, b.port.Port), clients, count)
+}
+
+// connectTo is connect to dst.
+func (b *lbBench) connectTo(t *testing.T, to netip.AddrPort, clients, count int) []string {
+	t.Helper()
 	got := make([]string, count)
-	dst := netip.AddrPortFrom(b.port.ClusterIP, b.port.Port).String()
+	dst := to.String()
 	const workers = 8
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -266,6 +273,26 @@ func TestModesThroughRealKernel(t *testing.T) {
 	}
 }
 
+// sameThroughNodePort checks that every client reaches through the NodePort the
+// endpoint it reached through the cluster IP: the hash modes pick by the client alone,
+// and consistentHash's NodePort entry picks through the cluster IP's table (after
+// rewriting the destination to it in pick-ch-cip-<n>).
+func (b *lbBench) sameThroughNodePort(t *testing.T, p *ServicePort, viaClusterIP map[netip.Addr]string) {
+	t.Helper()
+	node := netip.AddrPortFrom(b.n.a(netns.NodeIPv4, netns.NodeIPv6), lbNodePort)
+	got := b.perClient(t, lbClients, b.connectTo(t, node, lbClients, lbClients))
+	differ := 0
+	for c, name := range got {
+		if viaClusterIP[c] != name {
+			differ++
+		}
+	}
+	t.Logf("%s %s: %d of %d clients reach through the NodePort another endpoint than through the cluster IP", b.n.fam, p.LoadBalancing, differ, len(got))
+	if differ > 0 {
+		t.Errorf("%d of %d clients reach another endpoint through the NodePort than through the cluster IP", differ, len(got))
+	}
+}
+
 // hashMode checks a hash mode's stickiness and the tracer's prediction on the evenness
 // run, then removes one endpoint and measures how many clients move.
 func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string) {
@@ -281,6 +308,7 @@ func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string
 	if wrong > 0 {
 		t.Errorf("the tracer predicted the wrong endpoint for %d of %d clients", wrong, len(before))
 	}
+	b.sameThroughNodePort(t, p, before)
 
 	q := *p
 	q.ClusterEndpoints = b.eps[:lbEndpoints-1]

@@ -96,21 +96,33 @@ func TestGoldenModes(t *testing.T) {
 		})
 	}
 
-	t.Run("consistentHash: every entry holds the port's table, slot by slot", func(t *testing.T) {
+	t.Run("consistentHash: the cluster IP entry holds the port's table, the NodePort shares it", func(t *testing.T) {
 		s, fake := newFake(t, testConfig(IPv4))
 		fullSync(t, s, services(two(LBConsistentHash)))
 		table := consistentTable([]Endpoint{pod, remote})
 		var want []string
-		for _, entry := range []string{"172.30.0.10 . 80", "192.168.100.1 . 30080"} {
-			for slot, e := range table {
-				want = append(want, fmt.Sprintf("%s . %d : %s . 8080", entry, slot, []Endpoint{pod, remote}[e].IP))
-			}
+		for slot, e := range table {
+			want = append(want, fmt.Sprintf("172.30.0.10 . 80 . %d : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
 		}
 		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, "endpoints-tcp"))); diff != "" {
 			t.Errorf("endpoints-tcp (-want +got):\n%s", diff)
 		}
+		if diff := cmp.Diff(golden(`
+			map cluster-ip-of 192.168.100.1 . tcp . 30080 : 172.30.0.10
+			map cluster-port-of 192.168.100.1 . tcp . 30080 : 80
+			map service-ips 172.30.0.10 . tcp . 80 : goto pick-ch-256
+			map service-ips 192.168.100.1 . tcp . 30080 : goto pick-ch-cip-256`),
+			golden(mapLines(fake, "cluster-ip-of", "cluster-port-of", "service-ips"))); diff != "" {
+			t.Errorf("dispatch (-want +got):\n%s", diff)
+		}
 		if got := chainRules(fake, "pick-ch-256"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 256 seed 0x1f2e3d4c") {
 			t.Errorf("pick-ch-256 rules: %q", got)
+		}
+		want = []string{"meta l4proto tcp ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of " +
+			"tcp dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of " +
+			"dnat ip to ip daddr . tcp dport . jhash ip saddr mod 256 seed 0x1f2e3d4c map @endpoints-tcp"}
+		if got := chainRules(fake, "pick-ch-cip-256"); len(got) != 3 || got[0] != want[0] {
+			t.Errorf("pick-ch-cip-256 rules: %q; want first %q", got, want[0])
 		}
 	})
 
@@ -310,4 +322,17 @@ func TestModesMatchRandom(t *testing.T) {
 			})
 		}
 	}
+}
+
+// mapLines is the elements of the maps names, each as "map <name> <key> : <value>".
+func mapLines(fake *knftables.Fake, names ...string) string {
+	var lines []string
+	for _, name := range names {
+		for _, l := range strings.Split(dumpElements(fake, name), "\n") {
+			if l != "" {
+				lines = append(lines, "map "+name+" "+l)
+			}
+		}
+	}
+	return strings.Join(lines, "\n")
 }

@@ -85,6 +85,14 @@ const (
 	// sends it to pick-cluster-at-<k>.
 	mapRoundRobinPicks        = "round-robin-picks"
 	mapRoundRobinClusterPicks = "round-robin-cluster-picks"
+	// mapClusterIPOf and mapClusterPortOf map a consistentHash entry other than the
+	// cluster IP (external and load-balancer IPs, NodePorts) to its Service port's cluster
+	// IP and port, so that all the port's entries share the one table of the cluster IP
+	// entry: pickViaClusterIPChain rewrites the destination through them before the
+	// lookup. nft 1.0.6 cannot parse a map lookup inside a concatenation ("... map
+	// @ids . jhash ... map @slots"), which would need no rewrite.
+	mapClusterIPOf   = "cluster-ip-of"
+	mapClusterPortOf = "cluster-port-of"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject
 	// chain (no endpoints at all) or to drop (Local policy, no local endpoints).
 	mapNoEndpoints = "no-endpoint-services"
@@ -133,6 +141,25 @@ func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
 		return "", false, 0, fmt.Errorf("bad pick chain name %q", name)
 	}
 	return m, cluster, n, nil
+}
+
+// pickViaClusterIPPrefix names the chains "pick-ch-cip-<slots>", which pick through
+// the port's cluster IP entry's consistent-hash table of that many slots.
+const pickViaClusterIPPrefix = pickPrefix + "ch-cip-"
+
+func pickViaClusterIPChain(slots int) string {
+	return pickViaClusterIPPrefix + strconv.Itoa(slots)
+}
+
+// parsePickViaClusterIPChain is the inverse of pickViaClusterIPChain; ok is false for
+// any other name.
+func parsePickViaClusterIPChain(name string) (slots int, ok bool) {
+	rest, ok := strings.CutPrefix(name, pickViaClusterIPPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n > 0
 }
 
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }

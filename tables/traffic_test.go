@@ -3,6 +3,7 @@ package tables
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,6 +61,27 @@ func reach(t *testing.T, tp *netns.Topology, from, proto string, dst netip.Addr,
 	}
 }
 
+// sameServer dials several times from one client and wants every answer from the same
+// one of servers (a hash mode), whichever it is.
+func sameServer(t *testing.T, tp *netns.Topology, from, proto string, dst netip.Addr, port int, servers ...string) {
+	t.Helper()
+	first := ""
+	for i := 0; i < 8; i++ {
+		r, err := tp.Dial(from, proto, dst.String(), port)
+		if err != nil {
+			t.Fatalf("%s %s -> %s:%d: %v", from, proto, dst, port, err)
+		}
+		if !slices.Contains(servers, r.Server) {
+			t.Fatalf("%s -> %s:%d answered by unexpected %q", from, dst, port, r.Server)
+		}
+		if first == "" {
+			first = r.Server
+		} else if r.Server != first {
+			t.Fatalf("%s -> %s:%d: connection %d reached %s after %s", from, dst, port, i, r.Server, first)
+		}
+	}
+}
+
 func refused(t *testing.T, tp *netns.Topology, from, proto string, dst netip.Addr, port int) {
 	t.Helper()
 	r, err := tp.Dial(from, proto, dst.String(), port)
@@ -109,7 +131,18 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 			narrowed := mk("narrowed", "15", UDP, []Endpoint{pod1}, []Endpoint{pod1}, 0)
 			narrowed.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.15", "fd00:201::15")}
 			narrowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix(netns.ClientCIDRv4), netip.MustParsePrefix(netns.ClientCIDRv6)}
-			for _, p := range []*ServicePort{sticky, local, denied, narrowed} {
+			// hashed and hashedLocal are consistentHash: their NodePort and LB entries pick
+			// through the cluster IP's table, rewriting the destination first.
+			hashed := mk("hashed", "16", TCP, []Endpoint{pod1, remote}, []Endpoint{pod1}, 30086)
+			hashedUDP := mk("hashed", "16", UDP, []Endpoint{pod1, remote}, []Endpoint{pod1}, 30086)
+			hashedLocal := mk("hashed-local", "17", TCP, []Endpoint{pod1, remote}, []Endpoint{pod1}, 30087)
+			hashedLocal.ExternalLocal = true
+			hashedLocal.LoadBalancerIPs = []netip.Addr{n.a("192.168.201.17", "fd00:201::17")}
+			for _, p := range []*ServicePort{hashed, hashedUDP, hashedLocal} {
+				p.LoadBalancing = LBConsistentHash
+			}
+			teamA[ServiceName{Namespace: "ns", Name: "hashed"}] = []*ServicePort{hashed, hashedUDP}
+			for _, p := range []*ServicePort{sticky, local, denied, narrowed, hashedLocal} {
 				teamA[ServiceName{Namespace: "ns", Name: p.Name.Name}] = []*ServicePort{p}
 			}
 			teamB := services(mk("other", "20", TCP, []Endpoint{remote}, nil, 30090))
@@ -134,6 +167,14 @@ func TestTrafficThroughRealKernel(t *testing.T) {
 					refused(t, tp, tp.Client, proto, nodeIP, 30081)
 				})
 			}
+			for _, proto := range []string{"tcp", "udp"} {
+				t.Run(proto+" consistentHash NodePort from outside: one endpoint, through the cluster IP's table", func(t *testing.T) {
+					sameServer(t, tp, tp.Client, proto, nodeIP, 30086, "pod1", "remote")
+				})
+			}
+			t.Run("consistentHash Local-policy LB IP from a local pod short-circuits to all endpoints", func(t *testing.T) {
+				sameServer(t, tp, tp.Pod2, "tcp", hashedLocal.LoadBalancerIPs[0], 80, "pod1", "remote")
+			})
 			t.Run("undefined port of a cluster IP refuses", func(t *testing.T) {
 				refused(t, tp, tp.Pod2, "tcp", cip("10"), 81)
 			})

@@ -347,6 +347,14 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 	for !t.done() {
 		w := t.peek(0)
 		switch {
+		case isPayloadSet(w, t.peek(2)):
+			matched, err := tr.evalPayloadSet(tbl, t, s)
+			if err != nil {
+				return nil, err
+			}
+			if !matched {
+				return []*state{s}, nil
+			}
 		case isSelectorStart(w) && !(w == "meta" && t.peek(1) == "mark" && t.peek(2) == "set"):
 			vals, err := tr.expr(t, s)
 			if err != nil {
@@ -392,6 +400,58 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 		}
 	}
 	return []*state{s}, nil
+}
+
+// isPayloadSet reports whether a statement starting "w _ third" writes a header field
+// ("ip daddr set ...", "tcp dport set ...").
+func isPayloadSet(w, third string) bool {
+	switch w {
+	case "ip", "ip6", "th", "tcp", "udp", "sctp":
+		return third == "set"
+	}
+	return false
+}
+
+// evalPayloadSet applies "ip|ip6 daddr set <expr> map @m" and "tcp|udp|sctp dport set
+// <expr> map @m": the destination address or port becomes the map's value for the key.
+// A miss ends the rule (matched false), as in the kernel; the packet keeps any field an
+// earlier statement of the rule wrote.
+func (tr *Tracer) evalPayloadSet(tbl *knftables.FakeTable, t *tokens, s *state) (bool, error) {
+	hdr, field := t.next(), t.next()
+	t.next() // set
+	vals, err := tr.expr(t, s)
+	if err != nil {
+		return false, err
+	}
+	if err := t.expect("map"); err != nil {
+		return false, fmt.Errorf("%s %s set: only a map lookup is modelled: %w", hdr, field, err)
+	}
+	name := strings.TrimPrefix(t.next(), "@")
+	elems, err := lookup(tbl, name, vals)
+	if err != nil || len(elems) == 0 {
+		return false, err
+	}
+	if len(elems[0].Value) != 1 {
+		return false, fmt.Errorf("%s %s set: map @%s value %v is not one field", hdr, field, name, elems[0].Value)
+	}
+	v := elems[0].Value[0]
+	switch {
+	case (hdr == "ip" || hdr == "ip6") && field == "daddr":
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return false, fmt.Errorf("%s daddr set: %w", hdr, err)
+		}
+		s.dst = a
+	case field == "dport" && (hdr == "th" || hdr == s.proto):
+		p, err := strconv.ParseUint(v, 10, 16)
+		if err != nil {
+			return false, fmt.Errorf("%s dport set: %w", hdr, err)
+		}
+		s.port = uint16(p)
+	default:
+		return false, fmt.Errorf("%s %s set on a %s packet is not modelled", hdr, field, s.proto)
+	}
+	return true, nil
 }
 
 // evalMarkSet applies "meta mark set meta mark (or|xor) X".
