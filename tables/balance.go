@@ -88,8 +88,8 @@ func ConsistentTableSize(n int) int {
 //
 // It is a balanced rendezvous: every (slot, endpoint) pair has a pseudo-random score,
 // and going through all pairs from the highest score down, a slot takes the endpoint of
-// its pair unless the slot is taken or the endpoint is full (size/n slots; then the
-// remaining slots the same way with one more each). Without the capacity this is plain
+// its pair unless the slot is taken or the endpoint is full (size/n slots, or one more
+// for the first size%n endpoints to get size/n). Without the capacity this is plain
 // rendezvous hashing, where removing an endpoint moves only its own slots (the minimum)
 // but the slots per endpoint vary by about their square root; the capacity makes the
 // shares even at the price of some extra moves (TestConsistentTable measures both).
@@ -113,14 +113,20 @@ func consistentTableOfSize(eps []Endpoint, size int) []int {
 		table[i] = -1
 	}
 	taken := make([]int, n)
-	quota := size / n
-	for _, limit := range []int{quota, quota + 1} {
-		for _, p := range pairs {
-			if table[p.slot] < 0 && taken[p.ep] < limit {
-				table[p.slot] = int(p.ep)
-				taken[p.ep]++
-			}
+	// quota slots each, and quota+1 for the first extra endpoints to reach quota: the
+	// extras go to endpoints whose next pairs score highest, rather than (as a second
+	// pass would) to whichever endpoints the leftover slots rank best, which moved more
+	// clients when the set changed (tables/README.md has both).
+	quota, extra := size/n, size%n
+	for _, p := range pairs {
+		if table[p.slot] >= 0 || taken[p.ep] > quota || (taken[p.ep] == quota && extra == 0) {
+			continue
 		}
+		if taken[p.ep] == quota {
+			extra--
+		}
+		table[p.slot] = int(p.ep)
+		taken[p.ep]++
 	}
 	return table
 }

@@ -87,12 +87,12 @@ func TestConsistentTable(t *testing.T) {
 		removeMean, removeWorst float64
 		addMean, addWorst       float64
 	}{
-		// Measured: 2: 50.0/50.0, 34.8/36.7; 3: 34.6/36.3, 27.1/29.3; 10: 13.5/15.6,
-		// 12.5/15.6; 30: 7.5/10.2, 7.3/9.4 (% moved, mean/worst, removing/adding).
+		// Measured: 2: 50.0/50.0, 34.6/36.3; 3: 34.5/36.3, 27.0/28.5; 10: 13.0/15.2,
+		// 12.1/15.6; 30: 6.7/8.6, 7.8/10.2 (% moved, mean/worst, removing/adding).
 		{n: 2, removeMean: 0.51, removeWorst: 0.51, addMean: 0.36, addWorst: 0.38},
 		{n: 3, removeMean: 0.36, removeWorst: 0.38, addMean: 0.28, addWorst: 0.30},
 		{n: 10, removeMean: 0.14, removeWorst: 0.16, addMean: 0.13, addWorst: 0.16},
-		{n: 30, removeMean: 0.08, removeWorst: 0.11, addMean: 0.08, addWorst: 0.10},
+		{n: 30, removeMean: 0.08, removeWorst: 0.10, addMean: 0.085, addWorst: 0.11},
 	} {
 		t.Run(fmt.Sprint(tc.n), func(t *testing.T) {
 			var removeSum, removeWorst, addSum, addWorst float64
@@ -159,10 +159,12 @@ func TestConsistentTableSizeTradeoff(t *testing.T) {
 		size                    int
 		removeMean, removeWorst float64
 	}{
-		// Measured: 128: 16.7/24.2, 256: 13.7/18.0, 512: 12.5/14.5 (% moved, mean/worst).
-		{size: 128, removeMean: 0.17, removeWorst: 0.25},
-		{size: ConsistentTableSlots, removeMean: 0.14, removeWorst: 0.185},
-		{size: 512, removeMean: 0.13, removeWorst: 0.15},
+		// Measured: 128: 14.5/18.8, 256: 13.0/16.4, 512: 12.3/13.9 (% moved, mean/worst);
+		// with the extra slots handed out in a second pass (before issue 14's last
+		// change): 16.7/24.2, 13.7/18.0, 12.5/14.5.
+		{size: 128, removeMean: 0.15, removeWorst: 0.19},
+		{size: ConsistentTableSlots, removeMean: 0.135, removeWorst: 0.17},
+		{size: 512, removeMean: 0.125, removeWorst: 0.145},
 	} {
 		t.Run(fmt.Sprint(tc.size), func(t *testing.T) {
 			var sum, worst float64
