@@ -222,6 +222,16 @@ func New(opts Options) (*Proxy, error) {
 // Name returns the instance's name.
 func (p *Proxy) Name() string { return p.opts.Name }
 
+// RecreateTable makes the first full sync of family fam delete the table first, in the
+// same transaction (tables.Syncer.RecreateOnNextFull). Call it before Run.
+func (p *Proxy) RecreateTable(fam tables.Family) {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	if s := p.syncers[fam]; s != nil {
+		s.RecreateOnNextFull()
+	}
+}
+
 func (p *Proxy) queue() {
 	if p.opts.Observer != nil {
 		p.opts.Observer.Queued(p.opts.Name)

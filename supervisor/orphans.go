@@ -41,11 +41,15 @@ func (f *firstFullSyncs) fullSynced(inst string) {
 //
 // It runs once, after every configured instance has completed a full sync, so the
 // Services the removed instance served are programmed by their new owners first. Only a
-// table carrying shardproxy's ownership marker (its comment, tables.OwnerComment of the
-// name) is deleted: a table that merely has the name, another component's under a prefix
-// that matches it or one made by hand, is left alone with a log line, as is a name that
-// is not a valid instance name (a DNS-1123 label).
+// table carrying this supervisor's ownership marker (its comment, tables.OwnerComment of
+// the name and of config.SupervisorIdentity) is deleted. Left alone, with a log line: a
+// table that merely has the name (another component's under a prefix that matches it,
+// or one made by hand), another supervisor's with the same prefix, one whose marker is
+// an earlier version's (it names no supervisor: it may be another supervisor's not yet
+// upgraded; `shardproxy cleanup --instance` deletes it), and a name that is not a valid
+// instance name (a DNS-1123 label).
 func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
+	me := s.cfg.SupervisorIdentity()
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
 		listed, err := s.deps.ListTables(ctx, fam)
 		if err != nil {
@@ -53,20 +57,8 @@ func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 			continue
 		}
 		for _, t := range listed {
-			inst, ok := t.OwnedInstance(s.cfg.TablePrefix)
+			inst, ok := s.unconfiguredTableOf(fam, t, me)
 			if !ok {
-				if named, ok := tables.InstanceOfTable(s.cfg.TablePrefix, t.Name); ok {
-					if _, configured := s.specs[named]; !configured {
-						s.logger.Info("Leaving alone a table named like an instance's but without shardproxy's marker",
-							"family", tables.KnftFamily(fam), "table", t.Name, "comment", t.Comment, "marker", tables.OwnerComment(named))
-					}
-				}
-				continue
-			}
-			if len(content.IsDNS1123Label(inst)) > 0 {
-				continue
-			}
-			if _, configured := s.specs[inst]; configured {
 				continue
 			}
 			nft, err := s.deps.NFT(fam, t.Name)
@@ -81,6 +73,61 @@ func (s *Supervisor) deleteUnconfiguredTables(ctx context.Context) {
 			}
 			s.logger.Info("Deleted the table of an instance that is no longer configured",
 				"instance", inst, "family", tables.KnftFamily(fam), "table", t.Name)
+		}
+	}
+}
+
+// unconfiguredTableOf is the instance whose table t is, if t is this supervisor's (me)
+// and the instance is not configured; it logs why a table named like an unconfigured
+// instance's is left alone.
+func (s *Supervisor) unconfiguredTableOf(fam tables.Family, t tables.ListedTable, me string) (string, bool) {
+	named, ok := tables.InstanceOfTable(s.cfg.TablePrefix, t.Name)
+	if !ok || len(content.IsDNS1123Label(named)) > 0 {
+		return "", false
+	}
+	if _, configured := s.specs[named]; configured {
+		return "", false
+	}
+	inst, owner, ok := t.Owner(s.cfg.TablePrefix)
+	logger := s.logger.WithValues("family", tables.KnftFamily(fam), "table", t.Name, "comment", t.Comment)
+	switch {
+	case !ok:
+		logger.Info("Leaving alone a table named like an instance's but without shardproxy's marker",
+			"marker", tables.OwnerComment(named, me))
+	case owner == "":
+		logger.Info("Leaving alone a table with an earlier version's marker, which names no supervisor; "+
+			"if it is this supervisor's removed instance's, delete it with shardproxy cleanup --instance", "instance", inst)
+	case owner != me:
+		logger.Info("Leaving alone another supervisor's table with the same prefix", "instance", inst, "supervisor", owner)
+	default:
+		return inst, true
+	}
+	return "", false
+}
+
+// takeOverTables makes each instance whose table exists with a marker that is not this
+// supervisor's recreate it at its first full sync (a table's comment cannot be changed
+// in place): an earlier version's marker, or an identity this supervisor had before
+// (another health port). The instance is configured here, so its table is written by
+// this supervisor either way.
+func (s *Supervisor) takeOverTables(ctx context.Context) {
+	me := s.cfg.SupervisorIdentity()
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		listed, err := s.deps.ListTables(ctx, fam)
+		if err != nil {
+			s.logger.Error(err, "Listing nftables tables to check their ownership markers", "family", tables.KnftFamily(fam))
+			continue
+		}
+		for _, t := range listed {
+			inst, owner, ok := t.Owner(s.cfg.TablePrefix)
+			p := s.instances[inst]
+			if !ok || p == nil || owner == me {
+				continue
+			}
+			s.logger.Info("Recreating an instance's table at its first full sync to write this supervisor's marker",
+				"instance", inst, "family", tables.KnftFamily(fam), "table", t.Name, "comment", t.Comment,
+				"marker", tables.OwnerComment(inst, me))
+			p.RecreateTable(fam)
 		}
 	}
 }

@@ -27,6 +27,7 @@ func (t tableConfigs) forInstance(spec config.Instance, node *corev1.Node) table
 	cfg := tables.Config{
 		TablePrefix:   t.cfg.TablePrefix,
 		Instance:      spec.Name,
+		Supervisor:    t.cfg.SupervisorIdentity(),
 		Slot:          *spec.Slot,
 		MasqueradeBit: *t.cfg.MasqueradeBit,
 		MasqueradeAll: spec.MasqueradeAll,

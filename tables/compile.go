@@ -727,7 +727,7 @@ func (c *compiler) skeleton(prio Priorities) *Skeleton {
 	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
 		chains = append(chains, &knftables.Chain{Name: name})
 	}
-	table := &knftables.Table{Comment: ptr(OwnerComment(c.cfg.Instance))}
+	table := &knftables.Table{Comment: ptr(OwnerComment(c.cfg.Instance, c.cfg.Supervisor))}
 	return &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: c.fixedRules()}
 }
 

@@ -198,6 +198,9 @@ type Config struct {
 	// TablePrefix and Instance make the table name "<prefix>-<instance>".
 	TablePrefix string
 	Instance    string
+	// Supervisor identifies the supervisor that owns the table, in its ownership marker
+	// (OwnerComment), so that another supervisor with the same prefix leaves it alone.
+	Supervisor string
 	// Slot orders this instance's base chains among the other instances'; see priority.go.
 	Slot int
 	// MasqueradeBit is the packet mark bit that asks for masquerading (default 14).

@@ -46,11 +46,23 @@ func NewNFT(fam Family, table string) (knftables.Interface, error) {
 }
 
 // OwnerComment is the comment shardproxy writes on each table of an instance, its
-// ownership marker: "shardproxy instance <instance>". Only a table carrying it is ever
-// deleted as a removed instance's: a name alone ("<prefix>-<name>") can be anyone's.
-func OwnerComment(instance string) string {
-	return "shardproxy instance " + instance
+// ownership marker: "shardproxy instance <instance> supervisor <supervisor>". Only a
+// table carrying it is ever deleted as a removed instance's, and only by the supervisor
+// it names: a name alone ("<prefix>-<name>") can be anyone's, and two supervisors on a
+// node may share a prefix. An empty supervisor gives the marker of earlier versions,
+// "shardproxy instance <instance>".
+func OwnerComment(instance, supervisor string) string {
+	if supervisor == "" {
+		return ownerCommentStart + instance
+	}
+	return ownerCommentStart + instance + ownerSupervisor + supervisor
 }
+
+// ownerCommentStart and ownerSupervisor are OwnerComment's fixed words.
+const (
+	ownerCommentStart = "shardproxy instance "
+	ownerSupervisor   = " supervisor "
+)
 
 // ListedTable is one nftables table as ListTables finds it.
 type ListedTable struct {
@@ -60,16 +72,36 @@ type ListedTable struct {
 	Comment string
 }
 
-// OwnedInstance is the instance whose table t is under prefix: its name is
-// TableName(prefix, instance) and its comment OwnerComment(instance). A table with a
-// matching name but without that comment is someone else's (another component's table
+// Owner is the instance and supervisor whose table t is under prefix: its name is
+// TableName(prefix, instance) and its comment OwnerComment(instance, supervisor);
+// supervisor is "" for an earlier version's marker, which names none. A table with a
+// matching name but without such a comment is someone else's (another component's table
 // under a prefix that happens to match, or one written by hand) and yields false.
-func (t ListedTable) OwnedInstance(prefix string) (instance string, ok bool) {
+func (t ListedTable) Owner(prefix string) (instance, supervisor string, ok bool) {
 	instance, ok = InstanceOfTable(prefix, t.Name)
-	if !ok || t.Comment != OwnerComment(instance) {
-		return "", false
+	if !ok {
+		return "", "", false
 	}
-	return instance, true
+	rest, ok := strings.CutPrefix(t.Comment, ownerCommentStart+instance)
+	switch {
+	case !ok:
+		return "", "", false
+	case rest == "":
+		return instance, "", true
+	}
+	supervisor, ok = strings.CutPrefix(rest, ownerSupervisor)
+	if !ok || supervisor == "" {
+		return "", "", false
+	}
+	return instance, supervisor, true
+}
+
+// OwnedInstance is the instance whose table t is under prefix, whichever supervisor's
+// (Owner): what `shardproxy cleanup` may delete, since it removes everything shardproxy
+// made.
+func (t ListedTable) OwnedInstance(prefix string) (instance string, ok bool) {
+	instance, _, ok = t.Owner(prefix)
+	return instance, ok
 }
 
 // Netlink numbers of the table dump that ListTables asks for (linux/netfilter and

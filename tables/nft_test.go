@@ -84,27 +84,36 @@ func TestListTablesReadsOwnershipMarker(t *testing.T) {
 	}
 }
 
-// TestOwnedInstance: a table is an instance's only with the instance's name under the
-// prefix and the marker for that same name.
-func TestOwnedInstance(t *testing.T) {
+// TestOwner: a table is an instance's only with the instance's name under the prefix
+// and the marker for that same name, naming the supervisor that owns it, or none for an
+// earlier version's marker.
+func TestOwner(t *testing.T) {
 	tests := []struct {
 		name, table, comment string
-		wantInst             string
+		wantInst, wantSup    string
 		wantOK               bool
 	}{
-		{"marked", "shardproxy-team-a", "shardproxy instance team-a", "team-a", true},
-		{"no comment", "shardproxy-team-a", "", "", false},
-		{"another component's comment", "shardproxy-team-a", "kube-proxy rules", "", false},
-		{"another instance's marker", "shardproxy-team-a", "shardproxy instance team-b", "", false},
-		{"marker with more after it", "shardproxy-team-a", "shardproxy instance team-a (copy)", "", false},
-		{"another prefix", "kube-proxy", "shardproxy instance proxy", "", false},
-		{"prefix without the dash", "shardproxyteam-a", "shardproxy instance team-a", "", false},
+		{"earlier version's marker", "shardproxy-team-a", "shardproxy instance team-a", "team-a", "", true},
+		{"a supervisor's marker", "shardproxy-team-a", "shardproxy instance team-a supervisor node-1:10256", "team-a", "node-1:10256", true},
+		{"marker as OwnerComment writes it", "shardproxy-team-a", OwnerComment("team-a", "n:1"), "team-a", "n:1", true},
+		{"no comment", "shardproxy-team-a", "", "", "", false},
+		{"another component's comment", "shardproxy-team-a", "kube-proxy rules", "", "", false},
+		{"another instance's marker", "shardproxy-team-a", "shardproxy instance team-b", "", "", false},
+		{"another instance's marker with a supervisor", "shardproxy-team-a", "shardproxy instance team-ab supervisor x", "", "", false},
+		{"marker with more after it", "shardproxy-team-a", "shardproxy instance team-a (copy)", "", "", false},
+		{"supervisor word without a name", "shardproxy-team-a", "shardproxy instance team-a supervisor ", "", "", false},
+		{"another prefix", "kube-proxy", "shardproxy instance proxy", "", "", false},
+		{"prefix without the dash", "shardproxyteam-a", "shardproxy instance team-a", "", "", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			inst, ok := ListedTable{Name: tc.table, Comment: tc.comment}.OwnedInstance("shardproxy")
-			if inst != tc.wantInst || ok != tc.wantOK {
-				t.Errorf("OwnedInstance = %q, %v; want %q, %v", inst, ok, tc.wantInst, tc.wantOK)
+			lt := ListedTable{Name: tc.table, Comment: tc.comment}
+			inst, sup, ok := lt.Owner("shardproxy")
+			if inst != tc.wantInst || sup != tc.wantSup || ok != tc.wantOK {
+				t.Errorf("Owner = %q, %q, %v; want %q, %q, %v", inst, sup, ok, tc.wantInst, tc.wantSup, tc.wantOK)
+			}
+			if inst, ok := lt.OwnedInstance("shardproxy"); inst != tc.wantInst || ok != tc.wantOK {
+				t.Errorf("OwnedInstance = %q, %v; want %q, %v (any supervisor's)", inst, ok, tc.wantInst, tc.wantOK)
 			}
 		})
 	}

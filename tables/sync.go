@@ -89,6 +89,11 @@ func (s *Syncer) SetElementsPerCommand(n int) { s.apply = NewNFTApplier(s.nft, n
 // instead of nft (a NetlinkWriter; nil: everything through nft).
 func (s *Syncer) SetDirect(a Applier) { s.direct = a }
 
+// RecreateOnNextFull makes the next full sync delete the table first, in the same
+// transaction: for a table whose ownership marker (a table's comment cannot be changed in
+// place) is not this Syncer's.
+func (s *Syncer) RecreateOnNextFull() { s.recreate = true }
+
 // Family returns the family the Syncer writes.
 func (s *Syncer) Family() Family { return s.cfg.Family }
 

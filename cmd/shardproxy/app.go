@@ -288,7 +288,39 @@ func check(ctx context.Context, w, ew io.Writer, path string, probe bool) error 
 		return fmt.Errorf("host probe: %w", err)
 	}
 	fmt.Fprintln(w, "\nhost probe: nft and the kernel accept every rule shape (IPv4 and IPv6)")
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		listed, err := tables.ListTables(ctx, fam)
+		if err != nil {
+			return fmt.Errorf("host probe: %w", err)
+		}
+		for _, warning := range tableOwnerWarnings(cfg, fam, listed) {
+			fmt.Fprintln(ew, "warning:", warning)
+		}
+	}
 	return nil
+}
+
+// tableOwnerWarnings names the tables under cfg's prefix that this supervisor's orphan
+// cleanup leaves alone although they carry shardproxy's marker: another supervisor's
+// with the same prefix (its instances' tables would collide with any of the same name),
+// and those of an earlier version, whose marker names no supervisor.
+func tableOwnerWarnings(cfg *config.Config, fam tables.Family, listed []tables.ListedTable) []string {
+	me := cfg.SupervisorIdentity()
+	var out []string
+	for _, t := range listed {
+		inst, owner, ok := t.Owner(cfg.TablePrefix)
+		switch {
+		case !ok || owner == me:
+		case owner == "":
+			out = append(out, fmt.Sprintf("table %s %s (instance %q) has an earlier version's ownership marker, which names no supervisor: "+
+				"the running supervisor rewrites it if the instance is configured, else leaves it; `shardproxy cleanup --instance %s` deletes it",
+				tables.KnftFamily(fam), t.Name, inst, inst))
+		default:
+			out = append(out, fmt.Sprintf("table %s %s (instance %q) belongs to another supervisor, %s, with the same tablePrefix %q: "+
+				"this one leaves it alone; give each supervisor its own prefix", tables.KnftFamily(fam), t.Name, inst, owner, cfg.TablePrefix))
+		}
+	}
+	return out
 }
 
 // nodeTableLine says what `check` shows of the supervisor's node-wide table.
@@ -474,7 +506,7 @@ func cleanupUnconfigured(ctx context.Context, w io.Writer, opts cleanupOptions, 
 		}
 		if _, ok := listed[i].OwnedInstance(prefix); !ok {
 			errs = append(errs, fmt.Errorf("%s: table %s %s is not shardproxy's (its comment is %q, not %q): not deleting it",
-				what, tables.KnftFamily(fam), table, listed[i].Comment, tables.OwnerComment(name)))
+				what, tables.KnftFamily(fam), table, listed[i].Comment, tables.OwnerComment(name, "<supervisor>")))
 			continue
 		}
 		nft, err := tables.NewNFT(fam, table)

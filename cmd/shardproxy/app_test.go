@@ -13,7 +13,9 @@ import (
 
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/tables"
 )
 
 // runCLI runs the application in-process. The logging configuration a command applies
@@ -174,6 +176,38 @@ func TestStatusCommand(t *testing.T) {
 			wantOutput(t, out, errOut, tc.wantOut, tc.wantErr)
 			if tc.wantErr != nil && strings.Contains(out+errOut, "transaction failed") {
 				t.Errorf("the refused status leaked the error: %q %q", out, errOut)
+			}
+		})
+	}
+}
+
+// TestTableOwnerWarnings: `check --probe` names the tables under the prefix that carry
+// shardproxy's marker but are not this supervisor's: another supervisor's with the same
+// prefix, and an earlier version's; its own, unmarked and other prefixes' tables are
+// not mentioned.
+func TestTableOwnerWarnings(t *testing.T) {
+	cfg := &config.Config{NodeName: "node-1", HealthzBindAddress: "0.0.0.0:10256", TablePrefix: "shardproxy"}
+	tests := []struct {
+		name  string
+		table tables.ListedTable
+		want  string // substring; "" for no warning
+	}{
+		{"its own", tables.ListedTable{Name: "shardproxy-a", Comment: tables.OwnerComment("a", "node-1:10256")}, ""},
+		{"another supervisor's", tables.ListedTable{Name: "shardproxy-b", Comment: tables.OwnerComment("b", "node-1:10266")},
+			`table ip shardproxy-b (instance "b") belongs to another supervisor, node-1:10266, with the same tablePrefix "shardproxy"`},
+		{"an earlier version's", tables.ListedTable{Name: "shardproxy-c", Comment: "shardproxy instance c"},
+			`table ip shardproxy-c (instance "c") has an earlier version's ownership marker`},
+		{"unmarked", tables.ListedTable{Name: "shardproxy-d"}, ""},
+		{"another prefix", tables.ListedTable{Name: "kube-proxy", Comment: tables.OwnerComment("proxy", "x")}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tableOwnerWarnings(cfg, tables.IPv4, []tables.ListedTable{tc.table})
+			switch {
+			case tc.want == "" && len(got) != 0:
+				t.Errorf("warnings %q, want none", got)
+			case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], tc.want)):
+				t.Errorf("warnings %q, want one containing %q", got, tc.want)
 			}
 		})
 	}

@@ -97,7 +97,8 @@ func TestCleanupUnconfiguredInstanceInNamespace(t *testing.T) {
 
 // TestCleanupAllInNamespace runs `shardproxy cleanup --all` (what deploy/cleanup runs on
 // every node at an uninstall) for real in a node namespace: every table carrying
-// shardproxy's ownership marker under the prefix goes, in both families; a table named
+// shardproxy's ownership marker under the prefix goes, in both families, whichever
+// supervisor it names (or none, an earlier version's); a table named
 // like ours without the marker, other components' tables (upstream's kube-proxy, an
 // iptables-nft table, an inet table under our prefix) and another prefix's stay, rule for
 // rule; a second run finds nothing and succeeds.
@@ -109,6 +110,9 @@ func TestCleanupAllInNamespace(t *testing.T) {
 		"add chain ip shardproxy-team-a nat-prerouting { type nat hook prerouting priority -67 ; }",
 		`add table ip6 shardproxy-team-a { comment "shardproxy instance team-a" ; }`,
 		`add table ip shardproxy-removed { comment "shardproxy instance removed" ; }`,
+		// Markers naming a supervisor, this one's or another's with the same prefix.
+		`add table ip shardproxy-mine { comment "shardproxy instance mine supervisor node-1:10256" ; }`,
+		`add table ip6 shardproxy-theirs { comment "shardproxy instance theirs supervisor node-1:10266" ; }`,
 		`add table ip6 shardproxy_node { comment "shardproxy node-wide rules" ; }`, // the supervisor's node table
 		"add table ip shardproxy-ghost", // our name, no marker: someone else's
 		`add table ip sp2-x { comment "shardproxy instance x" ; }`,
@@ -143,13 +147,15 @@ func TestCleanupAllInNamespace(t *testing.T) {
 		t.Fatalf("cleanup --all: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	for _, want := range []string{"deleted table ip shardproxy-team-a", "deleted table ip6 shardproxy-team-a", "deleted table ip shardproxy-removed",
-		"deleted table ip6 shardproxy_node", `left table ip shardproxy-ghost: not shardproxy's`, "4 shardproxy tables deleted (prefix shardproxy)"} {
+		"deleted table ip6 shardproxy_node", `left table ip shardproxy-ghost: not shardproxy's`, "deleted table ip shardproxy-mine",
+		"deleted table ip6 shardproxy-theirs", "6 shardproxy tables deleted (prefix shardproxy)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, out)
 		}
 	}
 	left := ruleset()
-	for _, gone := range []string{"table ip shardproxy-team-a", "table ip6 shardproxy-team-a", "table ip shardproxy-removed", "table ip6 shardproxy_node"} {
+	for _, gone := range []string{"table ip shardproxy-team-a", "table ip6 shardproxy-team-a", "table ip shardproxy-removed", "table ip6 shardproxy_node",
+		"table ip shardproxy-mine", "table ip6 shardproxy-theirs"} {
 		if strings.Contains(left, gone+" ") {
 			t.Errorf("%s is still there", gone)
 		}

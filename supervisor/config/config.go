@@ -8,6 +8,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -203,6 +204,20 @@ type DetectLocal struct {
 // TableName is the name of the instance's tables: "<prefix>-<name>".
 func (i *Instance) TableName(prefix string) string {
 	return tables.TableName(prefix, i.Name)
+}
+
+// SupervisorIdentity names this supervisor in its tables' ownership marker
+// (tables.OwnerComment): the node and the port of healthzBindAddress, the one address two
+// supervisors on a node cannot share. Two supervisors with the same tablePrefix then
+// tell their tables apart, and neither deletes the other's as a removed instance's.
+// Changing the port changes the identity: the previous tables are then another
+// supervisor's to this one (see README, "Security model").
+func (c *Config) SupervisorIdentity() string {
+	port := c.HealthzBindAddress
+	if _, p, err := net.SplitHostPort(c.HealthzBindAddress); err == nil {
+		port = p
+	}
+	return c.NodeName + ":" + port
 }
 
 // Default fills every unset field, taking the node name from $NODE_NAME or the host name.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -463,15 +464,21 @@ func foreignTablesSurviveRestart(t *testing.T, e *env.Env, webA, webB *corev1.Se
 		`add chain ip kube-proxy services`,
 		`add table ip shardproxy-ghost`,
 		`add chain ip shardproxy-ghost keep`,
-		`add table ip shardproxy-orphan { comment "shardproxy instance orphan" ; }`,
+		`add table ip shardproxy-orphan { comment "` + tables.OwnerComment("orphan", fmt.Sprintf("%s:%d", env.NodeName, env.HealthzPort)) + `" ; }`,
+		// Another supervisor's with the same prefix, and one of an earlier version (its
+		// marker names no supervisor): not this supervisor's to delete.
+		`add table ip shardproxy-neighbour { comment "` + tables.OwnerComment("neighbour", env.NodeName+":10266") + `" ; }`,
+		`add table ip shardproxy-legacy { comment "shardproxy instance legacy" ; }`,
 	}, "\n")
 	if err := e.TP.NFT(e.TP.Node, script); err != nil {
 		t.Fatal(err)
 	}
 	defer e.TP.Exec(e.TP.Node, "nft", "delete", "table", "ip", "kube-proxy")
 	defer e.TP.Exec(e.TP.Node, "nft", "delete", "table", "ip", "shardproxy-ghost")
+	defer e.TP.Exec(e.TP.Node, "nft", "delete", "table", "ip", "shardproxy-neighbour")
+	defer e.TP.Exec(e.TP.Node, "nft", "delete", "table", "ip", "shardproxy-legacy")
 	foreign := map[string]string{}
-	for _, name := range []string{"kube-proxy", "shardproxy-ghost"} {
+	for _, name := range []string{"kube-proxy", "shardproxy-ghost", "shardproxy-neighbour", "shardproxy-legacy"} {
 		out, err := e.TP.Exec(e.TP.Node, "nft", "list", "table", "ip", name)
 		if err != nil {
 			t.Fatal(err)
@@ -510,7 +517,7 @@ func foreignTablesSurviveRestart(t *testing.T, e *env.Env, webA, webB *corev1.Se
 	if got.servers["attacker"] != 0 || got.failed != 0 {
 		t.Errorf("after the restart: %v, want no connection to the attacker and none failed", got)
 	}
-	fmt.Printf("e2e: attack tables named like another component's (ip kube-proxy, ip shardproxy-ghost): %s; both untouched by the restart's orphan cleanup (marked shardproxy-orphan deleted); victim %d/%d connections across the restart, attacker %d; after its full sync victim/web-a and the node's port %d/%d, attacker %d\n",
+	fmt.Printf("e2e: attack tables named like another component's (ip kube-proxy, ip shardproxy-ghost) or another supervisor's (ip shardproxy-neighbour, same prefix; ip shardproxy-legacy, an earlier marker): %s; all untouched by the restart's orphan cleanup (this supervisor's shardproxy-orphan deleted); victim %d/%d connections across the restart, attacker %d; after its full sync victim/web-a and the node's port %d/%d, attacker %d\n",
 		verdict(t), r.Servers["victim"], r.OK+r.Failed, r.Servers["attacker"], got.total()-got.servers["attacker"]-got.failed, got.total(), got.servers["attacker"])
 }
 
