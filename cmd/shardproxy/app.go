@@ -600,7 +600,7 @@ func status(ctx context.Context, w io.Writer, addr string) error {
 
 func printStatus(w io.Writer, st healthcheck.StatusResponse) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tUP\tHEALTHY\tSERVICES\tENDPOINTS\tLAST SYNC\tLAST ERROR")
+	fmt.Fprintln(tw, "INSTANCE\tUP\tHEALTHY\tSERVICES\tENDPOINTS\tLAST SYNC\tLAST ERROR\tSTALE")
 	names := make([]string, 0, len(st.Instances))
 	for n := range st.Instances {
 		names = append(names, n)
@@ -612,7 +612,11 @@ func printStatus(w io.Writer, st healthcheck.StatusResponse) error {
 		if !i.LastUpdated.IsZero() {
 			last = i.LastUpdated.Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%s\t%s\n", n, i.Up, i.Healthy, i.Services, i.Endpoints, last, i.LastError)
+		stale := "-"
+		if i.Stale != "" {
+			stale = i.Stale
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%s\t%s\t%s\n", n, i.Up, i.Healthy, i.Services, i.Endpoints, last, i.LastError, stale)
 	}
 	return tw.Flush()
 }

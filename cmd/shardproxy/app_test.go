@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	logsapi "k8s.io/component-base/logs/api/v1"
 
@@ -147,17 +148,24 @@ func TestCheckWarnsAboutProfilingOffLoopback(t *testing.T) {
 // included, from a supervisor's /status on loopback, and fails clearly where the
 // supervisor refuses (a client not on loopback).
 func TestStatusCommand(t *testing.T) {
-	h := healthcheck.NewProxyHealth(nil, nil)
+	h := healthcheck.NewProxyHealth(nil, func(inst string) time.Duration {
+		if inst == "team-b" {
+			return time.Nanosecond // its queued update is stale at once
+		}
+		return healthcheck.DefaultHealthTimeout
+	})
 	h.AddInstance("team-a")
 	h.SetInstanceCounts("team-a", 3, 7)
 	h.SetInstanceError("team-a", errors.New("nft: transaction failed"))
+	h.AddInstance("team-b")
+	h.QueuedUpdate("team-b")
 	tests := []struct {
 		name    string
 		client  string // the peer address the supervisor sees; "" keeps the real one
 		wantOut []string
 		wantErr []string
 	}{
-		{name: "on loopback", wantOut: []string{"team-a", "true", "3", "7", "nft: transaction failed"}},
+		{name: "on loopback", wantOut: []string{"team-a", "true", "3", "7", "nft: transaction failed", "STALE", "team-b", "is not programmed (health timeout 1ns)"}},
 		{name: "not on loopback", client: "10.0.0.7:40000", wantErr: []string{"403", "loopback", "run this on the node"}},
 	}
 	for _, tc := range tests {
