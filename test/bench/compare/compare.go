@@ -72,6 +72,10 @@ type Options struct {
 	// Plot, when set, receives an SVG of first full sync and peak RSS against Services
 	// for both proxies.
 	Plot string
+	// Also are other checkouts of shardproxy (e.g. main before a change) measured after
+	// RepoRoot's build, on the same objects in the same environment, so a before/after
+	// comparison does not depend on two runs' machine states.
+	Also []string
 }
 
 // Main runs bench-compare and returns the exit code.
@@ -123,6 +127,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.Float64Var(&o.ChurnRate, "churn-rate", 20, "endpoint changes per second in the churn phase")
 	fs.DurationVar(&o.ChurnDuration, "churn-duration", time.Minute, "how long the churn phase lasts, per proxy (0: none)")
 	fs.StringVar(&o.Plot, "plot", "", "write an SVG plot (first full sync and peak RSS against Services) here")
+	also := fs.String("also", "", "comma-separated other shardproxy checkouts to measure after -repo's, on the same objects (e.g. a worktree of main)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -132,6 +137,11 @@ func parseOptions(args []string) (Options, error) {
 			return o, fmt.Errorf("-scales %q: %q is not a positive number", *scales, f)
 		}
 		o.Scales = append(o.Scales, n)
+	}
+	for d := range strings.SplitSeq(*also, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			o.Also = append(o.Also, d)
+		}
 	}
 	if o.Only != "" && o.Only != "kube-proxy" && o.Only != "shardproxy" {
 		return o, fmt.Errorf("-only %q: want kube-proxy or shardproxy", o.Only)
@@ -166,11 +176,16 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		return nil, fmt.Errorf("kube-proxy binary: %w (run hack/build-apiserver.sh --kube-proxy)", err)
 	}
 	r := &runner{o: o, log: log}
-	bin, err := r.buildShardproxy()
-	if err != nil {
+	if r.binary, err = buildShardproxy(root); err != nil {
 		return nil, err
 	}
-	r.binary = bin
+	for _, dir := range o.Also {
+		bin, err := buildShardproxy(dir)
+		if err != nil {
+			return nil, fmt.Errorf("-also %s: %w", dir, err)
+		}
+		r.also = append(r.also, bin)
+	}
 	rep := &Report{Started: time.Now(), Endpoints: o.Endpoints, Samples: o.Samples,
 		MinSyncPeriod: o.MinSyncPeriod.String(), Machine: bench.DescribeMachine()}
 	for _, n := range o.Scales {
@@ -189,20 +204,23 @@ type runner struct {
 	o      Options
 	log    io.Writer
 	binary string
+	// also are the binaries built from Options.Also, in order.
+	also []string
 }
 
 func (r *runner) logf(format string, args ...any) {
 	fmt.Fprintf(r.log, "%s bench-compare: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-func (r *runner) buildShardproxy() (string, error) {
+// buildShardproxy builds the shardproxy of the checkout repo into a temporary directory.
+func buildShardproxy(repo string) (string, error) {
 	dir, err := os.MkdirTemp("", "shardproxy-compare-bin-")
 	if err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "shardproxy")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/shardproxy")
-	cmd.Dir = r.o.RepoRoot
+	cmd.Dir = repo
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building shardproxy: %w: %s", err, out)
 	}
@@ -296,9 +314,33 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		if err != nil {
 			return res, err
 		}
+		if err := m.measureAlso(ctx, res, ours); err != nil {
+			return res, err
+		}
 	}
 	res.fillRatios()
 	return res, nil
+}
+
+// measureAlso measures each -also build as ours is measured, one after the other, each
+// on a node its predecessor's tables are gone from.
+func (m *measurer) measureAlso(ctx context.Context, res *ScaleResult, ours *daemon) error {
+	for i, bin := range m.r.also {
+		// The supervisor leaves its tables on SIGTERM (traffic keeps flowing).
+		if out, err := m.e.CLI("cleanup", "--all"); err != nil {
+			return fmt.Errorf("cleaning up before %s: %w: %s", m.r.o.Also[i], err, out)
+		}
+		m.e.Binary = bin
+		d := *ours
+		d.name = "shardproxy@" + m.r.o.Also[i]
+		pr, err := m.measure(ctx, &d)
+		if err != nil {
+			return err
+		}
+		res.Also = append(res.Also, pr)
+	}
+	m.e.Binary = m.r.binary
+	return nil
 }
 
 // kubeProxyArgs run upstream kube-proxy in nftables mode on node-1 with the admin

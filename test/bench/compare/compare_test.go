@@ -2,6 +2,7 @@ package compare
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -95,11 +96,18 @@ func TestMedianAndRatios(t *testing.T) {
 	if !strings.Contains(b.String(), "0.100") || !strings.Contains(b.String(), "30000.0") {
 		t.Errorf("table lacks the first-sync figures and ratio:\n%s", b.String())
 	}
+
+	s.Also = []ProxyResult{{Proxy: "shardproxy@/work/main", PeakRSSMB: 240}}
+	b.Reset()
+	PrintTable(&b, &Report{Endpoints: 10, Scales: []ScaleResult{s}})
+	if !strings.Contains(b.String(), "shardproxy@/work/main") || !regexp.MustCompile(`240\.0 +0\.500`).MatchString(b.String()) {
+		t.Errorf("table lacks the -also build's column (peak RSS 240 MB, 0.5 of upstream):\n%s", b.String())
+	}
 }
 
 func TestParseOptions(t *testing.T) {
-	o, err := parseOptions([]string{"-scales", "100, 2000", "-samples", "3"})
-	if err != nil || len(o.Scales) != 2 || o.Scales[1] != 2000 || o.Samples != 3 {
+	o, err := parseOptions([]string{"-scales", "100, 2000", "-samples", "3", "-also", "../a, ../b"})
+	if err != nil || len(o.Scales) != 2 || o.Scales[1] != 2000 || o.Samples != 3 || len(o.Also) != 2 || o.Also[1] != "../b" {
 		t.Errorf("parseOptions = %+v, %v", o, err)
 	}
 	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}} {

@@ -223,7 +223,11 @@ func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
 	if err := os.MkdirAll(m.r.o.HeapProfileDir, 0o755); err != nil {
 		return err
 	}
-	path := filepath.Join(m.r.o.HeapProfileDir, fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services)))
+	name := fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services))
+	if _, also, ok := strings.Cut(d.name, "@"); ok {
+		name = fmt.Sprintf("heap-%d-%s.pprof", len(m.cluster.Services), filepath.Base(also))
+	}
+	path := filepath.Join(m.r.o.HeapProfileDir, name)
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		return err
 	}

@@ -27,6 +27,8 @@ type ScaleResult struct {
 	CreateSeconds float64     `json:"createSeconds"`
 	Upstream      ProxyResult `json:"upstream"`
 	Shardproxy    ProxyResult `json:"shardproxy"`
+	// Also are the builds of Options.Also, in order.
+	Also []ProxyResult `json:"also,omitempty"`
 	// Ratios are shardproxy's figures over upstream's (below 1: shardproxy is better).
 	Ratios Ratios `json:"ratios"`
 }
@@ -92,26 +94,34 @@ func PrintTable(w io.Writer, r *Report) {
 	for _, s := range r.Scales {
 		fmt.Fprintf(w, "\n%d Services × %d endpoints (objects created in %.1fs)\n", s.Services, s.Endpoints/max(s.Services, 1), s.CreateSeconds)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "\tkube-proxy (nftables)\tshardproxy\tshardproxy / upstream\t")
-		row := func(name, unit string, scale, u, o, r float64) {
-			fmt.Fprintf(tw, "%s (%s)\t%.1f\t%.1f\t%.3f\t\n", name, unit, u*scale, o*scale, r)
+		fmt.Fprint(tw, "\tkube-proxy (nftables)\tshardproxy\tshardproxy / upstream\t")
+		for _, a := range s.Also {
+			fmt.Fprintf(tw, "%s\t/ upstream\t", a.Proxy)
 		}
-		u, o := s.Upstream, s.Shardproxy
-		row("first full sync", "ms", 1e3, u.FirstFullSyncSeconds, o.FirstFullSyncSeconds, s.Ratios.FirstFullSync)
-		row("start to synced", "ms", 1e3, u.StartToSyncedSeconds, o.StartToSyncedSeconds, s.Ratios.StartToSynced)
-		row("partial sync, median", "ms", 1e3, u.PartialSyncMedianSeconds, o.PartialSyncMedianSeconds, s.Ratios.PartialSync)
-		row("network programming, median", "ms", 1e3, u.ProgrammingMedianSeconds, o.ProgrammingMedianSeconds, s.Ratios.Programming)
-		row("peak RSS", "MB", 1, u.PeakRSSMB, o.PeakRSSMB, s.Ratios.PeakRSS)
-		if u.Churn != nil || o.Churn != nil {
-			uc, oc := u.Churn, o.Churn
-			if uc == nil {
-				uc = &ChurnResult{}
+		fmt.Fprintln(tw)
+		row := func(name, unit string, scale float64, fig func(ProxyResult) float64) {
+			u, o := fig(s.Upstream), fig(s.Shardproxy)
+			fmt.Fprintf(tw, "%s (%s)\t%.1f\t%.1f\t%.3f\t", name, unit, u*scale, o*scale, ratio(o, u))
+			for _, a := range s.Also {
+				fmt.Fprintf(tw, "%.1f\t%.3f\t", fig(a)*scale, ratio(fig(a), u))
 			}
-			if oc == nil {
-				oc = &ChurnResult{}
+			fmt.Fprintln(tw)
+		}
+		row("first full sync", "ms", 1e3, func(p ProxyResult) float64 { return p.FirstFullSyncSeconds })
+		row("start to synced", "ms", 1e3, func(p ProxyResult) float64 { return p.StartToSyncedSeconds })
+		row("partial sync, median", "ms", 1e3, func(p ProxyResult) float64 { return p.PartialSyncMedianSeconds })
+		row("network programming, median", "ms", 1e3, func(p ProxyResult) float64 { return p.ProgrammingMedianSeconds })
+		row("peak RSS", "MB", 1, func(p ProxyResult) float64 { return p.PeakRSSMB })
+		if s.Upstream.Churn != nil || s.Shardproxy.Churn != nil {
+			churn := func(p ProxyResult) ChurnResult {
+				if p.Churn == nil {
+					return ChurnResult{}
+				}
+				return *p.Churn
 			}
-			row(fmt.Sprintf("CPU under churn (%d / %d changes)", uc.Changes, oc.Changes), "s/min", 1, uc.CPUSecondsPerMinute, oc.CPUSecondsPerMinute, s.Ratios.ChurnCPU)
-			row("network programming under churn, mean", "ms", 1e3, uc.ProgrammingMeanSeconds, oc.ProgrammingMeanSeconds, ratio(oc.ProgrammingMeanSeconds, uc.ProgrammingMeanSeconds))
+			row(fmt.Sprintf("CPU under churn (%d / %d changes)", churn(s.Upstream).Changes, churn(s.Shardproxy).Changes), "s/min", 1,
+				func(p ProxyResult) float64 { return churn(p).CPUSecondsPerMinute })
+			row("network programming under churn, mean", "ms", 1e3, func(p ProxyResult) float64 { return churn(p).ProgrammingMeanSeconds })
 		}
 		tw.Flush()
 	}
