@@ -2,6 +2,7 @@ package tables
 
 import (
 	"context"
+	"io"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -41,78 +42,126 @@ func (a *NFTApplier) Apply(ctx context.Context, d *Diff) error {
 	if d.Len() == 0 {
 		return nil
 	}
+	if sr, ok := a.nft.(ScriptRunner); ok {
+		return sr.RunScript(ctx, false, func(w io.Writer) error { return a.stream(w, d) })
+	}
 	return a.nft.Run(ctx, a.transaction(d))
 }
 
 // Check asks nft whether it would accept the Diff, without changing anything.
 func (a *NFTApplier) Check(ctx context.Context, d *Diff) error {
+	if sr, ok := a.nft.(ScriptRunner); ok {
+		return sr.RunScript(ctx, true, func(w io.Writer) error { return a.stream(w, d) })
+	}
 	return a.nft.Check(ctx, a.transaction(d))
 }
 
-// transaction renders the Diff, in the order its fields document.
+// transaction renders the whole Diff as one knftables transaction (knftables' Fake).
 func (a *NFTApplier) transaction(d *Diff) *knftables.Transaction {
-	tx := a.nft.NewTransaction()
+	ops := &opWriter{tx: a.nft.NewTransaction()}
+	a.write(ops, d)
+	return ops.tx
+}
+
+// streamChunkOps is how many operations are rendered at a time when streaming: a full
+// sync's script (tens of MB at 10,000s of Services) never exists whole in memory.
+const streamChunkOps = 256
+
+// stream writes the Diff's script to w a chunk of operations at a time.
+func (a *NFTApplier) stream(w io.Writer, d *Diff) error {
+	ops := &opWriter{tx: a.nft.NewTransaction()}
+	ops.flush = func(tx *knftables.Transaction) error {
+		_, err := io.WriteString(w, tx.String())
+		ops.tx = a.nft.NewTransaction()
+		return err
+	}
+	a.write(ops, d)
+	if ops.err == nil && ops.tx.NumOperations() > 0 {
+		ops.err = ops.flush(ops.tx)
+	}
+	return ops.err
+}
+
+// opWriter collects a Diff's operations into tx; with flush set, it hands tx over every
+// streamChunkOps operations and continues in a new one.
+type opWriter struct {
+	tx    *knftables.Transaction
+	flush func(*knftables.Transaction) error
+	err   error
+}
+
+func (o *opWriter) add(obj knftables.Object)    { o.tx.Add(obj); o.next() }
+func (o *opWriter) empty(obj knftables.Object)  { o.tx.Flush(obj); o.next() }
+func (o *opWriter) delete(obj knftables.Object) { o.tx.Delete(obj); o.next() }
+
+func (o *opWriter) next() {
+	if o.flush != nil && o.err == nil && o.tx.NumOperations() >= streamChunkOps {
+		o.err = o.flush(o.tx)
+	}
+}
+
+// write adds the Diff's operations, in the order its fields document.
+func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 	if d.Recreate {
-		tx.Add(&knftables.Table{})
-		tx.Delete(&knftables.Table{})
+		ops.add(&knftables.Table{})
+		ops.delete(&knftables.Table{})
 	}
 	if d.Skeleton != nil {
-		writeSkeleton(tx, d.Skeleton)
+		writeSkeleton(ops, d.Skeleton)
 	}
-	a.writeElements(tx, true, d.DeleteElements)
+	a.writeElements(ops, true, d.DeleteElements)
 	for _, ch := range d.FlushChains {
-		tx.Flush(&knftables.Chain{Name: ch})
+		ops.empty(&knftables.Chain{Name: ch})
 	}
 	for _, st := range d.AddSets {
-		tx.Add(st)
+		ops.add(st)
 	}
 	for _, ch := range d.WriteChains {
-		tx.Add(&knftables.Chain{Name: ch.Name})
+		ops.add(&knftables.Chain{Name: ch.Name})
 		if ch.MayExist {
-			tx.Flush(&knftables.Chain{Name: ch.Name})
+			ops.empty(&knftables.Chain{Name: ch.Name})
 		}
 	}
 	for _, ch := range d.WriteChains {
 		for _, r := range ch.Rules {
-			tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r})
+			ops.add(&knftables.Rule{Chain: ch.Name, Rule: r})
 		}
 	}
-	a.writeElements(tx, false, d.AddElements)
+	a.writeElements(ops, false, d.AddElements)
 	for _, ch := range d.DeleteChains {
-		tx.Delete(&knftables.Chain{Name: ch})
+		ops.delete(&knftables.Chain{Name: ch})
 	}
 	for _, st := range d.DeleteSets {
-		tx.Delete(&knftables.Set{Name: st})
+		ops.delete(&knftables.Set{Name: st})
 	}
-	return tx
 }
 
 // writeSkeleton adds the table and its fixed objects, emptying those that exist.
-func writeSkeleton(tx *knftables.Transaction, sk *Skeleton) {
-	tx.Add(sk.Table)
+func writeSkeleton(ops *opWriter, sk *Skeleton) {
+	ops.add(sk.Table)
 	for _, ch := range sk.Chains {
-		tx.Add(ch)
-		tx.Flush(ch)
+		ops.add(ch)
+		ops.empty(ch)
 	}
 	for _, st := range sk.Sets {
-		tx.Add(st)
-		tx.Flush(st)
+		ops.add(st)
+		ops.empty(st)
 	}
 	for _, m := range sk.Maps {
-		tx.Add(m)
-		tx.Flush(m)
+		ops.add(m)
+		ops.empty(m)
 	}
 	for _, r := range sk.Rules {
-		tx.Add(r)
+		ops.add(r)
 	}
 }
 
 // writeElements adds (or, with del, deletes) the elements of ids, given sorted so that
 // the elements of one set are next to each other, up to perCommand per command.
-func (a *NFTApplier) writeElements(tx *knftables.Transaction, del bool, ids []string) {
-	op := tx.Add
+func (a *NFTApplier) writeElements(ops *opWriter, del bool, ids []string) {
+	op := ops.add
 	if del {
-		op = tx.Delete
+		op = ops.delete
 	}
 	for len(ids) > 0 {
 		set := idSet(ids[0])

@@ -66,3 +66,40 @@ func TestElementsPerCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamWritesTheTransaction: the script streamed to nft a chunk at a time is, byte
+// for byte, the one transaction knftables would run, for full and partial Diffs smaller
+// and larger than a chunk.
+func TestStreamWritesTheTransaction(t *testing.T) {
+	s, _ := newFake(t, testConfig(IPv4))
+	full, _, err := s.fullDiff(generated(300), existing{known: true, chains: []string{"stale-chain"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Len() < 3*streamChunkOps {
+		t.Fatalf("the full Diff has %d operations: no several chunks to stream", full.Len())
+	}
+	for _, tc := range []struct {
+		name string
+		diff *Diff
+	}{
+		{"full sync, several chunks", full},
+		{"recreate", &Diff{Recreate: true, Skeleton: full.Skeleton}},
+		{"partial, a few operations", &Diff{DeleteElements: full.AddElements[:3], FlushChains: []string{"a"},
+			WriteChains: []ChainRules{{Name: "b", Rules: []string{"counter"}, MayExist: true}}, AddElements: full.AddElements[3:5],
+			DeleteChains: []string{"a"}, DeleteSets: []string{"s"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, per := range []int{1, MaxElementsPerCommand} {
+				a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), per)
+				var b strings.Builder
+				if err := a.stream(&b, tc.diff); err != nil {
+					t.Fatal(err)
+				}
+				if want := a.transaction(tc.diff).String(); b.String() != want {
+					t.Errorf("%d per command: streamed script differs from the transaction:\n%s", per, cmp.Diff(want, b.String()))
+				}
+			}
+		})
+	}
+}

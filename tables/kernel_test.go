@@ -3,7 +3,9 @@ package tables
 import (
 	"context"
 	"encoding/json"
-	"github.com/shardproxy/shardproxy/test/testutil"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 
 	vnetns "github.com/vishvananda/netns"
 	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // requireRoot skips real-kernel tests where they cannot run; CI runs as root.
@@ -74,7 +78,8 @@ func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Inte
 	if err != nil {
 		t.Fatalf("knftables.New in %s: %v", ns, err)
 	}
-	return nft
+	// As NewNFT's: transactions are streamed to nft (RunScript).
+	return &scriptNFT{Interface: nft, path: filepath.Join(dir, "nft")}
 }
 
 // kernelSyncer is a Syncer for cfg's table in namespace ns, writing through the real nft
@@ -378,4 +383,54 @@ func TestTableExistsOverNetlink(t *testing.T) {
 			check("after the rebuild", true)
 		}
 	})
+}
+
+// TestRunScriptIsAllOrNothing: a streamed script runs whole or not at all, in the real
+// kernel: written to the end it is committed; cut short by its writer, or refused by nft
+// midway, nothing of it is, and nft's reason reaches the caller.
+func TestRunScriptIsAllOrNothing(t *testing.T) {
+	requireRoot(t)
+	ns := newNetns(t)
+	nft := kernelNFT(t, ns, IPv4, "sp-script").(ScriptRunner)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		table   string
+		write   func(w io.Writer) error
+		wantErr string // "" : committed
+	}{
+		{"written to the end", "sp-whole", func(w io.Writer) error {
+			_, err := io.WriteString(w, "add table ip sp-whole\nadd chain ip sp-whole c\n")
+			return err
+		}, ""},
+		{"cut short by the writer", "sp-cut", func(w io.Writer) error {
+			// More than any buffer on the way: nft has read the start when it fails.
+			script := "add table ip sp-cut\n"
+			for i := range 10000 {
+				script += fmt.Sprintf("add chain ip sp-cut c%d\n", i)
+			}
+			if _, err := io.WriteString(w, script); err != nil {
+				return err
+			}
+			return errors.New("rendering failed")
+		}, "rendering failed"},
+		{"refused by nft midway", "sp-refused", func(w io.Writer) error {
+			_, err := io.WriteString(w, "add table ip sp-refused\nadd chain ip sp-refused c\nadd rule ip sp-refused c no-such-expression\n")
+			return err
+		}, "no-such-expression"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := nft.RunScript(ctx, false, tc.write)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("RunScript: %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("RunScript = %v, want an error saying %q", err, tc.wantErr)
+			}
+			tables := nftIn(t, ns, "list", "tables")
+			if has := strings.Contains(tables, "table ip "+tc.table+"\n"); has != (tc.wantErr == "") {
+				t.Errorf("table %s in the kernel: %v, want %v (tables: %q)", tc.table, has, tc.wantErr == "", tables)
+			}
+		})
+	}
 }

@@ -1,8 +1,12 @@
 package tables
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"os/exec"
 	"strings"
 
 	"github.com/mdlayher/netlink"
@@ -37,12 +41,77 @@ func KnftFamily(f Family) knftables.Family {
 // benchmark uses. The constructor checks that nft is installed and new enough. Listing
 // goes over netlink (knftables.UseNetlink) rather than through `nft list`, which would
 // print and parse the whole table.
+//
+// Its transactions are written to nft as they are rendered (ScriptRunner): knftables'
+// Run renders a whole transaction into a buffer first, and keeps that buffer for the
+// next one, which at a full sync of 10,000s of Services is tens of MB at the peak and
+// for good.
 func NewNFT(fam Family, table string) (knftables.Interface, error) {
 	nft, err := knftables.New(KnftFamily(fam), table, knftables.UseNetlink)
 	if err != nil {
 		return nil, fmt.Errorf("nftables for table %s %s: %w", KnftFamily(fam), table, err)
 	}
-	return nft, nil
+	path, err := exec.LookPath("nft")
+	if err != nil {
+		return nil, fmt.Errorf("nftables for table %s %s: %w", KnftFamily(fam), table, err)
+	}
+	return &scriptNFT{Interface: nft, path: path}, nil
+}
+
+// ScriptRunner is a knftables.Interface that can also run an nft script as it is being
+// written.
+type ScriptRunner interface {
+	knftables.Interface
+	// RunScript runs `nft -f -` (check: `nft --check -f -`) on what write writes, as one
+	// transaction: if write fails, nft runs none of it.
+	RunScript(ctx context.Context, check bool, write func(io.Writer) error) error
+}
+
+// scriptNFT is knftables' nft with RunScript.
+type scriptNFT struct {
+	knftables.Interface
+	path string
+}
+
+var _ ScriptRunner = &scriptNFT{}
+
+// RunScript implements ScriptRunner.
+func (n *scriptNFT) RunScript(ctx context.Context, check bool, write func(io.Writer) error) error {
+	args := []string{"-f", "-"}
+	if check {
+		args = append([]string{"--check"}, args...)
+	}
+	cmd := exec.CommandContext(ctx, n.path, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return fmt.Errorf("running nft: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("running nft: %w", err)
+	}
+	bw := bufio.NewWriterSize(stdin, 64<<10)
+	werr := write(bw)
+	if werr == nil {
+		werr = bw.Flush()
+	}
+	if werr != nil {
+		// nft reads its whole input before it commits anything: killed before the end
+		// of a script cut short, it commits none of it.
+		_ = cmd.Process.Kill()
+	}
+	_ = stdin.Close()
+	err = cmd.Wait()
+	switch {
+	case werr != nil && out.Len() > 0: // nft stopped reading: it said why
+		return fmt.Errorf("nft: %s (writing the script: %v)", strings.TrimSpace(out.String()), werr)
+	case werr != nil:
+		return fmt.Errorf("writing the nft script: %w", werr)
+	case err != nil:
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(out.String()))
+	}
+	return nil
 }
 
 // OwnerComment is the comment shardproxy writes on each table of an instance, its
