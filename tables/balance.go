@@ -138,31 +138,52 @@ type scoredPair struct {
 	ep    int32
 }
 
-// scoredPairs returns every (slot, endpoint) pair, highest score first.
+// scoredPairs returns every (slot, endpoint) pair, highest score first; pairs with
+// equal scores (possible, never seen) in the order of their endpoints' addresses and
+// ports, not their positions in eps, so the table stays a function of the set.
 func scoredPairs(eps []Endpoint, size int) []scoredPair {
+	order := make([]int, len(eps))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if c := eps[a].IP.Compare(eps[b].IP); c != 0 {
+			return c
+		}
+		return int(eps[a].Port) - int(eps[b].Port)
+	})
 	pairs := make([]scoredPair, 0, len(eps)*size)
-	for i, ep := range eps {
+	for _, i := range order {
 		h := fnv.New64a()
-		h.Write([]byte(ep.String()))
+		h.Write([]byte(eps[i].String()))
 		base := h.Sum64()
 		for s := range size {
 			pairs = append(pairs, scoredPair{score: mix64(base ^ mix64(uint64(s)+1)), slot: int32(s), ep: int32(i)})
 		}
 	}
-	slices.SortFunc(pairs, func(a, b scoredPair) int {
-		if a.score != b.score {
-			if a.score > b.score {
-				return -1
-			}
-			return 1
+	return sortByScore(pairs)
+}
+
+// sortByScore sorts pairs by descending score, keeping the order of equal scores: a
+// radix sort, a byte at a time. A comparison sort of a table's pairs (2,560 for 10
+// endpoints) took most of a consistentHash full sync's Go time at 10,000 Services.
+func sortByScore(pairs []scoredPair) []scoredPair {
+	tmp := make([]scoredPair, len(pairs))
+	for shift := 0; shift < 64; shift += 8 {
+		var count [257]int
+		for _, p := range pairs {
+			count[int(^byte(p.score>>shift))+1]++
 		}
-		// Equal scores (possible, never seen) fall back to the endpoint itself, not its
-		// position in eps, so the table stays a function of the set.
-		if c := eps[a.ep].IP.Compare(eps[b.ep].IP); c != 0 {
-			return c
+		for b := 1; b < len(count); b++ {
+			count[b] += count[b-1]
 		}
-		return int(eps[a.ep].Port) - int(eps[b.ep].Port)
-	})
+		for _, p := range pairs {
+			d := ^byte(p.score >> shift)
+			tmp[count[d]] = p
+			count[d]++
+		}
+		pairs, tmp = tmp, pairs
+	}
 	return pairs
 }
 

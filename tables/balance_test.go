@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand"
@@ -258,4 +259,52 @@ func worstDeviation(clients []netip.Addr, pick func(netip.Addr) int, n int) floa
 		worst = max(worst, math.Abs(float64(c)-mean)/mean)
 	}
 	return worst
+}
+
+// TestScoredPairsOrder checks the radix sort against a comparison sort of the same pairs:
+// highest score first, equal scores by endpoint address and port. Ties never occur
+// with real scores, so the test also sorts pairs whose scores keep only a few bits.
+func TestScoredPairsOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mask uint64
+	}{{"real scores", ^uint64(0)}, {"scores of 3 bits: ties everywhere", 0x7 << 40}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for s := range 20 {
+				eps := endpointSet(s, 1+s%12)
+				rand.New(rand.NewSource(int64(s))).Shuffle(len(eps), func(i, j int) { eps[i], eps[j] = eps[j], eps[i] })
+				// In the order scoredPairs makes them before sorting: by endpoint, then slot.
+				pairs := scoredPairs(eps, 64)
+				slices.SortFunc(pairs, func(a, b scoredPair) int {
+					if c := eps[a.ep].IP.Compare(eps[b.ep].IP); c != 0 {
+						return c
+					}
+					return cmp.Compare(a.slot, b.slot)
+				})
+				for i := range pairs {
+					pairs[i].score &= tc.mask
+				}
+				want := slices.Clone(pairs)
+				slices.SortStableFunc(want, func(a, b scoredPair) int {
+					if a.score != b.score {
+						return cmp.Compare(b.score, a.score)
+					}
+					if c := eps[a.ep].IP.Compare(eps[b.ep].IP); c != 0 {
+						return c
+					}
+					return cmp.Compare(eps[a.ep].Port, eps[b.ep].Port)
+				})
+				if got := sortByScore(slices.Clone(pairs)); !slices.Equal(got, want) {
+					t.Fatalf("set %d: radix order differs from the comparison sort", s)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkConsistentTable(b *testing.B) {
+	eps := endpointSet(3, 10)
+	for b.Loop() {
+		consistentTable(eps)
+	}
 }
