@@ -107,8 +107,18 @@ func TestElementEstimate(t *testing.T) {
 		},
 		{name: "legacy clusterIP field only", svc: service(func(s *corev1.Service) { s.Spec.ClusterIPs = nil }), want: 1},
 		{
-			name:   "consistentHash: every entry holds a table per port",
+			name:   "consistentHash: the entries share the cluster IP's table",
 			svc:    service(ofType(corev1.ServiceTypeNodePort)),
+			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
+			mode:   tables.LBConsistentHash,
+			// cluster IP + 3 NodePort addresses, 3 elements each, and one table.
+			want: (1+3)*3 + tables.ConsistentTableSlots,
+		},
+		{
+			name: "consistentHash with Local external policy: every entry holds a table",
+			svc: service(ofType(corev1.ServiceTypeNodePort), func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}),
 			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
 			mode:   tables.LBConsistentHash,
 			want:   (1 + 3) * (1 + tables.ConsistentTableSlots),

@@ -116,8 +116,10 @@ func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeIn
 // and one per endpoint of the port: entries × (ports + the slices' endpoint-port pairs),
 // an upper bound.
 //
-// Under consistentHash every entry holds the port's table instead of one element per
-// endpoint: tables.ConsistentTableSlots per port at least.
+// Under consistentHash a port's table (tables.ConsistentTableSlots elements at least)
+// replaces the elements per endpoint; the cluster IP entry holds it and the other
+// entries use it through three elements per port, unless a Local traffic policy gives
+// them endpoints of their own, and then each holds a table (the upper bound again).
 func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int, mode tables.LBMode) int {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return 0
@@ -163,10 +165,20 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 		}
 		if mode == tables.LBConsistentHash {
 			pairs = max(pairs, len(svc.Spec.Ports)*tables.ConsistentTableSlots)
+			if !hasLocalPolicy(svc) {
+				largest = max(largest, n*3*len(svc.Spec.Ports)+pairs)
+				continue
+			}
 		}
 		largest = max(largest, n*(len(svc.Spec.Ports)+pairs))
 	}
 	return largest
+}
+
+// hasLocalPolicy reports whether svc's external or internal traffic policy is Local.
+func hasLocalPolicy(svc *corev1.Service) bool {
+	return svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal ||
+		(svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal)
 }
 
 // builder holds the state of one Build call.
