@@ -90,8 +90,8 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, op
 // newNodeFactory returns the factory of the one Node watch: of this Node only, or of
 // every Node when otherNodes is set. Still one watch then, not two: this Node's object
 // is kept whole, the others' only as name and addresses (a Node with its images and
-// conditions is several kilobytes; at 5,000 nodes the trimmed cache is about a
-// megabyte).
+// conditions is several kilobytes; trimmed, 1.2 KB with three addresses, about 6 MB at
+// 5,000 nodes).
 func newNodeFactory(client kubernetes.Interface, nodeName string, otherNodes bool) informers.SharedInformerFactory {
 	if !otherNodes {
 		return informers.NewSharedInformerFactoryWithOptions(client, 0,
