@@ -79,6 +79,9 @@ type Deps struct {
 	// caller passes its own when something outside the supervisor feeds it too (the
 	// API client's transport, see metrics.InstrumentTransport).
 	Metrics *metrics.Metrics
+	// MinRestartStuckAfter, when set, replaces minRestartStuckAfter, the floor of how long
+	// an instance's sync loop may finish no sync before the supervisor restarts it.
+	MinRestartStuckAfter time.Duration
 }
 
 // Supervisor runs one node's instances.
@@ -185,13 +188,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
 	s.fullSyncs.done = make(chan struct{})
-	s.health = healthcheck.NewProxyHealth(nil, func(inst string) time.Duration {
-		// Upstream's health timeout is twice the sync period.
-		if spec, ok := s.specs[inst]; ok && spec.SyncPeriod.Duration > 0 {
-			return 2 * spec.SyncPeriod.Duration
-		}
-		return healthcheck.DefaultHealthTimeout
-	})
+	s.health = healthcheck.NewProxyHealth(nil, s.healthTimeout)
 	if deps.HealthCheckListener == nil {
 		deps.HealthCheckListener = healthcheck.TCPListener{}
 	}
@@ -397,7 +394,7 @@ func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
 	for {
 		s.metrics.SetInstanceUp(p.Name(), true)
 		s.health.SetInstanceUp(p.Name(), true, "")
-		err := runContained(ctx, p)
+		err := s.runWatched(ctx, p)
 		if ctx.Err() != nil {
 			return
 		}
@@ -412,6 +409,62 @@ func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
 		}
 		backoff = min(2*backoff, time.Minute)
 	}
+}
+
+// runWatched runs p until ctx ends or p stops, and stops it when its sync loop has
+// finished no sync for restartStuckAfter (it is stale, stuck, well before): cancelling
+// its context kills a hung nft, and the caller restarts it like a crashed one. Only this
+// instance restarts: restarting the pod for it (a failing /livez) would stop every other
+// tenant's too.
+func (s *Supervisor) runWatched(ctx context.Context, p *instance.Proxy) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- runContained(runCtx, p) }()
+	after := s.restartStuckAfter(p.Name())
+	tick := time.NewTicker(after / 8)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			idle := s.health.Idle(p.Name())
+			if idle < after {
+				continue
+			}
+			s.logger.Info("Stopping an instance whose sync loop is stuck, to restart it",
+				"instance", p.Name(), "idle", idle.Round(time.Millisecond), "bound", after)
+			cancel()
+			err := <-done
+			return errors.Join(fmt.Errorf("sync loop stuck: no sync finished for %s (bound %s), stopped", idle.Round(time.Millisecond), after), err)
+		}
+	}
+}
+
+// minRestartStuckAfter is the least time an instance's sync loop may finish no sync
+// before the supervisor restarts it: a full sync of a very large instance may be slow
+// without being stuck, and killing it each time would never let it finish.
+const minRestartStuckAfter = 5 * time.Minute
+
+// restartStuckAfter is how long inst's sync loop may finish no sync before the supervisor
+// restarts it: twice the time after which it shows as stuck, at least
+// minRestartStuckAfter (or Deps.MinRestartStuckAfter).
+func (s *Supervisor) restartStuckAfter(inst string) time.Duration {
+	floor := minRestartStuckAfter
+	if s.deps.MinRestartStuckAfter > 0 {
+		floor = s.deps.MinRestartStuckAfter
+	}
+	return max(2*healthcheck.StuckFactor*s.healthTimeout(inst), floor)
+}
+
+// healthTimeout is how long an instance's queued update may wait before it is stale:
+// upstream's twice the sync period.
+func (s *Supervisor) healthTimeout(inst string) time.Duration {
+	if spec, ok := s.specs[inst]; ok && spec.SyncPeriod.Duration > 0 {
+		return 2 * spec.SyncPeriod.Duration
+	}
+	return healthcheck.DefaultHealthTimeout
 }
 
 func runContained(ctx context.Context, p *instance.Proxy) (err error) {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -239,6 +240,8 @@ type fixtureOptions struct {
 	hcListener healthcheck.Listener
 	// hangTable is a table whose transactions after the first of each family hang.
 	hangTable string
+	// minRestartStuckAfter sets Deps.MinRestartStuckAfter.
+	minRestartStuckAfter time.Duration
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -292,12 +295,13 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	}
 	f.sup, err = New(cfg, Deps{
 		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
-		Sysctl:              func(string, string) error { return nil },
-		ConntrackHashsize:   func(int) error { return nil },
-		ListTables:          f.tables.list,
-		LegacyRules:         opts.legacyRules,
-		Logger:              opts.logger,
-		HealthCheckListener: opts.hcListener,
+		Sysctl:               func(string, string) error { return nil },
+		ConntrackHashsize:    func(int) error { return nil },
+		ListTables:           f.tables.list,
+		LegacyRules:          opts.legacyRules,
+		Logger:               opts.logger,
+		HealthCheckListener:  opts.hcListener,
+		MinRestartStuckAfter: opts.minRestartStuckAfter,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -751,8 +755,10 @@ func TestOtherNodesAddressesAreReserved(t *testing.T) {
 // nft (nothing queued, so upstream's verdict never goes stale) shows as stale in /status,
 // in /healthz's instances and in shardproxy_instance_stale; /healthz and /livez stay 200,
 // since the other instances serve their tenants and a pod restart would stop them too.
+// The supervisor restarts that instance alone instead (cancelling its context kills the
+// hung nft), as it restarts a crashed one.
 func TestStalledSyncLoopIsStaleButNodeHealthy(t *testing.T) {
-	f := startSupervisorWith(t, fixtureOptions{hangTable: "shardproxy-team-b", configure: func(c *config.Config) {
+	f := startSupervisorWith(t, fixtureOptions{hangTable: "shardproxy-team-b", minRestartStuckAfter: time.Millisecond, configure: func(c *config.Config) {
 		for i := range c.Instances {
 			if c.Instances[i].Name == "team-b" {
 				c.Instances[i].SyncPeriod = config.Duration{Duration: 100 * time.Millisecond}
@@ -765,35 +771,41 @@ func TestStalledSyncLoopIsStaleButNodeHealthy(t *testing.T) {
 	metricsSrv := httptest.NewServer(f.sup.metricsHandler())
 	defer metricsSrv.Close()
 	var status healthcheck.StatusResponse
-	testutil.Eventually(t, waitTimeout, "team-b stale in /status with a stuck sync loop", func() bool {
+	seen := map[string]bool{}
+	// The first restart waits out the loop's bound; a stuck loop is seen before it.
+	testutil.Eventually(t, waitTimeout, "team-b stale with a stuck sync loop, then restarted for it", func() bool {
 		code, body := httpGet(t, srv.URL+"/status")
 		if code != http.StatusOK || json.Unmarshal([]byte(body), &status) != nil {
 			return false
 		}
-		return strings.Contains(status.Instances["team-b"].Stale, "the sync loop is stuck")
+		b := status.Instances["team-b"]
+		if strings.Contains(b.Stale, "the sync loop is stuck") {
+			seen["stale"] = true
+			if b.Healthy || !b.Up {
+				t.Errorf("team-b in /status: healthy %v, up %v while stale; want unhealthy and up", b.Healthy, b.Up)
+			}
+			for _, path := range []string{"/healthz", "/livez"} {
+				code, body := httpGet(t, srv.URL+path)
+				var resp healthcheck.HealthResponse
+				if err := json.Unmarshal([]byte(body), &resp); err != nil {
+					t.Fatalf("%s: %v", path, err)
+				}
+				if code != http.StatusOK || !resp.Healthy {
+					t.Errorf("GET %s: %d %s; want 200 and healthy", path, code, body)
+				}
+			}
+			_, metrics := httpGet(t, metricsSrv.URL+"/metrics")
+			seen["metric"] = seen["metric"] || strings.Contains(metrics, `shardproxy_instance_stale{proxy_instance="team-b"} 1`)
+		}
+		restarts, _ := strconv.Atoi(metricValue(t, f.sup, `shardproxy_instance_restarts_total{proxy_instance="team-b"}`))
+		return seen["stale"] && seen["metric"] && restarts >= 1
 	})
-	if b := status.Instances["team-b"]; b.Healthy || !b.Up {
-		t.Errorf("team-b in /status: healthy %v, up %v; want unhealthy and up", b.Healthy, b.Up)
-	}
 	for _, inst := range []string{"default", "team-a"} {
 		if st := status.Instances[inst]; !st.Healthy || st.Stale != "" {
 			t.Errorf("%s in /status: healthy %v, stale %q; want healthy", inst, st.Healthy, st.Stale)
 		}
-	}
-	for _, path := range []string{"/healthz", "/livez"} {
-		code, body := httpGet(t, srv.URL+path)
-		var resp healthcheck.HealthResponse
-		if err := json.Unmarshal([]byte(body), &resp); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		if code != http.StatusOK || !resp.Healthy || resp.Instances["team-b"].Healthy {
-			t.Errorf("GET %s: %d %s; want 200, healthy, team-b's entry unhealthy", path, code, body)
-		}
-	}
-	_, body := httpGet(t, metricsSrv.URL+"/metrics")
-	for _, want := range []string{`shardproxy_instance_stale{proxy_instance="team-b"} 1`, `shardproxy_instance_stale{proxy_instance="team-a"} 0`} {
-		if !strings.Contains(body, want) {
-			t.Errorf("/metrics lacks %q", want)
+		if got := metricValue(t, f.sup, `shardproxy_instance_restarts_total{proxy_instance="`+inst+`"}`); got != "0" {
+			t.Errorf("%s restarted %s times, want 0", inst, got)
 		}
 	}
 }

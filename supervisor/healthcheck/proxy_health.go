@@ -108,10 +108,11 @@ type instanceState struct {
 	lastRun time.Time
 }
 
-// stuckFactor times an instance's health timeout is how long its sync loop may go
-// without finishing a sync. The loop syncs at least every sync period (the timeout is
-// twice that), so this leaves a sync a whole timeout to run before it counts as hung.
-const stuckFactor = 2
+// StuckFactor times an instance's health timeout is how long its sync loop may go
+// without finishing a sync before it is stale. The loop syncs at least every sync period
+// (the timeout is twice that), so this leaves a sync a whole timeout to run before it
+// counts as hung.
+const StuckFactor = 2
 
 // NewProxyHealth returns a ProxyHealth with no instances. healthTimeout gives each
 // instance's timeout (typically twice its sync period); nil means DefaultHealthTimeout for
@@ -293,7 +294,7 @@ func (h *ProxyHealth) liveLocked(instance string, st *instanceState, now time.Ti
 // staleLocked says why the instance is behind its bound, or "": as upstream, a pending
 // update goes stale once it is as old as the timeout (with sinceUp, only the time the
 // instance has been up counts); beyond upstream, a sync loop that has finished no sync
-// for stuckFactor timeouts is stuck, pending work or not. h.mu must be held.
+// for StuckFactor timeouts is stuck, pending work or not. h.mu must be held.
 func (h *ProxyHealth) staleLocked(instance string, st *instanceState, now time.Time, sinceUp bool) string {
 	timeout := h.timeout(instance)
 	if !st.oldestQueued.IsZero() {
@@ -305,10 +306,29 @@ func (h *ProxyHealth) staleLocked(instance string, st *instanceState, now time.T
 			return fmt.Sprintf("an update queued %s ago is not programmed (health timeout %s)", age.Round(time.Millisecond), timeout)
 		}
 	}
-	if idle := now.Sub(st.lastRun); st.up && idle >= stuckFactor*timeout {
-		return fmt.Sprintf("no sync finished for %s (bound %s): the sync loop is stuck", idle.Round(time.Millisecond), stuckFactor*timeout)
+	return h.stuckLocked(instance, st, now)
+}
+
+// stuckLocked says why the instance's sync loop, while up, is stuck, or "". h.mu must be
+// held.
+func (h *ProxyHealth) stuckLocked(instance string, st *instanceState, now time.Time) string {
+	bound := StuckFactor * h.timeout(instance)
+	if idle := now.Sub(st.lastRun); st.up && idle >= bound {
+		return fmt.Sprintf("no sync finished for %s (bound %s): the sync loop is stuck", idle.Round(time.Millisecond), bound)
 	}
 	return ""
+}
+
+// Idle is how long the instance's sync loop, while up, has finished no sync (0 while it
+// is down or not tracked): the supervisor restarts an instance idle for too long.
+func (h *ProxyHealth) Idle(instance string) time.Duration {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	st, ok := h.instances[instance]
+	if !ok || !st.up {
+		return 0
+	}
+	return h.clock.Now().Sub(st.lastRun)
 }
 
 // staleOf is staleLocked's reason for an instance that is up, "" for one that is down

@@ -107,7 +107,7 @@ func TestProxyHealth(t *testing.T) {
 			name: "instance is healthy at start",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
-				clock.Step(stuckFactor*timeout - time.Second)
+				clock.Step(StuckFactor*timeout - time.Second)
 			},
 			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
@@ -120,7 +120,7 @@ func TestProxyHealth(t *testing.T) {
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
 				h.Updated("team-a")
-				clock.Step(stuckFactor * timeout)
+				clock.Step(StuckFactor * timeout)
 			},
 			wantHealthz:   http.StatusServiceUnavailable,
 			wantLivez:     http.StatusServiceUnavailable,
@@ -131,9 +131,9 @@ func TestProxyHealth(t *testing.T) {
 			name: "a sync loop that keeps finishing syncs, failed ones too, is not stuck",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
-				clock.Step(stuckFactor*timeout - time.Second)
+				clock.Step(StuckFactor*timeout - time.Second)
 				h.SyncFinished("team-a")
-				clock.Step(stuckFactor*timeout - time.Second)
+				clock.Step(StuckFactor*timeout - time.Second)
 			},
 			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
@@ -144,9 +144,9 @@ func TestProxyHealth(t *testing.T) {
 			name: "an instance restarted by the supervisor has a whole bound again",
 			setup: func(h *ProxyHealth, clock *testutil.Clock) {
 				h.AddInstance("team-a")
-				clock.Step(stuckFactor*timeout - time.Second)
+				clock.Step(StuckFactor*timeout - time.Second)
 				h.SetInstanceUp("team-a", true, "")
-				clock.Step(stuckFactor*timeout - time.Second)
+				clock.Step(StuckFactor*timeout - time.Second)
 			},
 			wantHealthz:   http.StatusOK,
 			wantLivez:     http.StatusOK,
@@ -760,6 +760,47 @@ func TestProxyHealthStatusOnlyOnLoopback(t *testing.T) {
 				if b := r.Body.String(); strings.Contains(b, "secret") || strings.Contains(b, "goroutine") || !strings.Contains(b, `"team-a"`) {
 					t.Errorf("GET %s from %s: %s", path, tc.client, b)
 				}
+			}
+		})
+	}
+}
+
+// TestIdle: how long an up instance's sync loop has finished no sync, which the
+// supervisor restarts a stuck instance on; zero while it is down or not tracked.
+func TestIdle(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(h *ProxyHealth, clock *testutil.Clock)
+		want  time.Duration
+	}{
+		{"since it was added", func(h *ProxyHealth, clock *testutil.Clock) { clock.Step(time.Minute) }, time.Minute},
+		{"since its last sync, failed or not", func(h *ProxyHealth, clock *testutil.Clock) {
+			clock.Step(time.Minute)
+			h.SyncFinished("team-a")
+			clock.Step(time.Second)
+		}, time.Second},
+		{"since it came back up", func(h *ProxyHealth, clock *testutil.Clock) {
+			clock.Step(time.Minute)
+			h.SetInstanceUp("team-a", false, "crashed")
+			h.SetInstanceUp("team-a", true, "")
+			clock.Step(time.Second)
+		}, time.Second},
+		{"zero while down", func(h *ProxyHealth, clock *testutil.Clock) {
+			h.SetInstanceUp("team-a", false, "crashed")
+			clock.Step(time.Hour)
+		}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock()
+			h := NewProxyHealth(clock, nil)
+			h.AddInstance("team-a")
+			tc.setup(h, clock)
+			if got := h.Idle("team-a"); got != tc.want {
+				t.Errorf("Idle = %v, want %v", got, tc.want)
+			}
+			if got := h.Idle("nobody"); got != 0 {
+				t.Errorf("Idle of an untracked instance = %v, want 0", got)
 			}
 		})
 	}
