@@ -91,7 +91,8 @@ type Options struct {
 // careless operator would: the node-wide address precedence is then all that keeps its tenants off other
 // Services' addresses, and its slot runs before team-b's, so without that precedence
 // its rules would win. team-b also serves namespace victim and load-balancer IPs of
-// 192.168.202.0/24, a range team-a does not have.
+// 192.168.202.0/24, a range team-a does not have. team-a's Services may ask for
+// consistentHash (balance_test.go).
 const DefaultInstances = `
 - name: default
   default: true
@@ -104,8 +105,9 @@ const DefaultInstances = `
   slot: 1
   minSyncPeriod: 100ms
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
+  loadBalancing: {allowedModes: [consistentHash]}
   tenant:
-    namespaces: [team-a, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel, tenant, victim]
+    namespaces: [team-a, balance, cleanup, conntrack, endpoints, features, handover, health, instances, ipv6, restart, tabledel, tenant, victim]
     externalIPCIDRs: [0.0.0.0/0, "::/0"]
     loadBalancerCIDRs: [192.168.200.0/24]
 - name: team-b
