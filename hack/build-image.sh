@@ -15,6 +15,9 @@
 #               (default: the VERSION file); always rebuilt (the repository changes).
 #   pause       hack/pause, the node's sandbox image (static, nothing else).
 #   coredns     CoreDNS from hack/tools/coredns (static, nothing else).
+#   kube-proxy  upstream kube-proxy (built from the same module) on the shardproxy image's
+#               Debian packages (iptables, nftables, conntrack), as root, for a kube-proxy
+#               DaemonSet beside shardproxy's. Tag: the Kubernetes version.
 #   agnhost     upstream's test image: agnhost from the k8s.io/kubernetes module on Debian
 #               with the tools upstream's e2e tests exec in it (GNU wget, OpenBSD nc, curl,
 #               dig, ...). Busybox's wget crashes on these machines.
@@ -34,7 +37,7 @@ shardproxy_packages=(nftables conntrack iproute2 kmod iptables)
 shardproxy_entrypoint=/usr/local/bin/shardproxy
 shardproxy_user=65532:65532
 shardproxy_ldflags="-s -w -X main.version=${tag}"
-shardproxy_caps=(/usr/local/bin/shardproxy /usr/sbin/nft)
+shardproxy_caps=(/usr/local/bin/shardproxy /usr/sbin/nft /usr/sbin/xtables-nft-multi)
 # agnhost's tools: what upstream's network tests run with `kubectl exec`.
 agnhost_packages=(wget curl netcat-openbsd bash iproute2 iputils-ping dnsutils procps conntrack)
 suite=bookworm
@@ -144,6 +147,17 @@ build_agnhost() {
 	pack agnhost "${ref}" "${dir}" /agnhost "" pause
 }
 
+build_kube_proxy() {
+	local base dir bin
+	"${root}/hack/build-apiserver.sh" --kube-proxy >&2
+	bin="$("${root}/hack/build-apiserver.sh" --print-path kube-proxy)"
+	base="$(rootfs "${shardproxy_packages[@]}")"
+	dir="${work}/kube-proxy-root"
+	copyroot "${base}" "${dir}"
+	cp "${bin}" "${dir}/usr/local/bin/kube-proxy"
+	pack kube-proxy "${bin##*-}" "${dir}" /usr/local/bin/kube-proxy ""
+}
+
 # agnhost_version is the agnhost tag upstream's e2e tests ask for (their image manifest
 # in the k8s.io/kubernetes module: test/utils/image/manifest.go).
 agnhost_version() {
@@ -166,8 +180,9 @@ for name in "$@"; do
 		static coredns "${bin##*-}" "${bin}" /coredns
 		;;
 	agnhost) build_agnhost ;;
+	kube-proxy) build_kube_proxy ;;
 	*)
-		log "unknown image ${name} (shardproxy, pause, coredns, agnhost)"
+		log "unknown image ${name} (shardproxy, pause, coredns, agnhost, kube-proxy)"
 		exit 2
 		;;
 	esac

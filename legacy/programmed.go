@@ -27,30 +27,38 @@ type ServiceRules struct {
 // endpoints"), which upstream writes for every Service port in both backends; in
 // nftables mode, its kube-proxy tables' service-ips and no-endpoint-services maps
 // (nftables.go).
+//
+// A backend it cannot read does not hide what the others show: it returns what it read
+// with the errors. The evidence is only ever positive, so a missing backend delays a
+// rollback, never hurries it. (In the DaemonSet's unprivileged pod iptables-nft-save
+// reads with its file capability, iptables-legacy-save cannot: it needs root.)
 func ProgrammedServices(ctx context.Context, ex Exec) (map[string]ServiceRules, error) {
 	out := map[string]ServiceRules{}
 	tools, err := Tools(ex)
 	if err != nil && !errors.Is(err, ErrNoIPTables) {
 		return nil, err
 	}
+	var errs []error
 	for _, tool := range tools {
 		// Without -t, as planTool: asking for a table by name creates it (legacy backend).
 		data, err := ex.Run(ctx, nil, tool.save())
 		if err != nil {
-			return nil, fmt.Errorf("reading rules with %s: %w", tool.save(), err)
+			errs = append(errs, fmt.Errorf("reading rules with %s: %w", tool.save(), err))
+			continue
 		}
 		tables, err := parseSave(data)
 		if err != nil {
-			return nil, fmt.Errorf("parsing %s output: %w", tool.save(), err)
+			errs = append(errs, fmt.Errorf("parsing %s output: %w", tool.save(), err))
+			continue
 		}
 		for _, t := range tables {
 			collectServiceRules(t, out)
 		}
 	}
 	if err := nftServices(ctx, ex, out); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 func collectServiceRules(t *savedTable, out map[string]ServiceRules) {

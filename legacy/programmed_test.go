@@ -187,3 +187,61 @@ func TestProgrammedServicesNFTErrors(t *testing.T) {
 		})
 	}
 }
+
+// saveFails is an Exec on which the named iptables-save commands fail as iptables-legacy-save
+// does for a non-root user.
+type saveFails struct {
+	Exec
+	fail map[string]bool
+}
+
+func (s saveFails) Run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	if s.fail[name] {
+		return nil, fmt.Errorf("%s: exit status 1: Failed to list table names in /proc/net/ip_tables_names: Permission denied", name)
+	}
+	return s.Exec.Run(ctx, stdin, name, args...)
+}
+
+// TestProgrammedServicesUnreadableBackend: in the unprivileged pod iptables-legacy-save
+// fails while iptables-nft-save reads kube-proxy's rules; what was read is returned with
+// an error naming the backend that was not (before, the error alone: a rollback beside a
+// kube-proxy DaemonSet in iptables mode on the real node never saw kube-proxy's rules).
+func TestProgrammedServicesUnreadableBackend(t *testing.T) {
+	save, err := os.ReadFile("testdata/iptables.save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacyEmpty := map[Tool]string{"iptables-nft": string(save), "iptables-legacy": "", "ip6tables-nft": "", "ip6tables-legacy": ""}
+	for _, tc := range []struct {
+		name    string
+		fail    []string
+		want    map[string]ServiceRules
+		wantErr []string
+	}{
+		{"legacy unreadable", []string{"iptables-legacy-save", "ip6tables-legacy-save"},
+			map[string]ServiceRules{"ns1/web": {Endpoints: true}, "ns1/lb": {Endpoints: true}, "ns1/noep": {NoEndpoints: true}},
+			[]string{"reading rules with iptables-legacy-save", "reading rules with ip6tables-legacy-save"}},
+		{"nft unreadable", []string{"iptables-nft-save"}, map[string]ServiceRules{}, []string{"reading rules with iptables-nft-save"}},
+		{"every backend readable", nil,
+			map[string]ServiceRules{"ns1/web": {Endpoints: true}, "ns1/lb": {Endpoints: true}, "ns1/noep": {NoEndpoints: true}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fail := map[string]bool{}
+			for _, f := range tc.fail {
+				fail[f] = true
+			}
+			got, err := ProgrammedServices(context.Background(), saveFails{Exec: newFake(legacyEmpty), fail: fail})
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			for _, want := range tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("got error %v, want one containing %q", err, want)
+				}
+			}
+			if len(tc.wantErr) == 0 && err != nil {
+				t.Errorf("got error %v, want none", err)
+			}
+		})
+	}
+}

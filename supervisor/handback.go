@@ -77,7 +77,7 @@ func (s *Supervisor) readLegacyRulesNow() map[string]legacy.ServiceRules {
 	defer cancel()
 	rules, err := s.deps.LegacyRules(ctx)
 	if err != nil {
-		s.logger.V(2).Info("Cannot read a legacy kube-proxy's rules; no Service is reported handed back to it", "err", err)
+		s.logger.V(2).Info("Cannot read all of a legacy kube-proxy's rules; Services are reported handed back to it from what could be read", "err", err)
 	}
 	return rules
 }
