@@ -88,6 +88,16 @@ type ownership struct {
 type shadowState struct {
 	instance   string
 	programmed bool
+	// needSlices: the shadow was given a Service with a selector but none of its
+	// EndpointSlices. On a node that watches only labelled objects they arrive once the
+	// EndpointSlice controller has copied the shadow label to them, after the Service:
+	// a sync before that programs the Service without endpoints (rejecting), and must
+	// not count, or a migration moves the label onto a shadow that rejects (seen on the
+	// real node: ~200 ms of refused connections). The first slice re-arms the wait (gen).
+	needSlices bool
+	gen        int
+	// svc is the version last given to the shadow instance, to give again with a slice.
+	svc *corev1.Service
 	// watched: a goroutine waits for the first sync that programs it. One is enough (any
 	// later version is programmed by the same sync or a later one), and one per update
 	// would pile up while the instance cannot sync.
@@ -253,8 +263,8 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 		if isNew {
 			added = append(added, programmed)
 		}
-		if inst == dec.Shadow && watchShadow {
-			go d.shadowProgrammed(name, shadow, programmed)
+		if inst == dec.Shadow {
+			d.armShadow(svc, name, shadow, guarded, watchShadow, programmed)
 		}
 		if inst == dec.Instance && watchOwner {
 			go d.ownerProgrammed(ownerSynced, programmed)
@@ -305,14 +315,57 @@ func (d *Dispatcher) report(name types.NamespacedName, inst, refusal string) boo
 	return true
 }
 
-// shadowProgrammed marks a shadow programmed once its instance synced it.
-func (d *Dispatcher) shadowProgrammed(name types.NamespacedName, st *shadowState, programmed <-chan struct{}) {
+// armShadow records the version given to a shadow and, for its first one, waits for
+// the sync that programs it, which counts only once the instance has the Service's
+// EndpointSlices (needSlices). needSlices is set before the slices are listed, so a
+// slice arriving meanwhile re-arms the wait rather than being missed.
+func (d *Dispatcher) armShadow(svc *corev1.Service, name types.NamespacedName, st *shadowState, guarded *corev1.Service, first bool, programmed <-chan struct{}) {
+	d.mu.Lock()
+	st.svc = guarded
+	gen := st.gen
+	if first {
+		st.needSlices = len(svc.Spec.Selector) > 0
+	}
+	need := st.needSlices
+	d.mu.Unlock()
+	if !first {
+		return
+	}
+	if need && len(d.slices(svc.Namespace, svc.Name)) > 0 {
+		d.mu.Lock()
+		if st.gen == gen {
+			st.needSlices = false
+		}
+		d.mu.Unlock()
+	}
+	go d.shadowProgrammed(name, st, gen, programmed)
+}
+
+// shadowProgrammed marks a shadow programmed once its instance synced it, unless that
+// sync had none of the Service's slices or the wait was re-armed since (gen).
+func (d *Dispatcher) shadowProgrammed(name types.NamespacedName, st *shadowState, gen int, programmed <-chan struct{}) {
 	<-programmed
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.shadows[name] == st {
+	if d.shadows[name] == st && st.gen == gen && !st.needSlices {
 		st.programmed = true
 	}
+}
+
+// sliceReachedShadow re-arms the wait of a shadow that had none of its Service's slices,
+// now that one was given to it: programmed is the sync after the slice.
+func (d *Dispatcher) sliceReachedShadow(name types.NamespacedName, given []string) {
+	d.mu.Lock()
+	st := d.shadows[name]
+	if st == nil || !st.needSlices || st.svc == nil || !slices.Contains(given, st.instance) {
+		d.mu.Unlock()
+		return
+	}
+	st.needSlices = false
+	st.gen++
+	gen, svc := st.gen, st.svc
+	d.mu.Unlock()
+	go d.shadowProgrammed(name, st, gen, d.sinks[st.instance].UpdateService(svc))
 }
 
 // ownerProgrammed marks an owner's programming of a Service once its instance synced it.
@@ -417,6 +470,9 @@ func (d *Dispatcher) dispatchSlice(ev sliceEvent) {
 	d.mu.Unlock()
 	for _, inst := range now {
 		ev.apply(d.sinks[inst])
+	}
+	if !ev.deleted {
+		d.sliceReachedShadow(name, now)
 	}
 }
 

@@ -615,3 +615,44 @@ func TestDispatchGoroutinesBoundedWhileInstancesCannotSync(t *testing.T) {
 		return programmed
 	})
 }
+
+// TestDispatchShadowWaitsForSlices: on a node that watches only labelled objects, a
+// shadowed Service arrives before its EndpointSlices (the EndpointSlice controller copies
+// the shadow label to them after). The shadow's first sync has no endpoints and rejects,
+// so it must not be reported programmed (a migration would move the label onto it: ~200 ms
+// of refused connections on the real node); the sync after the first slice is.
+func TestDispatchShadowWaitsForSlices(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	name := types.NamespacedName{Namespace: "a1", Name: "web"}
+	withSelector := func(svc *corev1.Service) *corev1.Service {
+		svc.Spec.Selector = map[string]string{"app": "web"}
+		return svc
+	}
+	f.d.ServiceChanged(shadowed(withSelector(service("a1", "web", "legacy")), "team-a"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: service a1/web"}) {
+		t.Fatalf("shadow without slices: %q", got)
+	}
+	f.sinks["team-a"].program(name)
+	time.Sleep(50 * time.Millisecond) // the goroutine that waits for the sync must have run
+	if got := f.d.Shadows(); len(got) != 0 {
+		t.Fatalf("reported programmed by a sync without the Service's slices: %v", got)
+	}
+	f.slices["a1/web"] = []*discoveryv1.EndpointSlice{slice("a1", "web-1", "web")}
+	f.d.SliceChanged(slice("a1", "web-1", "web"))
+	if got := f.take(); !slices.Equal(got, []string{"team-a: slice a1/web-1", "team-a: service a1/web"}) {
+		t.Fatalf("the first slice, then the Service again for a sync that has it: %q", got)
+	}
+	f.sinks["team-a"].program(name)
+	testutil.Eventually(t, 5*time.Second, "the shadow to be reported programmed", func() bool {
+		return slices.Equal(f.d.Shadows()["team-a"], []types.NamespacedName{name})
+	})
+
+	// A Service whose slices are known when it is shadowed counts at its first sync.
+	other := types.NamespacedName{Namespace: "a1", Name: "api"}
+	f.slices["a1/api"] = []*discoveryv1.EndpointSlice{slice("a1", "api-1", "api")}
+	f.d.ServiceChanged(shadowed(withSelector(service("a1", "api", "legacy")), "team-a"))
+	f.sinks["team-a"].program(other)
+	testutil.Eventually(t, 5*time.Second, "the shadow with slices to be reported programmed", func() bool {
+		return slices.Contains(f.d.Shadows()["team-a"], other)
+	})
+}
