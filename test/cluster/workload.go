@@ -80,16 +80,20 @@ type Counter struct {
 	OK, Failed atomic.Int64
 	mu         sync.Mutex
 	firstErr   string
-	servedBy   map[string]int
+	// firstFail and lastFail bound the failures in time, to line them up with logs.
+	firstFail, lastFail time.Time
+	servedBy            map[string]int
 }
 
 func (n *Counter) record(body string, err error) {
 	if err != nil {
 		n.Failed.Add(1)
+		now := time.Now()
 		n.mu.Lock()
 		if n.firstErr == "" {
-			n.firstErr = err.Error()
+			n.firstErr, n.firstFail = err.Error(), now
 		}
+		n.lastFail = now
 		n.mu.Unlock()
 		return
 	}
@@ -102,13 +106,37 @@ func (n *Counter) record(body string, err error) {
 	n.mu.Unlock()
 }
 
+// add counts m's requests in n too.
+func (n *Counter) add(m *Counter) {
+	m.mu.Lock()
+	servedBy, firstErr := m.servedBy, m.firstErr
+	m.mu.Unlock()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.OK.Add(m.OK.Load())
+	n.Failed.Add(m.Failed.Load())
+	if n.firstErr == "" {
+		n.firstErr = firstErr
+	}
+	if n.servedBy == nil {
+		n.servedBy = map[string]int{}
+	}
+	for pod, count := range servedBy {
+		n.servedBy[pod] += count
+	}
+}
+
 // String is "OK ok, F failed (first error), served by N pods".
 func (n *Counter) String() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s := fmt.Sprintf("%d ok, %d failed, served by %d pods", n.OK.Load(), n.Failed.Load(), len(n.servedBy))
 	if n.firstErr != "" {
-		s += " (first error: " + n.firstErr + ")"
+		s += " (first error: " + n.firstErr
+		if !n.firstFail.IsZero() {
+			s += ", failures from " + n.firstFail.Format("15:04:05.000") + " to " + n.lastFail.Format("15:04:05.000")
+		}
+		s += ")"
 	}
 	return s
 }
