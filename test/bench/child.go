@@ -192,9 +192,10 @@ func (bi *benchInstance) sync(ctx context.Context, full bool) (syncOnce, error) 
 		}
 	}
 	for _, t := range bi.nfts {
-		busy, calls, last := t.take()
+		busy, calls, last, streamed := t.take()
 		s.nft += busy
 		s.nftCalls += calls
+		s.txBytes += streamed
 		if last != nil {
 			s.txs = append(s.txs, last)
 		}

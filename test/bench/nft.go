@@ -2,24 +2,60 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"io"
 	"sync"
 	"time"
 
+	"github.com/shardproxy/shardproxy/tables"
 	"sigs.k8s.io/knftables"
 )
 
 // timedNFT is a knftables.Interface that measures how long the calls that run `nft`
 // take, so a sync's time splits into `nft` (parse, netlink, kernel) and our own Go code.
+// Over a tables.ScriptRunner (tables.NewNFT) it is one too, so the instance streams its
+// transactions to nft as it does in production, and the bytes streamed are counted.
 type timedNFT struct {
 	knftables.Interface
 
-	mu    sync.Mutex
-	busy  time.Duration
-	calls int
-	last  *knftables.Transaction
+	mu       sync.Mutex
+	busy     time.Duration
+	calls    int
+	last     *knftables.Transaction
+	streamed int
 }
 
-var _ knftables.Interface = &timedNFT{}
+var _ tables.ScriptRunner = &timedNFT{}
+
+// RunScript runs a streamed transaction through the wrapped ScriptRunner, counting its
+// bytes; over an nft that cannot stream it fails, as the applier then uses Run.
+func (t *timedNFT) RunScript(ctx context.Context, check bool, write func(io.Writer) error) error {
+	sr, ok := t.Interface.(tables.ScriptRunner)
+	if !ok {
+		return errors.New("bench: the wrapped nft cannot run scripts")
+	}
+	defer t.record(time.Now(), nil)
+	var n int
+	err := sr.RunScript(ctx, check, func(w io.Writer) error {
+		return write(countingWriter{w: w, n: &n})
+	})
+	t.mu.Lock()
+	t.streamed += n
+	t.mu.Unlock()
+	return err
+}
+
+// countingWriter counts what passes through it into n.
+type countingWriter struct {
+	w io.Writer
+	n *int
+}
+
+func (c countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	*c.n += n
+	return n, err
+}
 
 func (t *timedNFT) record(start time.Time, tx *knftables.Transaction) {
 	t.mu.Lock()
@@ -43,11 +79,12 @@ func (t *timedNFT) List(ctx context.Context, objectType string) ([]string, error
 	return t.Interface.List(ctx, objectType)
 }
 
-// take returns and resets what was measured since the last take.
-func (t *timedNFT) take() (busy time.Duration, calls int, last *knftables.Transaction) {
+// take returns and resets what was measured since the last take: the time in nft, the
+// calls, the last transaction run whole (nil if none) and the bytes streamed.
+func (t *timedNFT) take() (busy time.Duration, calls int, last *knftables.Transaction, streamed int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	busy, calls, last = t.busy, t.calls, t.last
-	t.busy, t.calls, t.last = 0, 0, nil
-	return busy, calls, last
+	busy, calls, last, streamed = t.busy, t.calls, t.last, t.streamed
+	t.busy, t.calls, t.last, t.streamed = 0, 0, nil, 0
+	return busy, calls, last, streamed
 }
