@@ -115,7 +115,8 @@ bench:
 # and a plot of sync time and RSS against Services (BENCH_COMPARE_PLOT, .svg or .png).
 # Root only; ~15 minutes on two cores with the default scales, after `make deps`.
 # BENCH_COMPARE_FLAGS adds flags, e.g. `-only shardproxy -heap-profile-dir DIR`
-# (shardproxy's heap after its first sync) or `-churn-duration 0` (no churn phase).
+# (shardproxy's heap after its first sync), `-churn-duration 0` (no churn phase) or
+# `-also DIR,...` (other checkouts, e.g. main before a change, on the same objects).
 BENCH_COMPARE_SCALES ?= 1000,10000
 BENCH_COMPARE_OUT    ?= _output/bench/compare.json
 BENCH_COMPARE_PLOT   ?= _output/bench/compare.svg
