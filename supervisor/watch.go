@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,13 +62,14 @@ type Watches struct {
 // EndpointSlices of scope (watchScope's selectors), this Node, and what opts add.
 func NewWatches(client kubernetes.Interface, nodeName string, scope []string, opts WatchOptions) (*Watches, error) {
 	w := &Watches{client: client, scope: scope, nodeName: nodeName}
+	shared := newEndpointValues()
 	for _, sel := range scope {
 		services := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
 			informers.WithTransform(trimForCache))
 		slices := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) }),
-			informers.WithTransform(trimForCache))
+			informers.WithTransform(shared.trimSlice))
 		w.factories = append(w.factories, services, slices)
 		w.services = append(w.services, services.Core().V1().Services().Informer())
 		sl := slices.Discovery().V1().EndpointSlices().Informer()
@@ -179,6 +181,68 @@ func trimForCache(obj any) (any, error) {
 	}
 	return obj, nil
 }
+
+// endpointValues holds the values every EndpointSlice endpoint points to: the conditions
+// (true or false) and the node and zone names, which the API decodes into a pointer per
+// endpoint; shared, 100,000 endpoints keep a few dozen (README.md, "Performance").
+// Informer objects are read-only, so no one writes through them.
+type endpointValues struct {
+	yes, no *bool
+	mu      sync.Mutex
+	names   map[string]*string
+}
+
+func newEndpointValues() *endpointValues {
+	yes, no := true, false
+	return &endpointValues{yes: &yes, no: &no, names: map[string]*string{}}
+}
+
+// trimSlice is trimForCache for EndpointSlices, with shared endpoint values.
+func (v *endpointValues) trimSlice(obj any) (any, error) {
+	obj, err := trimForCache(obj)
+	sl, ok := obj.(*discoveryv1.EndpointSlice)
+	if err != nil || !ok {
+		return obj, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range sl.Endpoints {
+		ep := &sl.Endpoints[i]
+		c := &ep.Conditions
+		c.Ready, c.Serving, c.Terminating = v.bool(c.Ready), v.bool(c.Serving), v.bool(c.Terminating)
+		ep.NodeName, ep.Zone = v.name(ep.NodeName), v.name(ep.Zone)
+	}
+	return sl, nil
+}
+
+func (v *endpointValues) bool(b *bool) *bool {
+	switch {
+	case b == nil:
+		return nil
+	case *b:
+		return v.yes
+	default:
+		return v.no
+	}
+}
+
+func (v *endpointValues) name(s *string) *string {
+	if s == nil {
+		return nil
+	}
+	if p, ok := v.names[*s]; ok {
+		return p
+	}
+	if len(v.names) >= maxSharedNames {
+		// Names of Nodes long gone would pile up: start over (what is shared stays so).
+		clear(v.names)
+	}
+	v.names[*s] = s
+	return s
+}
+
+// maxSharedNames bounds endpointValues' names: a cluster's nodes and zones, with room.
+const maxSharedNames = 20000
 
 // SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister): of a
 // slice two watches hold, the newer version.

@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -77,5 +79,76 @@ func TestTrimEndpointSlice(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, out); diff != "" {
 		t.Errorf("trimmed slice (-want +got):\n%s", diff)
+	}
+}
+
+// TestEndpointValuesShared: EndpointSlices keep their endpoints' values (conditions,
+// node, zone; nil stays nil) while pointing to one copy of each
+// (BenchmarkEndpointSliceHeap measures what it saves).
+func TestEndpointValuesShared(t *testing.T) {
+	v := newEndpointValues()
+	a, b := testSlice("a"), testSlice("b")
+	want := a.DeepCopy()
+	for _, sl := range []*discoveryv1.EndpointSlice{a, b} {
+		if _, err := v.trimSlice(sl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if diff := cmp.Diff(want, a); diff != "" {
+		t.Errorf("values changed (-want +got):\n%s", diff)
+	}
+	ea, eb := a.Endpoints, b.Endpoints
+	if ea[0].NodeName != eb[3].NodeName || ea[0].Zone != eb[1].Zone || ea[0].Conditions.Ready != eb[2].Conditions.Ready ||
+		ea[0].Conditions.Serving != eb[5].Conditions.Serving || ea[1].Conditions.Ready != ea[0].Conditions.Terminating {
+		t.Error("equal values are not shared between endpoints and slices")
+	}
+}
+
+// testSlice is a 10-endpoint slice over 3 nodes and one zone, the last endpoint without
+// a zone or a terminating condition.
+func testSlice(name string) *discoveryv1.EndpointSlice {
+	var eps []discoveryv1.Endpoint
+	for i := range 10 {
+		node, zone := fmt.Sprintf("node-%d", i%3), "zone-a"
+		ready, serving, terminating := i%2 == 0, true, false
+		ep := discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.0.0.%d", i)}, NodeName: &node, Zone: &zone,
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating}}
+		if i == 9 {
+			ep.Zone, ep.Conditions.Terminating = nil, nil
+		}
+		eps = append(eps, ep)
+	}
+	return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Endpoints: eps}
+}
+
+// BenchmarkEndpointSliceHeap reports the heap a decoded 10-endpoint slice keeps, per
+// endpoint, as decoded and with shared endpoint values.
+func BenchmarkEndpointSliceHeap(b *testing.B) {
+	raw, err := (&discoveryv1.EndpointSlice{Endpoints: testSlice("x").Endpoints}).Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, share := range []bool{false, true} {
+		b.Run(fmt.Sprintf("shared=%v", share), func(b *testing.B) {
+			kept := make([]*discoveryv1.EndpointSlice, b.N)
+			v := newEndpointValues()
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			for i := range kept {
+				sl := &discoveryv1.EndpointSlice{}
+				if err := sl.Unmarshal(raw); err != nil {
+					b.Fatal(err)
+				}
+				if share {
+					_, _ = v.trimSlice(sl)
+				}
+				kept[i] = sl
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			runtime.KeepAlive(kept)
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N*10), "heap-B/endpoint")
+		})
 	}
 }
