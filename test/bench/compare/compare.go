@@ -63,7 +63,8 @@ type Options struct {
 	// Only measures one proxy ("kube-proxy" or "shardproxy"); empty measures both.
 	Only string
 	// HeapProfileDir, when set, receives shardproxy's heap profile after its first full
-	// sync at each scale (heap-N.pprof; `go tool pprof -sample_index=inuse_space`).
+	// sync at each scale, taken after a collection (heap-N.pprof; `go tool pprof
+	// -sample_index=inuse_space`).
 	HeapProfileDir string
 	// ChurnRate is the endpoint changes per second of the churn phase (issue 13 item 4),
 	// made after the samples for ChurnDuration (0: no churn phase).
@@ -305,7 +306,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	ours := &daemon{
 		name: "shardproxy", series: Series{"proxy_instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
 		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
-		heapURL:    fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", env.MetricsPort),
+		heapURL:    fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", env.MetricsPort),
 		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
 		logTail: func() string { return tail(e.SupervisorLog(), 30) },
 	}
