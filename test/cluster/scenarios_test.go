@@ -126,13 +126,18 @@ func TestInstances(t *testing.T) {
 				counters, waits, labels = append(counters, n), append(waits, wait), append(labels, w.ns+" outside->NodePort")
 				namespaces = append(namespaces, w.ns, w.ns)
 			}
-			podDone := make(chan *Counter, 1)
+			// The goroutine reports through the channel, never through t: a disruption
+			// that fails the subtest (t.Fatal) ends it while the loop goes on, and a t
+			// call after that panics the binary, which then skips the cluster's teardown
+			// (seen when containerd outlived SIGKILL on a loaded machine).
+			type podResult struct {
+				n   *Counter
+				err error
+			}
+			podDone := make(chan podResult, 1)
 			go func() {
 				n, err := c.PodLoop(ctx, "team-a", agnhostImage, "http://web.team-a.svc.cluster.local/hostname", 200, 100*time.Millisecond)
-				if err != nil {
-					t.Errorf("pod loop: %v", err)
-				}
-				podDone <- n
+				podDone <- podResult{n, err}
 			}()
 			before := map[string]map[string]podState{}
 			for _, w := range instanceWebs {
@@ -145,7 +150,11 @@ func TestInstances(t *testing.T) {
 			start := time.Now()
 			disrupt()
 			// The loops go on past the disruption: until the pod's loop has finished.
-			podCounter := <-podDone
+			pod := <-podDone
+			if pod.err != nil {
+				t.Errorf("pod loop: %v", pod.err)
+			}
+			podCounter := pod.n
 			stop()
 			for _, wait := range waits {
 				wait()
