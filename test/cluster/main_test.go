@@ -35,6 +35,10 @@ func runMain(m *testing.M) int {
 		log.Print(err)
 		return 1
 	}
+	// A crashed earlier run's cluster goes first (Start would remove it too): the host
+	// as found is the host without it. Snapshotting before that saw the /lib/modules a
+	// crashed run had created, which the cleanup then removed: "exists: false, was true".
+	removeStale(log.Printf)
 	before := snapshotHost()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
