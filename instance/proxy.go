@@ -307,8 +307,9 @@ func (p *Proxy) SetNode(node NodeInfo) {
 // Run syncs until ctx is done: at once, then after every change (no closer together
 // than MinSyncPeriod), at least every SyncPeriod, fully every FullSyncPeriod or after a
 // failure (with backoff), and within TableCheckPeriod of its tables being deleted.
-// It leaves the rules in place when it returns.
+// It leaves the rules in place when it returns, and closes the sockets its syncs hold.
 func (p *Proxy) Run(ctx context.Context) error {
+	defer p.closeSyncers()
 	backoff := time.Duration(0)
 	var last time.Time
 	check := time.NewTicker(p.opts.TableCheckPeriod)
@@ -346,6 +347,17 @@ func (p *Proxy) Run(ctx context.Context) error {
 				return nil
 			case <-time.After(d):
 			}
+		}
+	}
+}
+
+// closeSyncers releases what the syncers hold open between syncs (netlink sockets).
+func (p *Proxy) closeSyncers() {
+	p.syncMu.Lock()
+	defer p.syncMu.Unlock()
+	for fam, s := range p.syncers {
+		if err := s.Close(); err != nil {
+			p.logger.Error(err, "Closing the table's netlink socket", "family", fam)
 		}
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -23,10 +25,20 @@ import (
 // the same skeleton a full sync writes) and encodes elements as nft does, so `nft list`
 // shows the same table either way (TestNetlinkWriterMatchesNft). It writes nothing
 // else: sets it does not know (affinity sets, filled by packets) are an error.
+//
+// It keeps one netlink socket open between transactions: the kernel makes the close of
+// an nftables socket wait for an RCU grace period whenever a transaction deleted
+// something (the release flushes the pending destroy work), so a socket per transaction
+// made every partial sync that deletes an element take 6–24 ms instead of ~0.1 ms
+// (tables/README.md, "Sync"). Close releases the socket; the next Apply opens another.
 type NetlinkWriter struct {
 	table   *nftables.Table
 	schemas map[string]setSchema
 	opts    []nftables.ConnOption
+
+	mu sync.Mutex
+	// conn is the lasting connection, nil until the first Apply and after a failure.
+	conn *nftables.Conn
 }
 
 // NewNetlinkWriter returns a writer for cfg's table. opts reach the netlink connection
@@ -44,7 +56,7 @@ func NewNetlinkWriter(cfg Config, opts ...nftables.ConnOption) (*NetlinkWriter, 
 	return &NetlinkWriter{
 		table:   &nftables.Table{Name: cfg.TableName(), Family: fam},
 		schemas: schemas,
-		opts:    opts,
+		opts:    append(slices.Clone(opts), nftables.AsLasting()),
 	}, nil
 }
 
@@ -101,10 +113,25 @@ func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
 	if d.Len() == 0 {
 		return nil
 	}
-	conn, err := nftables.New(w.opts...)
-	if err != nil {
-		return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn == nil {
+		conn, err := nftables.New(w.opts...)
+		if err != nil {
+			return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
+		}
+		w.conn = conn
 	}
+	if err := w.transact(w.conn, d); err != nil {
+		// Queued messages or unread replies would corrupt the next transaction.
+		w.closeLocked()
+		return err
+	}
+	return nil
+}
+
+// transact queues d's operations on conn and commits them as one transaction.
+func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	if err := w.queueElements(conn, d.DeleteElements, true); err != nil {
 		return err
 	}
@@ -122,6 +149,25 @@ func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("netlink transaction of %d operations on table %s: %w", d.Len(), w.table.Name, err)
+	}
+	return nil
+}
+
+// Close closes the writer's netlink socket, if open; a later Apply opens a new one.
+func (w *NetlinkWriter) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closeLocked()
+}
+
+func (w *NetlinkWriter) closeLocked() error {
+	if w.conn == nil {
+		return nil
+	}
+	err := w.conn.CloseLasting()
+	w.conn = nil
+	if err != nil {
+		return fmt.Errorf("closing the netlink socket of table %s: %w", w.table.Name, err)
 	}
 	return nil
 }

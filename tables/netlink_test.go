@@ -383,3 +383,66 @@ func setOf(el *knftables.Element) string {
 	}
 	return el.Set
 }
+
+// TestNetlinkWriterSocketLifecycle: the writer keeps its socket between transactions
+// (closing it after a deletion waits out an RCU grace period), so a failed transaction
+// must not leave replies or queued messages behind for the next one, and Close must
+// leave a writer that reopens on its next Apply.
+func TestNetlinkWriterSocketLifecycle(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	cfg := testConfig(IPv4)
+	ns := newNetns(t)
+	s := netlinkSyncer(t, ns, cfg)
+	w := s.direct.(*NetlinkWriter)
+	if _, err := s.Full(ctx, services(genPort(1, 2))); err != nil {
+		t.Fatal(err)
+	}
+	add := func(i int) *Diff {
+		return &Diff{AddElements: []string{fmt.Sprintf("%s|10.9.0.%d . 10.9.0.%d", setHairpin, i, i)}}
+	}
+	missing := &Diff{DeleteElements: []string{setHairpin + "|10.99.0.1 . 10.99.0.1"}}
+	steps := []struct {
+		name    string
+		do      func() error
+		wantErr bool
+		want    []string // hairpin elements in the kernel afterwards
+	}{
+		{"first add opens the socket", func() error { return w.Apply(ctx, add(1)) }, false, []string{"10.9.0.1"}},
+		{"second add reuses it", func() error { return w.Apply(ctx, add(2)) }, false, []string{"10.9.0.1", "10.9.0.2"}},
+		{"deleting a missing element fails", func() error { return w.Apply(ctx, missing) }, true, []string{"10.9.0.1", "10.9.0.2"}},
+		{"the next transaction is not poisoned", func() error { return w.Apply(ctx, add(3)) }, false, []string{"10.9.0.1", "10.9.0.2", "10.9.0.3"}},
+		{"close", w.Close, false, []string{"10.9.0.1", "10.9.0.2", "10.9.0.3"}},
+		{"close twice", w.Close, false, []string{"10.9.0.1", "10.9.0.2", "10.9.0.3"}},
+		{"apply after close reopens", func() error { return w.Apply(ctx, add(4)) }, false, []string{"10.9.0.1", "10.9.0.2", "10.9.0.3", "10.9.0.4"}},
+	}
+	var first *nftables.Conn
+	for i, st := range steps {
+		err := st.do()
+		if (err != nil) != st.wantErr {
+			t.Fatalf("%s: err = %v, want error: %v", st.name, err, st.wantErr)
+		}
+		switch i {
+		case 0:
+			first = w.conn
+		case 1:
+			if w.conn == nil || w.conn != first {
+				t.Fatalf("%s: the second transaction opened another socket", st.name)
+			}
+		}
+		var got []string
+		for _, line := range kernelContent(t, ns, IPv4, cfg.TableName()) {
+			if strings.Contains(line, setHairpin) && strings.Contains(line, "10.9.0.") {
+				got = append(got, line)
+			}
+		}
+		if len(got) != len(st.want) {
+			t.Fatalf("%s: hairpin elements %q, want %d of them (%v)", st.name, got, len(st.want), st.want)
+		}
+		for i, ip := range st.want {
+			if !strings.Contains(got[i], ip) {
+				t.Fatalf("%s: hairpin elements %q, want %v", st.name, got, st.want)
+			}
+		}
+	}
+}

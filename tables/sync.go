@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"syscall"
 	"time"
@@ -88,6 +89,15 @@ func (s *Syncer) SetElementsPerCommand(n int) { s.apply = NewNFTApplier(s.nft, n
 // SetDirect makes the Diffs that need no rule text, and are small enough, go through a
 // instead of nft (a NetlinkWriter; nil: everything through nft).
 func (s *Syncer) SetDirect(a Applier) { s.direct = a }
+
+// Close releases what the direct Applier holds open (a NetlinkWriter's socket); the
+// Syncer stays usable and the Applier reopens on its next use.
+func (s *Syncer) Close() error {
+	if c, ok := s.direct.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
 
 // RecreateOnNextFull makes the next full sync delete the table first, in the same
 // transaction: for a table whose ownership marker (a table's comment cannot be changed in

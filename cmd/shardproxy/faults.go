@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -39,6 +40,14 @@ type faultyApplier struct {
 	next  tables.Applier
 	path  string
 	share func() float64
+}
+
+// Close closes the wrapped applier if it holds something open (a netlink socket).
+func (a *faultyApplier) Close() error {
+	if c, ok := a.next.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 func (a *faultyApplier) Apply(ctx context.Context, d *tables.Diff) error {
