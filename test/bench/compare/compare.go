@@ -32,6 +32,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/shardproxy/shardproxy/test/bench"
@@ -77,6 +78,14 @@ type Options struct {
 	// RepoRoot's build, on the same objects in the same environment, so a before/after
 	// comparison does not depend on two runs' machine states.
 	Also []string
+	// ServePercent, when set, also measures a node whose instance serves that share of
+	// the Services (issue 13 item 2): after both proxies (and Also) have served every
+	// Service unlabelled, the share is labelled for an instance serving
+	// gen.ServedProxyName and the rest for a proxy the node does not run, and shardproxy
+	// is measured with that instance (ScaleResult.Served); then the rest is deleted and
+	// shardproxy is measured again in a cluster holding only the share
+	// (ScaleResult.ServedOnly).
+	ServePercent int
 }
 
 // Main runs bench-compare and returns the exit code.
@@ -128,6 +137,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.Float64Var(&o.ChurnRate, "churn-rate", 20, "endpoint changes per second in the churn phase")
 	fs.DurationVar(&o.ChurnDuration, "churn-duration", time.Minute, "how long the churn phase lasts, per proxy (0: none)")
 	fs.StringVar(&o.Plot, "plot", "", "write an SVG plot (first full sync and peak RSS against Services) here")
+	fs.IntVar(&o.ServePercent, "serve-percent", 0, "then label this share of the Services for an instance of shardproxy and the rest for another proxy, measure it, and measure a cluster of that share alone (0: not measured)")
 	also := fs.String("also", "", "comma-separated other shardproxy checkouts to measure after -repo's, on the same objects (e.g. a worktree of main)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -146,6 +156,9 @@ func parseOptions(args []string) (Options, error) {
 	}
 	if o.Only != "" && o.Only != "kube-proxy" && o.Only != "shardproxy" {
 		return o, fmt.Errorf("-only %q: want kube-proxy or shardproxy", o.Only)
+	}
+	if o.ServePercent < 0 || o.ServePercent > 100 {
+		return o, fmt.Errorf("-serve-percent %d: want 0..100", o.ServePercent)
 	}
 	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 {
 		return o, errors.New("-endpoints, -samples and -min-sync-period must be positive")
@@ -232,16 +245,36 @@ func buildShardproxy(repo string) (string, error) {
 // 30,000 Services (the default 2,768 ports is not).
 const nodePortRange = "30000-64999"
 
-// shardproxyInstances is the one instance shardproxy runs: the default one, local
-// detection over the generated pod range, as kube-proxy's --cluster-cidr.
-func shardproxyInstances(minSync time.Duration) string {
+// The instance shardproxy runs: the default one, or with Options.ServePercent one
+// serving gen.ServedProxyName in gen.Namespace.
+const (
+	defaultInstance = "default"
+	servedInstance  = "served"
+)
+
+// shardproxyInstances is the one instance shardproxy runs: local detection over the
+// generated pod range, as kube-proxy's --cluster-cidr, and the generated load-balancer
+// IPs accepted, as kube-proxy serves them.
+func shardproxyInstances(minSync time.Duration, served bool) string {
+	selects := "default: true"
+	if served {
+		selects = fmt.Sprintf("proxyNames: [%s]", gen.ServedProxyName)
+	}
 	return fmt.Sprintf(`
-- name: default
-  default: true
+- name: %s
+  %s
   slot: 0
   minSyncPeriod: %s
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [%s]}
-`, minSync, gen.PodCIDR)
+  tenant: {namespaces: [%s], loadBalancerCIDRs: [%s]}
+`, instanceName(served), selects, minSync, gen.PodCIDR, gen.Namespace, gen.LoadBalancerRange)
+}
+
+func instanceName(served bool) string {
+	if served {
+		return servedInstance
+	}
+	return defaultInstance
 }
 
 func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
@@ -257,7 +290,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	r.logf("%d Services × %d endpoints: starting the control plane and the node", n, r.o.Endpoints)
 	e, err := env.Start(ctx, env.Options{
 		RepoRoot: r.o.RepoRoot, Binary: r.binary, WorkDir: work, NoSupervisor: true,
-		Instances:          shardproxyInstances(r.o.MinSyncPeriod),
+		Instances:          shardproxyInstances(r.o.MinSyncPeriod, false),
 		ExtraConfig:        "enableProfiling: true",
 		NoLabelMirror:      true,
 		ExtraAPIServerArgs: []string{"--service-node-port-range=" + nodePortRange},
@@ -273,7 +306,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &ScaleResult{Services: n, Endpoints: n * r.o.Endpoints}
+	res := &ScaleResult{Services: n, Endpoints: n * r.o.Endpoints, ServePercent: r.o.ServePercent}
 	c := gen.Generate(n, r.o.Endpoints)
 	start := time.Now()
 	if err := load(ctx, client, c); err != nil {
@@ -282,17 +315,9 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	res.CreateSeconds = time.Since(start).Seconds()
 	r.logf("created %d Services and EndpointSlices in %.1fs", n, res.CreateSeconds)
 
-	kp := e.NewKubeProxy(r.o.KubeProxy, "kube-proxy", kubeProxyArgs(e, r.o.MinSyncPeriod)...)
-	upstream := &daemon{
-		name: "kube-proxy", series: Series{"ip_family": "IPv4"},
-		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.KubeProxyMetricsPort),
-		start:      kp.Start, pid: kp.Pid, stop: func() error { return kp.Stop(syscall.SIGTERM) },
-		logTail: func() string { return kp.LogTail(30) },
-	}
 	m := &measurer{r: r, e: e, client: client, cluster: c}
 	if r.o.Only != "shardproxy" {
-		res.Upstream, err = m.measure(ctx, upstream)
-		if err != nil {
+		if res.Upstream, err = m.measure(ctx, upstreamDaemon(e, r.o.KubeProxy, r.o.MinSyncPeriod)); err != nil {
 			return res, err
 		}
 	}
@@ -303,19 +328,8 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 			r.logf("deleting kube-proxy's %s table: %v: %s", fam, err, out)
 		}
 	}
-	ours := &daemon{
-		name: "shardproxy", series: Series{"proxy_instance": "default", "ip_family": "IPv4"}, // the family kube-proxy is read in
-		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
-		heapURL:    fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", env.MetricsPort),
-		start:      e.StartSupervisor, pid: e.SupervisorPid, stop: func() error { return e.StopSupervisor(syscall.SIGTERM) },
-		logTail: func() string { return tail(e.SupervisorLog(), 30) },
-	}
 	if r.o.Only != "kube-proxy" {
-		res.Shardproxy, err = m.measure(ctx, ours)
-		if err != nil {
-			return res, err
-		}
-		if err := m.measureAlso(ctx, res, ours); err != nil {
+		if err := m.measureOurs(ctx, res); err != nil {
 			return res, err
 		}
 	}
@@ -323,17 +337,118 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	return res, nil
 }
 
+// The names of shardproxy's measurements of Options.ServePercent: serving the share in
+// a cluster holding every Service, and in a cluster holding only the share.
+const (
+	servedName     = "shardproxy, share served"
+	servedOnlyName = "shardproxy, share only"
+)
+
+// upstreamDaemon is kube-proxy on the node of e.
+func upstreamDaemon(e *env.Env, binary string, minSync time.Duration) *daemon {
+	kp := e.NewKubeProxy(binary, "kube-proxy", kubeProxyArgs(e, minSync)...)
+	return &daemon{
+		name: "kube-proxy", series: Series{"ip_family": "IPv4"},
+		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.KubeProxyMetricsPort),
+		start:      kp.Start, pid: kp.Pid, stop: func() error { return kp.Stop(syscall.SIGTERM) },
+		logTail: func() string { return kp.LogTail(30) },
+	}
+}
+
+// measureOurs measures shardproxy and the -also builds serving every Service, then,
+// with Options.ServePercent, shardproxy serving that share.
+func (m *measurer) measureOurs(ctx context.Context, res *ScaleResult) error {
+	ours := &daemon{
+		name: "shardproxy", series: Series{"proxy_instance": defaultInstance, "ip_family": "IPv4"}, // the family kube-proxy is read in
+		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", env.MetricsPort),
+		heapURL:    fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", env.MetricsPort),
+		start:      m.e.StartSupervisor, pid: m.e.SupervisorPid, stop: func() error { return m.e.StopSupervisor(syscall.SIGTERM) },
+		logTail: func() string { return tail(m.e.SupervisorLog(), 30) },
+	}
+	var err error
+	if res.Shardproxy, err = m.measure(ctx, ours); err != nil {
+		return err
+	}
+	if err := m.measureAlso(ctx, res, ours); err != nil {
+		return err
+	}
+	if m.r.o.ServePercent > 0 {
+		return m.measureServed(ctx, res, ours)
+	}
+	return nil
+}
+
+// measureServed labels the Services for the served share and the other proxy,
+// measures shardproxy running an instance for the served share, deletes the others and
+// measures it again.
+func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *daemon) error {
+	start := time.Now()
+	m.served = m.cluster.LabelServed(m.r.o.ServePercent)
+	if err := relabel(ctx, m.client, m.cluster); err != nil {
+		return err
+	}
+	m.r.logf("labelled %d of %d Services %s, the rest %s, in %.1fs", len(m.served), len(m.cluster.Services),
+		gen.ServedProxyName, gen.OtherProxyName, time.Since(start).Seconds())
+	if err := m.restart(shardproxyInstances(m.r.o.MinSyncPeriod, true)); err != nil {
+		return err
+	}
+	d := *ours
+	d.name, d.profileTag = servedName, "served"
+	d.series = Series{"proxy_instance": servedInstance, "ip_family": "IPv4"}
+	pr, err := m.measure(ctx, &d)
+	if err != nil {
+		return err
+	}
+	res.Served = &pr
+
+	start = time.Now()
+	if err := deleteUnserved(ctx, m.client, m.cluster, m.served); err != nil {
+		return err
+	}
+	m.r.logf("deleted the %d Services not served in %.1fs", len(m.cluster.Services)-len(m.served), time.Since(start).Seconds())
+	if err := m.restart(""); err != nil {
+		return err
+	}
+	d.name, d.profileTag = servedOnlyName, "served-only"
+	if pr, err = m.measure(ctx, &d); err != nil {
+		return err
+	}
+	res.ServedOnly = &pr
+	return nil
+}
+
+// restart deletes the tables the last shardproxy left and, when instances is set,
+// makes them the supervisor's instances for its next start.
+func (m *measurer) restart(instances string) error {
+	if out, err := m.e.CLI("cleanup", "--all"); err != nil {
+		return fmt.Errorf("cleaning up: %w: %s", err, out)
+	}
+	if instances == "" {
+		return nil
+	}
+	cfg, err := os.ReadFile(m.e.ConfigPath)
+	if err != nil {
+		return err
+	}
+	head, _, ok := strings.Cut(string(cfg), "\ninstances:")
+	if !ok {
+		return fmt.Errorf("%s has no instances", m.e.ConfigPath)
+	}
+	return os.WriteFile(m.e.ConfigPath, []byte(head+"\ninstances:\n"+strings.TrimLeft(instances, "\n")), 0o644)
+}
+
 // measureAlso measures each -also build as ours is measured, one after the other, each
 // on a node its predecessor's tables are gone from.
 func (m *measurer) measureAlso(ctx context.Context, res *ScaleResult, ours *daemon) error {
 	for i, bin := range m.r.also {
 		// The supervisor leaves its tables on SIGTERM (traffic keeps flowing).
-		if out, err := m.e.CLI("cleanup", "--all"); err != nil {
-			return fmt.Errorf("cleaning up before %s: %w: %s", m.r.o.Also[i], err, out)
+		if err := m.restart(""); err != nil {
+			return fmt.Errorf("before %s: %w", m.r.o.Also[i], err)
 		}
 		m.e.Binary = bin
 		d := *ours
 		d.name = "shardproxy@" + m.r.o.Also[i]
+		d.profileTag = filepath.Base(m.r.o.Also[i])
 		pr, err := m.measure(ctx, &d)
 		if err != nil {
 			return err
@@ -406,6 +521,42 @@ func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) erro
 		onThisNode(slice.Endpoints)
 		if _, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
+		}
+		return nil
+	})
+}
+
+// relabel writes each Service's and slice's service-proxy-name label as c holds it
+// (gen.Cluster.LabelServed), as the EndpointSlice controller would copy it to the slice.
+func relabel(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) error {
+	return parallel(ctx, len(c.Services), 16, func(i int) error {
+		name := c.Services[i].Labels[gen.LabelServiceProxyName]
+		patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, gen.LabelServiceProxyName, name)
+		if _, err := client.CoreV1().Services(gen.Namespace).Patch(ctx, c.Services[i].Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("labelling Service %s: %w", c.Services[i].Name, err)
+		}
+		if _, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Patch(ctx, c.Slices[i].Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("labelling EndpointSlice %s: %w", c.Slices[i].Name, err)
+		}
+		return nil
+	})
+}
+
+// deleteUnserved deletes the Services (and slices) of c not in served.
+func deleteUnserved(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, served []int) error {
+	keep := make(map[int]bool, len(served))
+	for _, i := range served {
+		keep[i] = true
+	}
+	return parallel(ctx, len(c.Services), 16, func(i int) error {
+		if keep[i] {
+			return nil
+		}
+		if err := client.CoreV1().Services(gen.Namespace).Delete(ctx, c.Services[i].Name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("deleting Service %s: %w", c.Services[i].Name, err)
+		}
+		if err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Delete(ctx, c.Slices[i].Name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("deleting EndpointSlice %s: %w", c.Slices[i].Name, err)
 		}
 		return nil
 	})

@@ -5,6 +5,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
 
 // A scrape with both proxies' labelling: kube-proxy by ip_family, shardproxy by instance
@@ -110,9 +114,56 @@ func TestParseOptions(t *testing.T) {
 	if err != nil || len(o.Scales) != 2 || o.Scales[1] != 2000 || o.Samples != 3 || len(o.Also) != 2 || o.Also[1] != "../b" {
 		t.Errorf("parseOptions = %+v, %v", o, err)
 	}
-	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}} {
+	if o, err := parseOptions([]string{"-serve-percent", "10"}); err != nil || o.ServePercent != 10 {
+		t.Errorf("parseOptions(-serve-percent 10) = %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}, {"-serve-percent", "-1"}, {"-serve-percent", "101"}} {
 		if _, err := parseOptions(bad); err == nil {
 			t.Errorf("parseOptions(%v) accepted", bad)
+		}
+	}
+}
+
+// TestServedTable: with -serve-percent the table has the share's two columns and the
+// ratios of the served share's peak RSS to upstream's and to the share alone.
+func TestServedTable(t *testing.T) {
+	s := ScaleResult{Services: 30000, Endpoints: 150000, ServePercent: 10,
+		Upstream: ProxyResult{PeakRSSMB: 800}, Shardproxy: ProxyResult{PeakRSSMB: 300},
+		Served: &ProxyResult{Proxy: servedName, PeakRSSMB: 60}, ServedOnly: &ProxyResult{Proxy: servedOnlyName, PeakRSSMB: 50}}
+	s.fillRatios()
+	if math.Abs(s.Ratios.ServedPeakRSSVsOnly-1.2) > 1e-9 || math.Abs(s.Ratios.ServedPeakRSS-0.075) > 1e-9 || math.Abs(s.Ratios.PeakRSS-0.375) > 1e-9 {
+		t.Errorf("ratios %+v, want peak RSS 0.375 of upstream serving all, 0.075 serving the share, 1.2 of the share alone", s.Ratios)
+	}
+	var b strings.Builder
+	PrintTable(&b, &Report{Endpoints: 5, Scales: []ScaleResult{s}})
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`peak RSS \(MB\) +800\.0 +300\.0 +0\.375 +60\.0 +0\.075 +50\.0 +0\.062`),
+		regexp.MustCompile(`share served / shardproxy, share only: 1\.200`),
+		regexp.MustCompile(`the 10% of the Services labelled bench-served`),
+	} {
+		if !want.MatchString(b.String()) {
+			t.Errorf("table lacks %s:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestShardproxyInstances: both instance configurations are valid supervisor configs,
+// and the served one selects gen.ServedProxyName.
+func TestShardproxyInstances(t *testing.T) {
+	for _, served := range []bool{false, true} {
+		yaml := "apiVersion: shardproxy.io/v1alpha1\nkind: SupervisorConfig\nnodeName: node-1\ninstances:" +
+			strings.ReplaceAll(shardproxyInstances(time.Second, served), "\n", "\n  ")
+		c, err := config.Decode([]byte(yaml), "bench")
+		if err != nil {
+			t.Fatalf("served %v: %v\n%s", served, err, yaml)
+		}
+		c.Default()
+		if err := c.Validate(); err != nil {
+			t.Fatalf("served %v: %v\n%s", served, err, yaml)
+		}
+		in := c.Instances[0]
+		if in.Name != instanceName(served) || in.Default == served || served && (len(in.ProxyNames) != 1 || in.ProxyNames[0] != gen.ServedProxyName) {
+			t.Errorf("served %v: instance %+v", served, in)
 		}
 	}
 }

@@ -26,10 +26,12 @@ type daemon struct {
 	metricsURL string
 	// heapURL serves the daemon's Go heap profile ("": none).
 	heapURL string
-	start   func() error
-	stop    func() error
-	pid     func() int
-	logTail func() string
+	// profileTag tells this daemon's heap profile from the others' of its scale.
+	profileTag string
+	start      func() error
+	stop       func() error
+	pid        func() int
+	logTail    func() string
 }
 
 // measurer runs the same measurements against each proxy of one environment.
@@ -41,6 +43,8 @@ type measurer struct {
 	// changes counts the endpoint changes made so far, so each proxy's samples change
 	// different Services.
 	changes int
+	// served are the indices of the Services the proxy serves (nil: all of them).
+	served []int
 }
 
 // measure starts d, waits for its first full sync, then changes one endpoint of one
@@ -130,6 +134,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 // nextService picks the Service of the next change, spread over the whole cluster.
 func (m *measurer) nextService() int {
 	m.changes++
+	if m.served != nil {
+		return m.served[(m.changes*7919)%len(m.served)]
+	}
 	return (m.changes * 7919) % len(m.cluster.Services)
 }
 
@@ -224,8 +231,8 @@ func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
 		return err
 	}
 	name := fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services))
-	if _, also, ok := strings.Cut(d.name, "@"); ok {
-		name = fmt.Sprintf("heap-%d-%s.pprof", len(m.cluster.Services), filepath.Base(also))
+	if d.profileTag != "" {
+		name = fmt.Sprintf("heap-%d-%s.pprof", len(m.cluster.Services), d.profileTag)
 	}
 	path := filepath.Join(m.r.o.HeapProfileDir, name)
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {

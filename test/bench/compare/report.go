@@ -3,10 +3,12 @@ package compare
 import (
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/bench"
+	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
 
 // Report is a whole run.
@@ -29,6 +31,12 @@ type ScaleResult struct {
 	Shardproxy    ProxyResult `json:"shardproxy"`
 	// Also are the builds of Options.Also, in order.
 	Also []ProxyResult `json:"also,omitempty"`
+	// ServePercent is Options.ServePercent; Served is shardproxy serving that share of
+	// the Services (labelled for its instance, the rest for another proxy), ServedOnly
+	// the same in a cluster holding only the share.
+	ServePercent int          `json:"servePercent,omitempty"`
+	Served       *ProxyResult `json:"served,omitempty"`
+	ServedOnly   *ProxyResult `json:"servedOnly,omitempty"`
 	// Ratios are shardproxy's figures over upstream's (below 1: shardproxy is better).
 	Ratios Ratios `json:"ratios"`
 }
@@ -61,6 +69,10 @@ type Ratios struct {
 	Programming   float64 `json:"networkProgramming"`
 	PeakRSS       float64 `json:"peakRSS"`
 	ChurnCPU      float64 `json:"churnCPU"`
+	// ServedPeakRSS is Served's peak RSS over upstream's (serving every Service), and
+	// ServedPeakRSSVsOnly over ServedOnly's (with ServePercent).
+	ServedPeakRSS       float64 `json:"servedPeakRSS,omitempty"`
+	ServedPeakRSSVsOnly float64 `json:"servedPeakRSSVsOnly,omitempty"`
 }
 
 func ratio(ours, theirs float64) float64 {
@@ -79,6 +91,12 @@ func (s *ScaleResult) fillRatios() {
 		Programming:   ratio(o.ProgrammingMedianSeconds, u.ProgrammingMedianSeconds),
 		PeakRSS:       ratio(o.PeakRSSMB, u.PeakRSSMB),
 	}
+	if s.Served != nil {
+		s.Ratios.ServedPeakRSS = ratio(s.Served.PeakRSSMB, u.PeakRSSMB)
+		if s.ServedOnly != nil {
+			s.Ratios.ServedPeakRSSVsOnly = ratio(s.Served.PeakRSSMB, s.ServedOnly.PeakRSSMB)
+		}
+	}
 	if u.Churn != nil && o.Churn != nil {
 		s.Ratios.ChurnCPU = ratio(o.Churn.CPUSecondsPerMinute, u.Churn.CPUSecondsPerMinute)
 	}
@@ -93,16 +111,26 @@ func PrintTable(w io.Writer, r *Report) {
 		r.Machine.Cores, r.Machine.Kernel, r.Machine.NFT, r.Endpoints, r.MinSyncPeriod, r.Samples)
 	for _, s := range r.Scales {
 		fmt.Fprintf(w, "\n%d Services × %d endpoints (objects created in %.1fs)\n", s.Services, s.Endpoints/max(s.Services, 1), s.CreateSeconds)
+		if s.Served != nil {
+			fmt.Fprintf(w, "%q: an instance for the %d%% of the Services labelled %s, the rest labelled %s; %q: the same in a cluster holding only that %d%%\n",
+				servedName, s.ServePercent, gen.ServedProxyName, gen.OtherProxyName, servedOnlyName, s.ServePercent)
+		}
+		extra := s.Also
+		for _, p := range []*ProxyResult{s.Served, s.ServedOnly} {
+			if p != nil {
+				extra = append(slices.Clip(extra), *p)
+			}
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprint(tw, "\tkube-proxy (nftables)\tshardproxy\tshardproxy / upstream\t")
-		for _, a := range s.Also {
+		for _, a := range extra {
 			fmt.Fprintf(tw, "%s\t/ upstream\t", a.Proxy)
 		}
 		fmt.Fprintln(tw)
 		row := func(name, unit string, scale float64, fig func(ProxyResult) float64) {
 			u, o := fig(s.Upstream), fig(s.Shardproxy)
 			fmt.Fprintf(tw, "%s (%s)\t%.1f\t%.1f\t%.3f\t", name, unit, u*scale, o*scale, ratio(o, u))
-			for _, a := range s.Also {
+			for _, a := range extra {
 				fmt.Fprintf(tw, "%.1f\t%.3f\t", fig(a)*scale, ratio(fig(a), u))
 			}
 			fmt.Fprintln(tw)
@@ -124,5 +152,8 @@ func PrintTable(w io.Writer, r *Report) {
 			row("network programming under churn, mean", "ms", 1e3, func(p ProxyResult) float64 { return churn(p).ProgrammingMeanSeconds })
 		}
 		tw.Flush()
+		if s.Served != nil && s.ServedOnly != nil {
+			fmt.Fprintf(w, "peak RSS, %s / %s: %.3f\n", servedName, servedOnlyName, s.Ratios.ServedPeakRSSVsOnly)
+		}
 	}
 }

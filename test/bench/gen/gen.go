@@ -30,6 +30,8 @@ var (
 	PodCIDR = netip.MustParsePrefix("100.64.0.0/10")
 	// LoadBalancerBase starts the load-balancer IPs (198.18.0.0/15).
 	LoadBalancerBase = netip.MustParseAddr("198.18.0.1")
+	// LoadBalancerRange covers every generated IPv4 load-balancer IP.
+	LoadBalancerRange = netip.MustParsePrefix("198.18.0.0/15")
 	// SourceRanges are the loadBalancerSourceRanges of the Services that have them.
 	SourceRanges = []string{"192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/25"}
 
@@ -289,4 +291,42 @@ func addrAdd(base netip.Addr, n int) netip.Addr {
 	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 	v += uint32(n)
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// LabelServiceProxyName is the label that hands a Service (and, copied by the
+// EndpointSlice controller, its slices) to the proxy of that name.
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// The proxy names LabelServed gives: the served share's, which the benchmarked node runs
+// an instance for, and the rest's, which no proxy on that node serves.
+const (
+	ServedProxyName = "bench-served"
+	OtherProxyName  = "bench-other"
+)
+
+// Served reports whether Service i is in a servedPercent share. The share rotates
+// through the 100 kinds of MixOf from one block of 100 Services to the next, so the
+// served Services hold every kind in its cluster-wide proportion (exactly, when n is a
+// multiple of 10,000).
+func Served(i, servedPercent int) bool { return (i%100+i/100)%100 < servedPercent }
+
+// LabelServed labels every Service and its slice for a proxy: ServedProxyName for the
+// servedPercent share (Served), OtherProxyName for the others. It returns the indices of
+// the served Services, in order.
+func (c *Cluster) LabelServed(servedPercent int) []int {
+	var served []int
+	for i := range c.Services {
+		name := OtherProxyName
+		if Served(i, servedPercent) {
+			name = ServedProxyName
+			served = append(served, i)
+		}
+		for _, meta := range []*metav1.ObjectMeta{&c.Services[i].ObjectMeta, &c.Slices[i].ObjectMeta} {
+			if meta.Labels == nil {
+				meta.Labels = map[string]string{}
+			}
+			meta.Labels[LabelServiceProxyName] = name
+		}
+	}
+	return served
 }

@@ -114,3 +114,69 @@ func TestNodePortsAreDistinctAt100k(t *testing.T) {
 	}
 	t.Logf("%d NodePorts", len(seen))
 }
+
+// TestLabelServed: the served share is exact and holds every kind of Service in its
+// cluster-wide proportion; each Service and its slice carry the same proxy name, the
+// served share ServedProxyName and the rest OtherProxyName.
+func TestLabelServed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		services   int
+		percent    int
+		wantServed int
+	}{
+		{"a tenth of 10,000", 10000, 10, 1000},
+		{"a tenth of 30,000", 30000, 10, 3000},
+		{"a quarter of 1,000", 1000, 25, 250},
+		{"none", 200, 0, 0},
+		{"all", 200, 100, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Generate(tc.services, 1)
+			served := c.LabelServed(tc.percent)
+			if len(served) != tc.wantServed {
+				t.Fatalf("%d served, want %d", len(served), tc.wantServed)
+			}
+			isServed := map[int]bool{}
+			kinds := map[Mix]int{}
+			for _, i := range served {
+				isServed[i] = true
+				kinds[MixOf(i)]++
+			}
+			for i, svc := range c.Services {
+				want := OtherProxyName
+				if isServed[i] {
+					want = ServedProxyName
+				}
+				if got := svc.Labels[LabelServiceProxyName]; got != want {
+					t.Errorf("%s: proxy name %q, want %q", svc.Name, got, want)
+				}
+				if got := c.Slices[i].Labels[LabelServiceProxyName]; got != want {
+					t.Errorf("%s: proxy name %q, want %q", c.Slices[i].Name, got, want)
+				}
+				if c.Slices[i].Labels[discoveryv1.LabelServiceName] != svc.Name {
+					t.Errorf("%s: lost its service-name label", c.Slices[i].Name)
+				}
+			}
+			if tc.services%10000 != 0 {
+				return
+			}
+			for i := range 100 { // every kind, served in its proportion of the cluster
+				if got, want := kinds[MixOf(i)], countMix(tc.services, MixOf(i))*tc.percent/100; got != want {
+					t.Errorf("kind %+v: %d served, want %d", MixOf(i), got, want)
+				}
+			}
+		})
+	}
+}
+
+// countMix is how many of n Services are of kind m.
+func countMix(n int, m Mix) int {
+	k := 0
+	for i := range n {
+		if MixOf(i) == m {
+			k++
+		}
+	}
+	return k
+}
