@@ -3,7 +3,6 @@ package conntrack
 import (
 	"context"
 	"net/netip"
-	"slices"
 	"sync"
 	"time"
 
@@ -231,24 +230,30 @@ func (k *keptFlows) all(inst string) map[types.NamespacedName]kept {
 }
 
 // servesOutsideLists reports whether some endpoint of serving is in none of the
-// endpoint lists of the model's port it belongs to.
+// endpoint lists of the model's port it belongs to. It allocates only for the ports of
+// serving (UDP and SCTP): a first full sync asks for every Service, most of them TCP
+// only, and an index of every port's endpoints was a large share of the memory peak.
 func servesOutsideLists(m *instance.ServiceModel, serving Serving) bool {
-	listed := map[tables.ServicePortName]map[tables.Endpoint]bool{}
-	for _, ports := range m.Ports {
-		for _, sp := range ports {
-			set := listed[sp.Name]
-			if set == nil {
-				set = map[tables.Endpoint]bool{}
-				listed[sp.Name] = set
-			}
-			for _, ep := range slices.Concat(sp.ClusterEndpoints, sp.LocalEndpoints) {
-				set[ep] = true
+	for name, eps := range serving {
+		if len(eps) == 0 {
+			continue
+		}
+		listed := map[tables.Endpoint]bool{}
+		for _, ports := range m.Ports {
+			for _, sp := range ports {
+				if sp.Name != name {
+					continue
+				}
+				for _, ep := range sp.ClusterEndpoints {
+					listed[ep] = true
+				}
+				for _, ep := range sp.LocalEndpoints {
+					listed[ep] = true
+				}
 			}
 		}
-	}
-	for name, eps := range serving {
 		for _, ep := range eps {
-			if !listed[name][ep] {
+			if !listed[ep] {
 				return true
 			}
 		}

@@ -171,3 +171,35 @@ func reconcileObservations(t *testing.T, m *metrics.Metrics) map[string]uint64 {
 	}
 	return out
 }
+
+// TestServesOutsideLists: an endpoint serving outside its port's lists is found; a
+// Service with no UDP or SCTP port (nothing serving to compare) costs no allocation, so a
+// first full sync over every Service builds no index of their endpoints.
+func TestServesOutsideLists(t *testing.T) {
+	udp := tables.ServicePortName{Namespace: "a", Name: "dns", Port: "dns", Protocol: tables.UDP}
+	tcp := tables.ServicePortName{Namespace: "a", Name: "dns", Port: "http", Protocol: tables.TCP}
+	a, b, c := tables.Endpoint{IP: ap(epA).Addr(), Port: 5353}, tables.Endpoint{IP: ap(epB).Addr(), Port: 5353}, tables.Endpoint{IP: ap(epB).Addr(), Port: 8080}
+	model := &instance.ServiceModel{Ports: map[tables.Family][]*tables.ServicePort{tables.IPv4: {
+		{Name: udp, Protocol: tables.UDP, ClusterEndpoints: []tables.Endpoint{a}},
+		{Name: tcp, Protocol: tables.TCP, LocalEndpoints: []tables.Endpoint{c}},
+	}}}
+	for _, tc := range []struct {
+		name    string
+		serving Serving
+		want    bool
+	}{
+		{"nothing serving (TCP only)", nil, false},
+		{"every serving endpoint listed", Serving{udp: {a}}, false},
+		{"a terminating endpoint outside the lists", Serving{udp: {a, b}}, true},
+		{"listed on another port only", Serving{udp: {c}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := servesOutsideLists(model, tc.serving); got != tc.want {
+				t.Errorf("servesOutsideLists = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(10, func() { servesOutsideLists(model, nil) }); n != 0 {
+		t.Errorf("%v allocations with nothing serving, want 0", n)
+	}
+}
