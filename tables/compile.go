@@ -90,10 +90,12 @@ func (en entry) String() string {
 
 // compiled is what one Service port puts into the table.
 type compiled struct {
-	// entries maps each entry this port reaches to the ids of the elements that exist
-	// because of it. Ids, not elements: elements are built and turned into ids at once,
-	// so they never reach the heap (there are hundreds of thousands at scale).
-	entries map[string][]string
+	// entries are the entries this port reaches, each with the ids of the elements that
+	// exist because of it. Ids, not elements: elements are built and turned into ids at
+	// once, so they never reach the heap (there are hundreds of thousands at scale). A
+	// slice, not a map: a port has a few entries, and the ledger keeps this for every
+	// port (a map of 8 slots per port was megabytes at 10,000 Services).
+	entries []entryElements
 	// shared are ids of elements several ports may want (cluster IPs, hairpin pairs):
 	// refcounted.
 	shared []string
@@ -102,6 +104,22 @@ type compiled struct {
 	// objects are the chains and sets of this port alone (ClientIP affinity); their maps
 	// are nil for other ports.
 	objects portObjects
+}
+
+// entryElements are the ids of the elements that exist because of one entry.
+type entryElements struct {
+	entry string
+	ids   []string
+}
+
+// elementsOf returns the ids of entry en's elements in entries (nil: none).
+func elementsOf(entries []entryElements, en string) []string {
+	for _, e := range entries {
+		if e.entry == en {
+			return e.ids
+		}
+	}
+	return nil
 }
 
 // compiler turns ServicePorts into elements and knows the family's tokens.
@@ -136,7 +154,7 @@ func newCompiler(cfg *Config) *compiler {
 // compile computes the elements of one Service port. Entries for which mayTake returns
 // false are left out (another port already serves that address and port).
 func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *compiled {
-	out := &compiled{entries: map[string][]string{}}
+	out := &compiled{}
 	if !c.cfg.Family.Contains(sp.ClusterIP) || sp.Port == 0 {
 		return out
 	}
@@ -220,7 +238,16 @@ func (pc *portCompiler) entryID(en entry) string {
 // add records an element that exists because of entry en.
 func (pc *portCompiler) add(en entry, e element) {
 	id := pc.entryID(en)
-	pc.out.entries[id] = append(pc.out.entries[id], e.id())
+	entries := pc.out.entries
+	k := len(entries) - 1
+	for k >= 0 && entries[k].entry != id { // an entry's elements mostly come together
+		k--
+	}
+	if k < 0 {
+		pc.out.entries = append(entries, entryElements{entry: id})
+		k = len(entries)
+	}
+	pc.out.entries[k].ids = append(pc.out.entries[k].ids, e.id())
 }
 
 func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string {

@@ -715,8 +715,8 @@ func TestElementIDsRoundTrip(t *testing.T) {
 			for _, sp := range ports {
 				comp := c.compile(sp, func(string) bool { return true })
 				all := slices.Clone(comp.shared)
-				for _, ids := range comp.entries {
-					all = append(all, ids...)
+				for _, ee := range comp.entries {
+					all = append(all, ee.ids...)
 				}
 				for _, id := range all {
 					n++
@@ -773,16 +773,16 @@ func TestEntryListedTwiceInOnePort(t *testing.T) {
 	cfg := testConfig(IPv4)
 	comp := newCompiler(&cfg).compile(p, func(string) bool { return true })
 	seen := map[string]bool{}
-	for en, ids := range comp.entries {
-		for _, id := range ids {
+	for _, ee := range comp.entries {
+		for _, id := range ee.ids {
 			if seen[id] {
-				t.Errorf("element %q written twice (entry %s)", id, en)
+				t.Errorf("element %q written twice (entry %s)", id, ee.entry)
 			}
 			seen[id] = true
 		}
 	}
 	cip := entry{p.ClusterIP, p.Protocol, p.Port}.String()
-	for _, id := range comp.entries[cip] {
+	for _, id := range elementsOf(comp.entries, cip) {
 		if strings.HasPrefix(id, setExternalMasq+"|") {
 			t.Errorf("the cluster IP entry got the external treatment: %q", id)
 		}

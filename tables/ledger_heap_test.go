@@ -1,0 +1,42 @@
+package tables
+
+import (
+	"runtime"
+	"testing"
+)
+
+// TestLedgerHeapPerService bounds the heap a Syncer's ledger keeps per Service after a
+// full sync (one port, 10 endpoints, ClusterIP): the ledger is the Syncer's whole memory
+// of the table and grows with every Service of the cluster. The bound sits between the
+// ledger's size with a map per Service and one per port (about 5.3 KB a Service with
+// this test's elements) and its size with slices (about 4.0 KB).
+func TestLedgerHeapPerService(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures the heap; not with -short")
+	}
+	const n, maxBytes = 2000, 4600
+	cfg := testConfig(IPv4)
+	c := newCompiler(&cfg)
+	ports := map[ServiceName][]*ServicePort{}
+	for i := range n {
+		p := genPort(i, 10)
+		ports[ServiceName{Namespace: p.Name.Namespace, Name: p.Name.Name}] = []*ServicePort{p}
+	}
+	before := liveHeap()
+	l := newLedger(c, 0)
+	l.replace(newChangeLog(false), ports)
+	perService := float64(liveHeap()-before) / n
+	runtime.KeepAlive(l)
+	t.Logf("ledger: %.0f bytes of heap per Service", perService)
+	if perService > maxBytes {
+		t.Errorf("ledger keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
+	}
+}
+
+// liveHeap is the heap in use after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
