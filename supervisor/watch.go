@@ -204,6 +204,13 @@ func (v *endpointValues) trimSlice(obj any) (any, error) {
 	if err != nil || !ok {
 		return obj, err
 	}
+	if cap(sl.Endpoints) > len(sl.Endpoints) {
+		// Decoding appends endpoint by endpoint, leaving up to twice the room: 96 bytes
+		// an unused endpoint, 60 bytes an endpoint of a decoded 10-endpoint slice.
+		eps := make([]discoveryv1.Endpoint, len(sl.Endpoints))
+		copy(eps, sl.Endpoints)
+		sl.Endpoints = eps
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for i := range sl.Endpoints {

@@ -102,6 +102,9 @@ func TestEndpointValuesShared(t *testing.T) {
 		ea[0].Conditions.Serving != eb[5].Conditions.Serving || ea[1].Conditions.Ready != ea[0].Conditions.Terminating {
 		t.Error("equal values are not shared between endpoints and slices")
 	}
+	if cap(ea) != len(ea) {
+		t.Errorf("the cache keeps room for %d endpoints, holding %d", cap(ea), len(ea))
+	}
 }
 
 // testSlice is a 10-endpoint slice over 3 nodes and one zone, the last endpoint without
