@@ -82,7 +82,10 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	res.FirstFullSyncSeconds = full.Sum / float64(full.Count)
 	last, _ := sc.Gauge(metricLastSync, d.series)
 	res.StartToSyncedSeconds = last - float64(started.UnixNano())/1e9
-	m.r.logf("%s: first full sync %.3fs (%.1fs after start)", d.name, res.FirstFullSyncSeconds, res.StartToSyncedSeconds)
+	if res.FirstSyncPeakRSSMB, err = peakRSSMB(d.pid()); err != nil {
+		return fail(err)
+	}
+	m.r.logf("%s: first full sync %.3fs (%.1fs after start), peak RSS so far %.1f MB", d.name, res.FirstFullSyncSeconds, res.StartToSyncedSeconds, res.FirstSyncPeakRSSMB)
 	if err := m.heapProfile(ctx, d); err != nil {
 		m.r.logf("%s: heap profile: %v", d.name, err)
 	}

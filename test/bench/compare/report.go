@@ -57,6 +57,9 @@ type ProxyResult struct {
 	ProgrammingSeconds       []float64 `json:"networkProgrammingSeconds"`
 	ProgrammingMedianSeconds float64   `json:"networkProgrammingMedianSeconds"`
 	PeakRSSMB                float64   `json:"peakRSSMB"`
+	// FirstSyncPeakRSSMB is the peak RSS until the first full sync had finished (the
+	// initial lists and that sync), read when it had.
+	FirstSyncPeakRSSMB float64 `json:"firstSyncPeakRSSMB"`
 	// Churn is the churn phase (nil: not run).
 	Churn *ChurnResult `json:"churn,omitempty"`
 }
@@ -140,6 +143,7 @@ func PrintTable(w io.Writer, r *Report) {
 		row("partial sync, median", "ms", 1e3, func(p ProxyResult) float64 { return p.PartialSyncMedianSeconds })
 		row("network programming, median", "ms", 1e3, func(p ProxyResult) float64 { return p.ProgrammingMedianSeconds })
 		row("peak RSS", "MB", 1, func(p ProxyResult) float64 { return p.PeakRSSMB })
+		row("peak RSS by the first full sync", "MB", 1, func(p ProxyResult) float64 { return p.FirstSyncPeakRSSMB })
 		if s.Upstream.Churn != nil || s.Shardproxy.Churn != nil {
 			churn := func(p ProxyResult) ChurnResult {
 				if p.Churn == nil {
