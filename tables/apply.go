@@ -3,6 +3,7 @@ package tables
 import (
 	"context"
 	"io"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/knftables"
@@ -149,6 +150,11 @@ func writeSkeleton(ops *opWriter, sk *Skeleton) {
 	}
 	for _, m := range sk.Maps {
 		ops.add(m)
+		if slices.Contains(sk.RecreatedMaps, m.Name) {
+			ops.delete(&knftables.Map{Name: m.Name})
+			ops.add(m)
+			continue
+		}
 		ops.empty(m)
 	}
 	for _, r := range sk.Rules {

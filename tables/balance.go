@@ -19,9 +19,11 @@ const (
 	// the same client reaches the same endpoint while the endpoint set is unchanged,
 	// and most clients move when it changes.
 	LBSourceHash LBMode = "sourceHash"
-	// LBConsistentHash picks by a hash of the client address through a lookup table of
+	// LBConsistentHash picks by the client address through a lookup table of
 	// ConsistentTableSize slots, built so that removing one of N endpoints moves about
-	// 1/N of the clients (consistentTable).
+	// 1/N of the clients (consistentTable). In a 256-slot table a client's slot is the
+	// last byte of its address XOR a rotation hashed from the rest (usesRotation), so
+	// the clients of one /24 (IPv6: /120) take every slot once.
 	LBConsistentHash LBMode = "consistentHash"
 )
 
@@ -80,6 +82,19 @@ func ConsistentTableSize(n int) int {
 		size *= 2
 	}
 	return size
+}
+
+// usesRotation reports whether a consistentHash table of slots slots, in the endpoint
+// maps of a class (cluster: the short circuit's own cluster-endpoints table), is looked
+// up through the rotation chains: the client's slot is the last byte of its address
+// XOR the rotation of its /24 (IPv6: /120) prefix, jhash of the prefix mod 256. Within
+// one prefix that is a permutation of the 256 slots, so every endpoint gets exactly its
+// share of a prefix's clients, and clients numbered in a row spread almost exactly,
+// where a hash of the whole address gives each endpoint a binomial share. Other tables
+// (one endpoint; more than 256; the rare short circuit with endpoints of its own, which
+// would need a second set of rotation chains) take jhash of the whole address.
+func usesRotation(cluster bool, slots int) bool {
+	return !cluster && slots == ConsistentTableSlots
 }
 
 // consistentTable returns the slot table of eps: slot -> index into eps. Every endpoint

@@ -129,12 +129,22 @@ type compiler struct {
 	addrTyp string // "ipv4_addr" or "ipv6_addr"
 	nodeIPs []netip.Addr
 	npIPs   []netip.Addr
+	// slotAddrs are the slots of a rotation table as ch-slots keys: 0.0.0.<i>, ::<i>.
+	slotAddrs []string
 }
 
 func newCompiler(cfg *Config) *compiler {
 	c := &compiler{cfg: cfg, ip: "ip", addrTyp: "ipv4_addr"}
 	if cfg.Family == IPv6 {
 		c.ip, c.addrTyp = "ip6", "ipv6_addr"
+	}
+	c.slotAddrs = make([]string, ConsistentTableSlots)
+	for i := range c.slotAddrs {
+		a := netip.AddrFrom4([4]byte{3: byte(i)})
+		if cfg.Family == IPv6 {
+			a = netip.AddrFrom16([16]byte{15: byte(i)})
+		}
+		c.slotAddrs[i] = a.String()
 	}
 	for _, a := range cfg.NodeIPs {
 		if cfg.Family.Contains(a) {
@@ -282,7 +292,14 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	}
 	chain, slots := pc.picker(class, eps)
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
-	epSet, strs := endpointsMap(epMap, en.proto), pc.endpointStrings(class, eps)
+	strs := pc.endpointStrings(class, eps)
+	if slots != nil && usesRotation(class == classCluster, len(slots)) {
+		for i, ep := range slots {
+			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: append(en.key(), pc.c.slotAddrs[i]), value: strs[ep]})
+		}
+		return
+	}
+	epSet := endpointsMap(epMap, en.proto)
 	n := len(eps)
 	if slots != nil {
 		n = len(slots)
@@ -311,8 +328,10 @@ func (pc *portCompiler) sharesClusterIPTable(en entry, eps []Endpoint) bool {
 // IP's table. The rewrite only feeds the lookup: the DNAT that follows replaces the
 // destination, and conntrack keeps the original one for the replies.
 func (pc *portCompiler) viaClusterIP(en entry, vmap string, n int) {
-	chain := pickViaClusterIPChain(ConsistentTableSize(n))
-	pc.pick[chain] = true
+	slots := ConsistentTableSize(n)
+	chain := pickViaClusterIPChain(slots)
+	// The chain goes on to the cluster IP entry's pick chain, which must exist.
+	pc.pick[chain], pc.pick[pickChainFor(LBConsistentHash, false, slots)] = true, true
 	pc.add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
 	if pc.translated[en] {
 		return
@@ -653,6 +672,9 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if mode == LBConsistentHash && usesRotation(cluster, n) {
+		return []string{c.rotationDispatch()}, nil
+	}
 	pick := pickExpr(mode, ip, n)
 	if mode == LBRoundRobin {
 		// pick-at-<k>: the index the port's rr chain chose. nft 1.0.6 cannot parse a
@@ -674,19 +696,60 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 
 // viaClusterIPRules are the rules of pick-ch-cip-<n>: for each protocol, rewrite the
 // destination to the entry's cluster IP and port, keyed by the connection's original
-// destination (the rewritten one would miss the second lookup), then DNAT through the
-// cluster IP's n-slot table in endpoints-<proto>.
+// destination (the rewritten one would miss the second lookup), then pick as for the
+// cluster IP entry, in pick-ch-<n>.
 func (c *compiler) viaClusterIPRules(n int) []string {
 	ip := c.ip
 	orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)
 	var rules []string
 	for _, proto := range allProtocols() {
 		rules = append(rules, fmt.Sprintf(
-			"meta l4proto %s %s daddr set %s map @%s %s dport set %s map @%s dnat %s to %s daddr . %s dport . %s map @%s",
+			"meta l4proto %s %s daddr set %s map @%s %s dport set %s map @%s goto %s",
 			proto, ip, orig, mapClusterIPOf, proto, orig, mapClusterPortOf,
-			ip, ip, proto, pickExpr(LBConsistentHash, ip, n), endpointsMap(mapEndpoints, proto)))
+			pickChainFor(LBConsistentHash, false, n)))
 	}
 	return rules
+}
+
+// Masks of the rotation: the client's prefix, hashed to pick the rotation, and its last
+// byte, the slot before rotating.
+func (c *compiler) rotationMasks() (prefix, low string) {
+	if c.cfg.Family == IPv6 {
+		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00", "::ff"
+	}
+	return "255.255.255.0", "0.0.0.255"
+}
+
+// rotationDispatch is the rule of pick-ch-256: the hash of the client's prefix chooses
+// its rotation chain. An anonymous map in the one shared rule, since the kernel walks a
+// named map's elements for every chain that binds it.
+func (c *compiler) rotationDispatch() string {
+	prefix, _ := c.rotationMasks()
+	picks := make([]string, ConsistentTableSlots)
+	for k := range picks {
+		picks[k] = fmt.Sprintf("%d : goto %s", k, rotationChain(k))
+	}
+	return fmt.Sprintf("jhash %s saddr & %s mod %d seed 0x%x vmap { %s }",
+		c.ip, prefix, ConsistentTableSlots, HashSeed, strings.Join(picks, " , "))
+}
+
+// rotationRules are the skeleton's rotation chains and their one rule each: DNAT
+// through the entry's table in ch-slots at slot (last byte of the client) XOR k. The
+// chains are fixed, not per Service, because each chain that binds a map makes the
+// kernel walk the map's elements (on a full sync, every slot of every table: 256 such
+// chains took 30 s for 512,000 slots), and the skeleton's are written before the map,
+// recreated empty, gets its elements (Skeleton.RecreatedMaps).
+func (c *compiler) rotationRules() ([]*knftables.Chain, []*knftables.Rule) {
+	_, low := c.rotationMasks()
+	chains := make([]*knftables.Chain, ConsistentTableSlots)
+	rules := make([]*knftables.Rule, ConsistentTableSlots)
+	for k := range chains {
+		name := rotationChain(k)
+		chains[k] = &knftables.Chain{Name: name}
+		rules[k] = &knftables.Rule{Chain: name, Rule: fmt.Sprintf("dnat %s to %s . ( %s saddr & %s ^ %s ) map @%s",
+			c.ip, c.entryKey(), c.ip, low, c.slotAddrs[k], mapConsistentSlots)}
+	}
+	return chains, rules
 }
 
 // isDynamicChain reports whether a chain is a pick, affinity or round-robin chain (not
@@ -754,8 +817,10 @@ func (c *compiler) skeleton(prio Priorities) *Skeleton {
 	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
 		chains = append(chains, &knftables.Chain{Name: name})
 	}
+	rotChains, rotRules := c.rotationRules()
 	table := &knftables.Table{Comment: ptr(OwnerComment(c.cfg.Instance, c.cfg.Supervisor))}
-	return &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: c.fixedRules()}
+	return &Skeleton{Table: table, Chains: append(chains, rotChains...), Sets: sets, Maps: maps,
+		Rules: append(c.fixedRules(), rotRules...), RecreatedMaps: []string{mapConsistentSlots}}
 }
 
 // fixedSetsAndMaps returns the sets and maps every table has.
@@ -777,6 +842,7 @@ func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
 		{Name: mapClusterIPOf, Type: entryType + " : " + at, Comment: ptr("consistentHash entry -> its Service port's cluster IP")},
 		{Name: mapClusterPortOf, Type: entryType + " : inet_service", Comment: ptr("consistentHash entry -> its Service port's port")},
+		{Name: mapConsistentSlots, Type: entryType + " . " + at + " : " + at + " . inet_service", Comment: ptr("consistentHash entry . slot -> endpoint")},
 		{Name: mapRoundRobinPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-at chain")},
 		{Name: mapRoundRobinClusterPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-cluster-at chain")},
 	}

@@ -49,6 +49,11 @@ type Skeleton struct {
 	Maps []*knftables.Map
 	// Rules are the rules of Chains.
 	Rules []*knftables.Rule
+	// RecreatedMaps are maps of Maps that a full sync deletes and adds again, empty,
+	// instead of flushing: maps bound only by Chains (flushed just before), which many
+	// chains bind. The kernel walks a map's elements, flushed ones included, for each
+	// chain whose new rules bind it; an empty map costs nothing.
+	RecreatedMaps []string
 }
 
 // ChainRules is a chain with all its rules.
@@ -77,7 +82,7 @@ func (d *Diff) Len() int {
 		n += 2
 	}
 	if sk := d.Skeleton; sk != nil {
-		n += 1 + 2*(len(sk.Chains)+len(sk.Sets)+len(sk.Maps)) + len(sk.Rules)
+		n += 1 + 2*(len(sk.Chains)+len(sk.Sets)+len(sk.Maps)) + len(sk.Rules) + len(sk.RecreatedMaps)
 	}
 	for _, ch := range d.WriteChains {
 		n += 1 + len(ch.Rules)

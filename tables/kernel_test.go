@@ -166,7 +166,11 @@ func kernelAcceptsRules(t *testing.T, fam Family, mode LBMode) {
 		}
 	}
 	// The kernel's endpoint map must hold exactly what the syncer wrote.
-	listing := nftIn(t, ns, "list", "map", string(familyName(fam)), cfg.TableName(), endpointsMap(mapEndpoints, TCP))
+	epMap := endpointsMap(mapEndpoints, TCP)
+	if mode == LBConsistentHash {
+		epMap = mapConsistentSlots
+	}
+	listing := nftIn(t, ns, "list", "map", string(familyName(fam)), cfg.TableName(), epMap)
 	for _, e := range svcs[name][0].ClusterEndpoints {
 		if !strings.Contains(listing, e.IP.String()) {
 			t.Errorf("endpoint %s missing from the kernel map:\n%s", e, listing)

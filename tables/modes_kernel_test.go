@@ -23,16 +23,16 @@ const (
 	lbConnections = 10_000
 	lbEndpoints   = 10
 	lbNodePort    = 30050
-	// lbEvenness is how far from the mean every endpoint's share may be (random and
-	// roundRobin over lbConnections; consistentHash over lbManyClients); lbDisruption
-	// the share of clients removing one of ten endpoints may move (consistentHash).
+	// lbEvenness is how far from the mean every endpoint's share may be (random,
+	// roundRobin and consistentHash over lbConnections from lbClients clients;
+	// consistentHash over lbManyClients); lbDisruption the share of clients removing
+	// one of ten endpoints may move (consistentHash).
 	lbEvenness   = 0.15
 	lbDisruption = 0.15
-	// lbFewClientsSpread bounds consistentHash's spread over only lbClients clients:
-	// each endpoint gets Binomial(1000, 0.1) clients (sigma 9.5% of the mean), so
-	// lbEvenness is 1.6 sigma and ten endpoints all stay within it only about a third
-	// of the time, for any hash of the client; 40% is 4.2 sigma.
-	lbFewClientsSpread = 0.40
+	// lbPodNodes and lbPodsPerNode make the pod-like clients: .2 to .31 of 32 /24s
+	// (IPv6: /120s), whose slots the tracer must predict across many prefixes.
+	lbPodNodes    = 32
+	lbPodsPerNode = 30
 	// lbRoundRobinSpread bounds roundRobin's spread: exact (0) but for stray packets.
 	lbRoundRobinSpread = 0.03
 )
@@ -43,10 +43,12 @@ const (
 type lbBench struct {
 	n       *trafficNode
 	clients []netip.Addr
-	eps     []Endpoint
-	names   map[Endpoint]string
-	svc     ServiceName
-	port    *ServicePort
+	// pods are clients numbered like pods on many nodes (lbPodNodes prefixes).
+	pods  []netip.Addr
+	eps   []Endpoint
+	names map[Endpoint]string
+	svc   ServiceName
+	port  *ServicePort
 }
 
 func newLBBench(t *testing.T, fam Family) *lbBench {
@@ -69,6 +71,11 @@ func newLBBench(t *testing.T, fam Family) *lbBench {
 	prefix := b.n.a("198.18.0.0", "fd00:198:18::")
 	for i := range lbManyClients {
 		b.clients = append(b.clients, addrPlus(prefix, i+1))
+	}
+	for node := range lbPodNodes {
+		for pod := range lbPodsPerNode {
+			b.pods = append(b.pods, addrPlus(prefix, (100+node)<<8|(2+pod)))
+		}
 	}
 	setup := [][]string{
 		{"sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1", "net.ipv6.ip_nonlocal_bind=1"},
@@ -108,6 +115,12 @@ func (b *lbBench) connect(t *testing.T, clients, count int) []string {
 // connectTo is connect to dst.
 func (b *lbBench) connectTo(t *testing.T, to netip.AddrPort, clients, count int) []string {
 	t.Helper()
+	return b.connectFrom(t, to, b.clients[:clients], count)
+}
+
+// connectFrom opens count connections to dst from clients in turn.
+func (b *lbBench) connectFrom(t *testing.T, to netip.AddrPort, clients []netip.Addr, count int) []string {
+	t.Helper()
 	got := make([]string, count)
 	dst := to.String()
 	const workers = 8
@@ -119,7 +132,7 @@ func (b *lbBench) connectTo(t *testing.T, to netip.AddrPort, clients, count int)
 			defer wg.Done()
 			errs <- b.n.tp.Do(b.n.tp.Client, func() error {
 				for k := w; k < count; k += workers {
-					name, err := dialFrom(b.clients[k%clients], dst)
+					name, err := dialFrom(clients[k%len(clients)], dst)
 					if err != nil {
 						return err
 					}
@@ -139,7 +152,7 @@ func (b *lbBench) connectTo(t *testing.T, to netip.AddrPort, clients, count int)
 	return got
 }
 
-// addrPlus returns a + n (n < 65536).
+// addrPlus returns a + n (n < 65536, the last two bytes of a zero).
 func addrPlus(a netip.Addr, n int) netip.Addr {
 	b := a.AsSlice()
 	v := int(b[len(b)-2])<<8 | int(b[len(b)-1]) + n
@@ -193,9 +206,15 @@ func abs(x float64) float64 {
 // one reached several (stickiness).
 func (b *lbBench) perClient(t *testing.T, clients int, got []string) map[netip.Addr]string {
 	t.Helper()
+	return perClientOf(t, b.clients[:clients], got)
+}
+
+// perClientOf is perClient for connections made from clients in turn.
+func perClientOf(t *testing.T, clients []netip.Addr, got []string) map[netip.Addr]string {
+	t.Helper()
 	out := map[netip.Addr]string{}
 	for k, g := range got {
-		c := b.clients[k%clients]
+		c := clients[k%len(clients)]
 		if prev, ok := out[c]; ok && prev != g {
 			t.Errorf("client %s reached %s, then %s: not sticky", c, prev, g)
 		}
@@ -204,9 +223,9 @@ func (b *lbBench) perClient(t *testing.T, clients int, got []string) map[netip.A
 	return out
 }
 
-// predict is the server the tracer says each client reaches: it must be the one the
-// kernel chose, or the tracer's jhash is not the kernel's.
-func (b *lbBench) predict(t *testing.T, p *ServicePort) map[netip.Addr]string {
+// predict is the server the tracer says each of clients reaches: it must be the one
+// the kernel chose, or the tracer's jhash (or rotation) is not the kernel's.
+func (b *lbBench) predict(t *testing.T, p *ServicePort, clients []netip.Addr) map[netip.Addr]string {
 	t.Helper()
 	cfg := testConfig(b.n.fam)
 	s, fake := newFake(t, cfg)
@@ -217,7 +236,7 @@ func (b *lbBench) predict(t *testing.T, p *ServicePort) map[netip.Addr]string {
 	for ep, name := range b.names {
 		byAddr[ep.String()] = name
 	}
-	for _, c := range b.clients[:lbClients] {
+	for _, c := range clients {
 		res := outcomes(t, tr, tracer.Packet{Origin: tracer.FromOutside, Src: c, IIF: "eth0", Proto: "tcp", Dst: p.ClusterIP, Port: p.Port})
 		if len(res) != 1 {
 			t.Fatalf("tracer: %s reaches %q; want one endpoint", c, res)
@@ -250,10 +269,8 @@ func TestModesThroughRealKernel(t *testing.T) {
 					t.Logf("%s %s: %d connections from %d clients in %v: per endpoint %v, largest deviation from the mean %.1f%%",
 						fam, mode, lbConnections, lbClients, time.Since(start).Round(time.Millisecond), counts, 100*worst)
 					switch {
-					case (mode == LBRandom || mode == LBRoundRobin) && worst > lbEvenness:
+					case mode != LBSourceHash && worst > lbEvenness:
 						t.Errorf("an endpoint is %.1f%% off the mean; want at most %.0f%%", 100*worst, 100*lbEvenness)
-					case mode == LBConsistentHash && worst > lbFewClientsSpread:
-						t.Errorf("an endpoint is %.1f%% off the mean over %d clients; want at most %.0f%%", 100*worst, lbClients, 100*lbFewClientsSpread)
 					}
 					// Round robin is exact only when every packet the nat chain sees as new
 					// is one of ours: a late packet of an earlier connection that conntrack
@@ -293,21 +310,41 @@ func (b *lbBench) sameThroughNodePort(t *testing.T, p *ServicePort, viaClusterIP
 	}
 }
 
+// checkPrediction fails the test where the tracer predicts another endpoint for a
+// client than the kernel chose (got).
+func (b *lbBench) checkPrediction(t *testing.T, p *ServicePort, clients []netip.Addr, got map[netip.Addr]string) {
+	t.Helper()
+	predicted := b.predict(t, p, clients)
+	wrong := 0
+	for c, name := range got {
+		if predicted[c] != name {
+			wrong++
+		}
+	}
+	t.Logf("%s %s: the tracer predicted the endpoint of %d of %d clients", b.n.fam, p.LoadBalancing, len(got)-wrong, len(got))
+	if wrong > 0 {
+		t.Errorf("the tracer predicted the wrong endpoint for %d of %d clients", wrong, len(got))
+	}
+}
+
+// acrossPrefixes connects once from each pod-like client (many prefixes, so many
+// rotations under consistentHash), checks the tracer's prediction and logs the spread.
+func (b *lbBench) acrossPrefixes(t *testing.T, p *ServicePort) {
+	t.Helper()
+	got := b.connectFrom(t, netip.AddrPortFrom(p.ClusterIP, p.Port), b.pods, len(b.pods))
+	counts, worst := spread(got, lbEndpoints)
+	t.Logf("%s %s: %d pod-like clients (.2-.31 of %d prefixes): per endpoint %v, largest deviation from the mean %.1f%%",
+		b.n.fam, p.LoadBalancing, len(b.pods), lbPodNodes, counts, 100*worst)
+	b.checkPrediction(t, p, b.pods, perClientOf(t, b.pods, got))
+}
+
 // hashMode checks a hash mode's stickiness and the tracer's prediction on the evenness
 // run, then removes one endpoint and measures how many clients move.
 func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string) {
 	t.Helper()
 	before := b.perClient(t, lbClients, got)
-	predicted := b.predict(t, p)
-	wrong := 0
-	for c, name := range before {
-		if predicted[c] != name {
-			wrong++
-		}
-	}
-	if wrong > 0 {
-		t.Errorf("the tracer predicted the wrong endpoint for %d of %d clients", wrong, len(before))
-	}
+	b.checkPrediction(t, p, b.clients[:lbClients], before)
+	b.acrossPrefixes(t, p)
 	b.sameThroughNodePort(t, p, before)
 
 	q := *p

@@ -96,16 +96,19 @@ func TestGoldenModes(t *testing.T) {
 		})
 	}
 
-	t.Run("consistentHash: the cluster IP entry holds the port's table, the NodePort shares it", func(t *testing.T) {
+	t.Run("consistentHash: the cluster IP entry holds the port's table in ch-slots, the NodePort shares it", func(t *testing.T) {
 		s, fake := newFake(t, testConfig(IPv4))
 		fullSync(t, s, services(two(LBConsistentHash)))
 		table := consistentTable([]Endpoint{pod, remote})
 		var want []string
 		for slot, e := range table {
-			want = append(want, fmt.Sprintf("172.30.0.10 . 80 . %d : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
+			want = append(want, fmt.Sprintf("172.30.0.10 . tcp . 80 . 0.0.0.%d : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
 		}
-		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, "endpoints-tcp"))); diff != "" {
-			t.Errorf("endpoints-tcp (-want +got):\n%s", diff)
+		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, mapConsistentSlots))); diff != "" {
+			t.Errorf("ch-slots (-want +got):\n%s", diff)
+		}
+		if got := dumpElements(fake, "endpoints-tcp"); got != "" {
+			t.Errorf("endpoints-tcp holds %q; want nothing (the table is in ch-slots)", got)
 		}
 		if diff := cmp.Diff(golden(`
 			map cluster-ip-of 192.168.100.1 . tcp . 30080 : 172.30.0.10
@@ -115,14 +118,42 @@ func TestGoldenModes(t *testing.T) {
 			golden(mapLines(fake, "cluster-ip-of", "cluster-port-of", "service-ips"))); diff != "" {
 			t.Errorf("dispatch (-want +got):\n%s", diff)
 		}
-		if got := chainRules(fake, "pick-ch-256"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 256 seed 0x1f2e3d4c") {
-			t.Errorf("pick-ch-256 rules: %q", got)
+		rotations := make([]string, ConsistentTableSlots)
+		for k := range rotations {
+			rotations[k] = fmt.Sprintf("%d : goto ch-rotation-%d", k, k)
 		}
-		want = []string{"meta l4proto tcp ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of " +
-			"tcp dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of " +
-			"dnat ip to ip daddr . tcp dport . jhash ip saddr mod 256 seed 0x1f2e3d4c map @endpoints-tcp"}
-		if got := chainRules(fake, "pick-ch-cip-256"); len(got) != 3 || got[0] != want[0] {
-			t.Errorf("pick-ch-cip-256 rules: %q; want first %q", got, want[0])
+		want = []string{"jhash ip saddr & 255.255.255.0 mod 256 seed 0x1f2e3d4c vmap { " + strings.Join(rotations, " , ") + " }"}
+		if diff := cmp.Diff(want, chainRules(fake, "pick-ch-256")); diff != "" {
+			t.Errorf("pick-ch-256 rules (-want +got):\n%s", diff)
+		}
+		want = nil
+		for _, proto := range []string{"tcp", "udp", "sctp"} {
+			want = append(want, "meta l4proto "+proto+" ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of "+
+				proto+" dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto pick-ch-256")
+		}
+		if diff := cmp.Diff(want, chainRules(fake, "pick-ch-cip-256")); diff != "" {
+			t.Errorf("pick-ch-cip-256 rules (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("consistentHash over more than 256 endpoints: jhash of the whole address over endpoints-<proto>", func(t *testing.T) {
+		var eps []Endpoint
+		for i := range 300 {
+			eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", 1+i/200, 2+i%200), 8080))
+		}
+		s, fake := newFake(t, testConfig(IPv4))
+		fullSync(t, s, services(sp("big", 80, withEndpoints(eps, nil), func(p *ServicePort) {
+			p.LoadBalancing = LBConsistentHash
+			p.NodePort = 30080
+		})))
+		if got := strings.Count(dumpElements(fake, "endpoints-tcp"), "\n") + 1; got != 512 {
+			t.Errorf("endpoints-tcp holds %d elements; want the 512 slots of the cluster IP's table", got)
+		}
+		if got := chainRules(fake, "pick-ch-512"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 512 seed 0x1f2e3d4c map @endpoints-tcp") {
+			t.Errorf("pick-ch-512 rules: %q", got)
+		}
+		if got := chainRules(fake, "pick-ch-cip-512"); len(got) != 3 || !strings.HasSuffix(got[0], "goto pick-ch-512") {
+			t.Errorf("pick-ch-cip-512 rules: %q", got)
 		}
 	})
 

@@ -93,6 +93,16 @@ const (
 	// @ids . jhash ... map @slots"), which would need no rewrite.
 	mapClusterIPOf   = "cluster-ip-of"
 	mapClusterPortOf = "cluster-port-of"
+	// mapConsistentSlots is entry . slot -> endpoint: the 256-slot tables of
+	// consistentHash ports. The slot is typed as an address (0.0.0.<slot>, ::<slot>):
+	// the rotation chains compute it from the client's address with a bitwise
+	// expression, whose type is the address's. Only the rotation chains bind it, and a
+	// full sync recreates it empty instead of flushing it (Skeleton.RecreatedMaps).
+	mapConsistentSlots = "ch-slots"
+	// rotationPrefix names the 256 shared chains "ch-rotation-<k>" (skeleton), which
+	// DNAT through mapConsistentSlots with the slot (client address & 0xff) XOR k;
+	// pick-ch-256 sends a client to chain k = the hash of its /24 (IPv6: /120) prefix.
+	rotationPrefix = "ch-rotation-"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject
 	// chain (no endpoints at all) or to drop (Local policy, no local endpoints).
 	mapNoEndpoints = "no-endpoint-services"
@@ -163,6 +173,9 @@ func parsePickViaClusterIPChain(name string) (slots int, ok bool) {
 }
 
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
+
+// rotationChain names the rotation chain of rotation k (0..ConsistentTableSlots-1).
+func rotationChain(k int) string { return rotationPrefix + strconv.Itoa(k) }
 
 // idChars is the length of portID and endpointID: 26 base32 characters, 130 bits of
 // sha256. Their inputs are chosen by users (a Service's namespace, name and port; the

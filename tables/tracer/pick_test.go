@@ -13,6 +13,7 @@ import (
 // tables package's TestModesMatchRandom traces both through endpoint maps.)
 func TestPickExpressions(t *testing.T) {
 	src4 := netip.MustParseAddr("192.0.2.9")
+	src6 := netip.MustParseAddr("fd00::1:e5")
 	cases := []struct {
 		name string
 		rule string
@@ -29,6 +30,16 @@ func TestPickExpressions(t *testing.T) {
 		{"jhash of something else", "pre: jhash ether saddr mod 2 seed 0x1 0 drop", src4, "error: jhash of"},
 		{"jhash without seed (random in the kernel)", "pre: jhash ip saddr mod 2 0 drop", src4, "error: expected \"seed\""},
 		{"jhash of the other family", "pre: jhash ip6 saddr mod 2 seed 0x1 0 drop", src4, "error: jhash ip6 saddr of"},
+		{"jhash of a masked source hashes the prefix", fmt.Sprintf("pre: jhash ip saddr & 255.255.255.0 mod 256 seed 0x1f2e3d4c %d drop",
+			JHashMod(netip.MustParseAddr("192.0.2.0"), 0x1f2e3d4c, 256)), src4, "drop"},
+		{"jhash of a masked IPv6 source hashes the /120", fmt.Sprintf("pre: jhash ip6 saddr & ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00 mod 256 seed 0x1f2e3d4c %d drop",
+			JHashMod(netip.MustParseAddr("fd00::1:0"), 0x1f2e3d4c, 256)), src6, "drop"},
+		{"jhash with a mask of the other family", "pre: jhash ip saddr & ::ff mod 2 seed 0x1 0 drop", src4, "error: want an address of its family"},
+		{"the last byte XOR a constant", "pre: ( ip saddr & 0.0.0.255 ^ 0.0.0.7 ) 0.0.0.14 drop", src4, "drop"},
+		{"the last byte XOR a constant misses other values", "pre: ( ip saddr & 0.0.0.255 ^ 0.0.0.7 ) 0.0.0.9 drop", src4, "accept dnat 10.244.1.2:8080 masq"},
+		{"the last byte of an IPv6 source XOR a constant", "pre: ( ip6 saddr & ::ff ^ ::7 ) ::e2 drop", src6, "drop"},
+		{"a bitwise operation the tracer does not model", "pre: ( ip saddr | 0.0.0.7 ) 0.0.0.9 drop", src4, "error: bitwise expression"},
+		{"a bitwise operation on a non-address", "pre: ( meta mark & 0.0.0.7 ) 0.0.0.9 drop", src4, "error: only addresses"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -125,8 +125,55 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 		return numgenSelector(t)
 	case "jhash":
 		return jhashSelector(t, s)
+	case "(":
+		return tr.bitwiseSelector(t, s)
 	}
 	return value{}, fmt.Errorf("unknown selector at %q", w)
+}
+
+// bitwiseSelector reads the rest of "( <address selector> [& MASK] [^ XOR] )" (after
+// "("), the form the consistentHash rotation chains compute a slot with, and applies
+// the operations to the address bytes as the kernel's bitwise expression does: (a &
+// MASK) ^ XOR.
+func (tr *Tracer) bitwiseSelector(t *tokens, s *state) (value, error) {
+	v, err := tr.selector(t, s)
+	if err != nil {
+		return value{}, err
+	}
+	if !v.addr.IsValid() {
+		return value{}, fmt.Errorf("bitwise operation on %q: only addresses are modelled", v)
+	}
+	for _, op := range []string{"&", "^"} {
+		if t.peek(0) != op {
+			continue
+		}
+		t.next()
+		if v.addr, err = bitwise(v.addr, op, t.next()); err != nil {
+			return value{}, err
+		}
+	}
+	if err := t.expect(")"); err != nil {
+		return value{}, fmt.Errorf("bitwise expression: %w", err)
+	}
+	return v, nil
+}
+
+// bitwise applies "& lit" or "^ lit" to address a, lit being an address of its family.
+func bitwise(a netip.Addr, op, lit string) (netip.Addr, error) {
+	b, err := netip.ParseAddr(lit)
+	if err != nil || b.Is4() != a.Is4() {
+		return netip.Addr{}, fmt.Errorf("%s %s on %s: want an address of its family", op, lit, a)
+	}
+	x, y := a.AsSlice(), b.AsSlice()
+	for i := range x {
+		if op == "&" {
+			x[i] &= y[i]
+		} else {
+			x[i] ^= y[i]
+		}
+	}
+	out, _ := netip.AddrFromSlice(x)
+	return out, nil
 }
 
 // ctSelector reads the rest of a "ct" selector (after "ct"); ok is false for one the
@@ -184,14 +231,26 @@ func numgenSelector(t *tokens) (value, error) {
 	return value{num: k, isNum: true}, nil
 }
 
-// jhashSelector reads the rest of "jhash ip|ip6 saddr mod N seed S" (after "jhash") and
-// computes the value the kernel does for the packet's source (nft_jhash_eval).
+// jhashSelector reads the rest of "jhash ip|ip6 saddr [& MASK] mod N seed S" (after
+// "jhash") and computes the value the kernel does for the packet's source, masked
+// first if a mask is given (nft_jhash_eval over the bitwise expression's result).
 func jhashSelector(t *tokens, s *state) (value, error) {
 	fam := t.next()
 	if fam != "ip" && fam != "ip6" {
 		return value{}, fmt.Errorf("jhash of %q", fam)
 	}
-	if err := t.expect("saddr", "mod"); err != nil {
+	if err := t.expect("saddr"); err != nil {
+		return value{}, err
+	}
+	src := s.src
+	if t.peek(0) == "&" {
+		t.next()
+		var err error
+		if src, err = bitwise(src, "&", t.next()); err != nil {
+			return value{}, fmt.Errorf("jhash: %w", err)
+		}
+	}
+	if err := t.expect("mod"); err != nil {
 		return value{}, err
 	}
 	n, err := strconv.ParseUint(t.next(), 10, 32)
@@ -208,7 +267,7 @@ func jhashSelector(t *tokens, s *state) (value, error) {
 	if (fam == "ip") != s.src.Is4() {
 		return value{}, fmt.Errorf("jhash %s saddr of %s", fam, s.src)
 	}
-	return value{num: uint64(JHashMod(s.src, uint32(seed), uint32(n))), isNum: true}, nil
+	return value{num: uint64(JHashMod(src, uint32(seed), uint32(n))), isNum: true}, nil
 }
 
 // expr reads a concatenation of selectors.
@@ -229,7 +288,7 @@ func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
 
 func isSelectorStart(w string) bool {
 	switch w {
-	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen", "jhash":
+	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen", "jhash", "(":
 		return true
 	}
 	return false
