@@ -1,10 +1,12 @@
 package instance
 
 import (
+	"fmt"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
@@ -57,5 +59,27 @@ func BenchmarkBuildAll(b *testing.B) {
 		for i, svc := range c.Services {
 			Build(svc, []*discoveryv1.EndpointSlice{c.Slices[i]}, node)
 		}
+	}
+}
+
+// BenchmarkTakeDirtyAfterFullSync takes one changed Service after a first sync that
+// marked a whole cluster dirty: its cost must be that of the one Service, not of the
+// cluster the dirty set once held.
+func BenchmarkTakeDirtyAfterFullSync(b *testing.B) {
+	for _, n := range []int{1000, 100000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			t := NewTracker(NodeInfo{})
+			for i := range n {
+				t.dirty[types.NamespacedName{Namespace: "ns", Name: fmt.Sprint("svc-", i)}] = struct{}{}
+			}
+			t.TakeDirty()
+			one := types.NamespacedName{Namespace: "ns", Name: "svc-1"}
+			for b.Loop() {
+				t.dirty[one] = struct{}{}
+				if got := t.TakeDirty(); len(got) != 1 {
+					b.Fatalf("took %d names, want 1", len(got))
+				}
+			}
+		})
 	}
 }

@@ -237,7 +237,9 @@ func (t *Tracker) SetNode(node NodeInfo) {
 // since: its Model is nil.
 func (t *Tracker) TakeDirty() []types.NamespacedName {
 	out := slices.SortedFunc(maps.Keys(t.dirty), compareNames)
-	clear(t.dirty)
+	// A new map, not clear(): a map keeps the buckets of its largest size (the first sync
+	// marks every Service dirty), and walking them made every later sync O(cluster).
+	t.dirty = map[types.NamespacedName]struct{}{}
 	return out
 }
 
