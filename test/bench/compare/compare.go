@@ -395,11 +395,11 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 	d := *ours
 	d.name, d.profileTag = servedName, "served"
 	d.series = Series{"proxy_instance": servedInstance, "ip_family": "IPv4"}
-	pr, err := m.measure(ctx, &d)
+	served, err := m.measure(ctx, &d)
 	if err != nil {
 		return err
 	}
-	res.Served = &pr
+	res.Served = &served
 
 	start = time.Now()
 	if err := deleteUnserved(ctx, m.client, m.cluster, m.served); err != nil {
@@ -410,10 +410,11 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 		return err
 	}
 	d.name, d.profileTag = servedOnlyName, "served-only"
-	if pr, err = m.measure(ctx, &d); err != nil {
+	only, err := m.measure(ctx, &d)
+	if err != nil {
 		return err
 	}
-	res.ServedOnly = &pr
+	res.ServedOnly = &only
 	return nil
 }
 
