@@ -369,7 +369,7 @@ type servicePort struct {
 	// frontends are the cluster IP, then the external IPs and LB IPs, with the port.
 	frontends    []netip.AddrPort
 	nodePort     uint16
-	endpoints    endpointSet
+	endpoints    endpointSet // nil for TCP
 	hasEndpoints bool
 }
 
@@ -396,7 +396,6 @@ func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
 		proto:        proto,
 		frontends:    []netip.AddrPort{netip.AddrPortFrom(clusterIP, sp.Port)},
 		nodePort:     sp.NodePort,
-		endpoints:    endpointSet{},
 		hasEndpoints: sp.HasEndpoints,
 	}
 	for _, addr := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerIPs) {
@@ -404,9 +403,17 @@ func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
 			out.frontends = append(out.frontends, netip.AddrPortFrom(addr, sp.Port))
 		}
 	}
-	for _, ep := range slices.Concat(sp.ClusterEndpoints, sp.LocalEndpoints) {
-		if addr := ep.IP.Unmap(); family.Contains(addr) {
-			out.endpoints[netip.AddrPortFrom(addr, ep.Port)] = struct{}{}
+	if proto == syscall.IPPROTO_TCP {
+		// A TCP port's endpoints are never compared (planCleanup): after a first full
+		// sync, a set per port of every Service was most of the cleanup's memory.
+		return out, true
+	}
+	out.endpoints = endpointSet{}
+	for _, eps := range [][]tables.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, ep := range eps {
+			if addr := ep.IP.Unmap(); family.Contains(addr) {
+				out.endpoints[netip.AddrPortFrom(addr, ep.Port)] = struct{}{}
+			}
 		}
 	}
 	return out, true
@@ -414,6 +421,9 @@ func newServicePort(sp *tables.ServicePort) (_ *servicePort, ok bool) {
 
 // addServing adds the endpoints of serving that belong to the port, in its family.
 func (p *servicePort) addServing(serving Serving) {
+	if p.endpoints == nil { // TCP: never compared
+		return
+	}
 	for _, ep := range serving[p.key.name] {
 		if addr := ep.IP.Unmap(); p.key.family.Contains(addr) {
 			p.endpoints[netip.AddrPortFrom(addr, ep.Port)] = struct{}{}

@@ -203,3 +203,26 @@ func TestServesOutsideLists(t *testing.T) {
 		t.Errorf("%v allocations with nothing serving, want 0", n)
 	}
 }
+
+// TestIndexPortsKeepsNoTCPEndpoints: the cleanup compares the endpoints of UDP and SCTP
+// ports only, so it indexes no TCP port's endpoints (a first full sync hands it every
+// port of every Service); a UDP port's, with its serving ones, it does.
+func TestIndexPortsKeepsNoTCPEndpoints(t *testing.T) {
+	eps := []tables.Endpoint{{IP: ap(epA).Addr(), Port: 5353}, {IP: ap(epB).Addr(), Port: 5353}}
+	udp := tables.ServicePortName{Namespace: "a", Name: "dns", Port: "dns", Protocol: tables.UDP}
+	tcp := tables.ServicePortName{Namespace: "a", Name: "web", Port: "http", Protocol: tables.TCP}
+	ports := []*tables.ServicePort{
+		{Name: udp, Protocol: tables.UDP, ClusterIP: ap(epA).Addr(), Port: 53, ClusterEndpoints: eps[:1]},
+		{Name: tcp, Protocol: tables.TCP, ClusterIP: ap(epB).Addr(), Port: 80, ClusterEndpoints: eps, LocalEndpoints: eps},
+	}
+	byKey, _ := indexPorts(ports, Serving{udp: eps[1:], tcp: eps})
+	for key, p := range byKey {
+		want := 0
+		if key.proto == tables.UDP {
+			want = 2 // listed and serving
+		}
+		if len(p.endpoints) != want || (want == 0) != (p.endpoints == nil) {
+			t.Errorf("%s %s: endpoints %v, want %d", key.name, key.proto, p.endpoints, want)
+		}
+	}
+}
