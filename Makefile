@@ -116,7 +116,9 @@ bench:
 # Root only; ~15 minutes on two cores with the default scales, after `make deps`.
 # BENCH_COMPARE_FLAGS adds flags, e.g. `-only shardproxy -heap-profile-dir DIR`
 # (shardproxy's heap after its first sync), `-churn-duration 0` (no churn phase) or
-# `-also DIR,...` (other checkouts, e.g. main before a change, on the same objects).
+# `-also DIR,...` (other checkouts, e.g. main before a change, on the same objects) or
+# `-serve-percent 10` (then a node whose instance serves a labelled tenth of the
+# Services, in that cluster and in one holding only that tenth).
 BENCH_COMPARE_SCALES ?= 1000,10000
 BENCH_COMPARE_OUT    ?= _output/bench/compare.json
 BENCH_COMPARE_PLOT   ?= _output/bench/compare.svg

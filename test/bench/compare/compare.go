@@ -193,11 +193,13 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	if r.binary, err = buildShardproxy(root); err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(filepath.Dir(r.binary))
 	for _, dir := range o.Also {
 		bin, err := buildShardproxy(dir)
 		if err != nil {
 			return nil, fmt.Errorf("-also %s: %w", dir, err)
 		}
+		defer os.RemoveAll(filepath.Dir(bin))
 		r.also = append(r.also, bin)
 	}
 	rep := &Report{Started: time.Now(), Endpoints: o.Endpoints, Samples: o.Samples,
