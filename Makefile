@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo bench bench-compare image cluster conformance
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance
 
 all: build
 
@@ -92,6 +92,15 @@ soak: deps
 demo: deps
 	$(GO) build -o bin/demo ./hack/demo
 	bin/demo --repo . $(DEMO_FLAGS)
+
+# demo-cluster is the same table with shardproxy as operators run it: the image built from
+# the repository (make image), a real node (containerd, kubelet; test/cluster), the
+# replace overlay applied through kustomize (image, API server endpoint and the demo's
+# three instances changed), the demo's Services behind agnhost pods. Torn down on Ctrl-C
+# (or after the report with DEMO_FLAGS=--once), leaving the host as found.
+demo-cluster: deps
+	$(GO) build -o bin/demo ./hack/demo
+	bin/demo --repo . --cluster $(DEMO_FLAGS)
 
 # bench measures one instance with the real nft in fresh network namespaces (test/bench):
 # full and partial syncs against `nft -f` alone, memory, per-packet cost, 4 instances vs 1,

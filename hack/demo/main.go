@@ -1,7 +1,9 @@
 // Command demo is `make demo`: a local control plane, a node namespace running
 // `shardproxy run` with three instances, sample Services and real traffic, then a table of
 // which instance served which Service and how. It stays up until Ctrl-C; --once exits
-// after the report (CI). Root only: it creates network namespaces.
+// after the report (CI). With --cluster (`make demo-cluster`) the same Services and table
+// come from a real node (test/cluster) running shardproxy as the replace overlay's
+// DaemonSet pod. Root only: it creates network namespaces.
 package main
 
 import (
@@ -20,8 +22,13 @@ import (
 func main() {
 	once := flag.Bool("once", false, "exit after the report instead of staying up until Ctrl-C")
 	root := flag.String("repo", ".", "the repository root")
+	onCluster := flag.Bool("cluster", false, "run shardproxy as a DaemonSet pod on a real node (kubelet, containerd) instead of a process")
 	flag.Parse()
-	if err := run(*root, *once); err != nil {
+	runDemo := run
+	if *onCluster {
+		runDemo = runOnCluster
+	}
+	if err := runDemo(*root, *once); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,22 +23,8 @@ func TestAlongsideOverlay(t *testing.T) {
 	c.startKubeProxy(ctx, t, "iptables")
 	t.Cleanup(func() { c.removeShardproxy(context.Background(), t) })
 
-	dir, err := filepath.Abs("../../deploy/overlays/alongside-kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + shardproxyTag})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := c.Apply(ctx, yaml); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	fmt.Printf("cluster: alongside-kube-proxy overlay (image %s) beside kube-proxy (iptables): pod Ready in %v\n", shardproxyTag, time.Since(start).Round(time.Millisecond))
+	took := applyOverlay(ctx, t, c, Overlay{Dir: c.OverlayDir(AlongsideOverlay), Image: "localhost/shardproxy:" + shardproxyTag})
+	fmt.Printf("cluster: alongside-kube-proxy overlay (image %s) beside kube-proxy (iptables): pod Ready in %v\n", shardproxyTag, took.Round(time.Millisecond))
 
 	labeled, err := c.DeployWeb(ctx, "team-a", agnhostImage, "team-a", 2)
 	if err != nil {

@@ -97,7 +97,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := checkTools(); err != nil {
 		return nil, err
 	}
-	removeStale(opts.Logf)
+	RemoveStale(opts.Logf)
 	bins, err := buildBinaries(ctx, opts)
 	if err != nil {
 		return nil, err

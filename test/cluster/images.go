@@ -125,3 +125,9 @@ func (c *Cluster) TagImage(ctx context.Context, source, target string) error {
 	_, err := c.ctr(ctx, "images", "tag", "--force", source, target)
 	return err
 }
+
+// ImageName is the name ImportImage gives archive, an image called name by
+// hack/build-image.sh (NAME-TAG.tar): localhost/NAME:TAG.
+func ImageName(name, archive string) string {
+	return "localhost/" + name + ":" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(archive), name+"-"), ".tar")
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -147,10 +146,6 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	})
 	before := c.otherTables(ctx, t)
 
-	overlay, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
 	deployReplaceOverlay(ctx, t, c, shardproxyTag)
 	if err := c.TagImage(ctx, "localhost/shardproxy:"+shardproxyTag, "localhost/shardproxy:"+shardproxyTag+"-upgrade"); err != nil {
 		t.Fatal(err)
@@ -167,7 +162,7 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Fatalf("installed: the node has %q, want shardproxy-default and shardproxy_node", tables)
 	}
 
-	yaml, err := RenderOverlay(Overlay{Dir: overlay, Image: "localhost/shardproxy:" + shardproxyTag + "-upgrade", APIServer: true})
+	yaml, err := RenderOverlay(Overlay{Dir: c.OverlayDir(ReplaceOverlay), Image: "localhost/shardproxy:" + shardproxyTag + "-upgrade", APIServer: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,11 +205,7 @@ func (c *Cluster) uninstall(ctx context.Context, t *testing.T, overlayYAML []byt
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := filepath.Abs("../../deploy/cleanup")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cleanup, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag})
+	cleanup, err := RenderOverlay(Overlay{Dir: c.OverlayDir("cleanup"), Image: "localhost/shardproxy:" + tag})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,11 +265,7 @@ func TestPortHeldAtStart(t *testing.T) {
 	defer holder.Close()
 	since := time.Now()
 
-	dir, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + shardproxyTag, APIServer: true})
+	yaml, err := RenderOverlay(Overlay{Dir: c.OverlayDir(ReplaceOverlay), Image: "localhost/shardproxy:" + shardproxyTag, APIServer: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,6 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 )
@@ -38,8 +36,8 @@ func runMain(m *testing.M) int {
 	// A crashed earlier run's cluster goes first (Start would remove it too): the host
 	// as found is the host without it. Snapshotting before that saw the /lib/modules a
 	// crashed run had created, which the cleanup then removed: "exists: false, was true".
-	removeStale(log.Printf)
-	before := snapshotHost()
+	RemoveStale(log.Printf)
+	before := SnapshotHost()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -48,7 +46,7 @@ func runMain(m *testing.M) int {
 		log.Print(err)
 		return 1
 	}
-	agnhostImage = "localhost/agnhost:" + strings.TrimSuffix(strings.TrimPrefix(filepath.Base(images["agnhost"]), "agnhost-"), ".tar")
+	agnhostImage = ImageName("agnhost", images["agnhost"])
 	imagesTime := time.Since(start)
 	c, err := Start(ctx, Options{RepoRoot: root, Logf: log.Printf, Images: images})
 	code := 1
@@ -71,11 +69,7 @@ func runMain(m *testing.M) int {
 		log.Printf("cluster teardown: %v", err)
 		code = 1
 	}
-	after := hostState{libModules: snapshotHost().libModules}
-	if c != nil {
-		after = leftovers(c)
-	}
-	if diff := before.diff(after); diff != "" {
+	if diff := before.Diff(c); diff != "" {
 		log.Printf("cluster teardown left the host changed:\n%s", diff)
 		return 1
 	}
@@ -90,74 +84,4 @@ func need(t *testing.T) *Cluster {
 		t.Skip("no cluster (needs root and no -short)")
 	}
 	return cl
-}
-
-// hostState is what a cluster must leave as it found it. Only what a cluster creates is
-// looked at (its prefixes): other engineers' tests change the host meanwhile.
-type hostState struct {
-	netns, mounts, cgroups, procs []string
-	libModules                    bool
-}
-
-func snapshotHost() hostState {
-	var s hostState
-	_, err := os.Stat(libModules)
-	s.libModules = err == nil
-	return s
-}
-
-// leftovers lists what of cluster c is still on the host: its namespaces, mounts under
-// its directory or of its pods' namespaces, cgroups and processes. Other clusters (other
-// engineers' test runs) are not looked at.
-func leftovers(c *Cluster) hostState {
-	var s hostState
-	for _, ns := range listNetns() {
-		// A pod's namespace by inode, and only a cni-* one, as teardownHost: once
-		// unmounted its inode is free for any new namespace (another engineer's test
-		// run's spd*-node was taken for a leftover pod namespace).
-		ino, _ := nsInode(filepath.Join(netnsDir, ns))
-		if slices.Contains(c.st.Namespaces, ns) || strings.HasPrefix(ns, "cni-") && slices.Contains(c.st.PodNetns, ino) {
-			s.netns = append(s.netns, ns)
-		}
-	}
-	for _, m := range mountPoints() {
-		if strings.HasPrefix(m, c.Dir+"/") {
-			s.mounts = append(s.mounts, m)
-		}
-	}
-	for _, h := range cgroupHierarchies() {
-		if _, err := os.Stat(filepath.Join(h, c.st.CgroupName)); err == nil {
-			s.cgroups = append(s.cgroups, filepath.Join(h, c.st.CgroupName))
-		}
-	}
-	for _, pid := range pidsMatching(c.Dir + "/") {
-		s.procs = append(s.procs, fmt.Sprint(pid))
-	}
-	_, err := os.Stat(libModules)
-	s.libModules = err == nil
-	return s
-}
-
-// diff lists what after has that s had not.
-func (s hostState) diff(after hostState) string {
-	var b strings.Builder
-	for _, kind := range []struct {
-		name          string
-		before, after []string
-	}{
-		{"network namespace", s.netns, after.netns},
-		{"mount", s.mounts, after.mounts},
-		{"cgroup", s.cgroups, after.cgroups},
-		{"process", s.procs, after.procs},
-	} {
-		for _, v := range kind.after {
-			if !slices.Contains(kind.before, v) {
-				fmt.Fprintf(&b, "new %s: %s\n", kind.name, v)
-			}
-		}
-	}
-	if after.libModules != s.libModules {
-		fmt.Fprintf(&b, "%s exists: %v, was %v\n", libModules, after.libModules, s.libModules)
-	}
-	return b.String()
 }

@@ -36,20 +36,7 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 	cli := c.shardproxyCLI(ctx, t)
 	c.startKubeProxyDaemonSet(ctx, t)
 	t.Cleanup(func() { c.removeShardproxy(context.Background(), t) })
-	dir, err := filepath.Abs("../../deploy/overlays/alongside-kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + shardproxyTag})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Apply(ctx, yaml); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
+	applyOverlay(ctx, t, c, Overlay{Dir: c.OverlayDir(AlongsideOverlay), Image: "localhost/shardproxy:" + shardproxyTag})
 	// The alongside overlay's "migration" instance serves proxy name shardproxy in
 	// namespace default.
 	web, err := c.DeployWeb(ctx, "default", agnhostImage, "", 2)

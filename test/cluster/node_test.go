@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -108,22 +107,19 @@ func TestReplaceOverlay(t *testing.T) {
 // deployReplaceOverlay applies the replace overlay with the image tag and waits for it.
 func deployReplaceOverlay(ctx context.Context, t *testing.T, c *Cluster, tag string) {
 	t.Helper()
-	dir, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
+	took := applyOverlay(ctx, t, c, Overlay{Dir: c.OverlayDir(ReplaceOverlay), Image: "localhost/shardproxy:" + tag, APIServer: true})
+	fmt.Printf("cluster: replace-kube-proxy overlay (image %s) applied and its pod Ready in %v\n", tag, took.Round(time.Millisecond))
+}
+
+// applyOverlay applies o (Cluster.ApplyOverlay) and waits for the shardproxy DaemonSet,
+// failing the test on error; it returns how long that took.
+func applyOverlay(ctx context.Context, t *testing.T, c *Cluster, o Overlay) time.Duration {
+	t.Helper()
+	took, err := c.ApplyOverlay(ctx, o, "shardproxy", 3*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag, APIServer: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if err := c.Apply(ctx, yaml); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	fmt.Printf("cluster: replace-kube-proxy overlay (image %s) applied and its pod Ready in %v\n", tag, time.Since(start).Round(time.Millisecond))
+	return took
 }
 
 func containsPrefix(list []string, prefix string) bool {

@@ -172,3 +172,31 @@ func (c *Cluster) NFTTables(ctx context.Context) ([]string, error) {
 	}
 	return tables, nil
 }
+
+// OverlayDir is the path of deploy/NAME (an overlay, "cleanup") in the repository.
+func (c *Cluster) OverlayDir(name string) string {
+	return filepath.Join(c.opts.RepoRoot, "deploy", name)
+}
+
+// ApplyOverlay renders o (RenderOverlay), applies it and waits until its DaemonSet (ds,
+// in kube-system) has rolled out; it returns how long applying and rolling out took.
+func (c *Cluster) ApplyOverlay(ctx context.Context, o Overlay, ds string, timeout time.Duration) (time.Duration, error) {
+	yaml, err := RenderOverlay(o)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := c.Apply(ctx, yaml); err != nil {
+		return 0, err
+	}
+	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", ds, timeout); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// The overlays of deploy/, for OverlayDir.
+const (
+	ReplaceOverlay   = "overlays/replace-kube-proxy"
+	AlongsideOverlay = "overlays/alongside-kube-proxy"
+)

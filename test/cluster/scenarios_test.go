@@ -3,39 +3,12 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// threeInstances is the replace overlay's configuration with two tenant instances added:
-// the default instance serves unlabeled Services, team-a and team-b their own labeled
-// ones in their namespaces.
-const threeInstances = `apiVersion: shardproxy.io/v1alpha1
-kind: SupervisorConfig
-healthzBindAddress: 0.0.0.0:10256
-metricsBindAddress: 127.0.0.1:10249
-masqueradeBit: 14
-conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-instances:
-- name: default
-  default: true
-  slot: 0
-  detectLocal: {mode: NodeCIDR}
-- name: team-a
-  proxyNames: [team-a]
-  slot: 1
-  tenant: {namespaces: [team-a]}
-  detectLocal: {mode: NodeCIDR}
-- name: team-b
-  proxyNames: [team-b]
-  slot: 2
-  tenant: {namespaces: [team-b]}
-  detectLocal: {mode: NodeCIDR}
-`
 
 // instanceWebs are the three instances' namespaces and the proxy name their Service has.
 var instanceWebs = []struct{ ns, proxyName string }{
@@ -55,24 +28,10 @@ func TestInstances(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	dir, err := filepath.Abs("../../deploy/overlays/replace-kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
 	apply := func(tag string) {
 		t.Helper()
-		yaml, err := RenderOverlay(Overlay{Dir: dir, Image: "localhost/shardproxy:" + tag, APIServer: true, Config: threeInstances})
-		if err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		if err := c.Apply(ctx, yaml); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy", 3*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("three instances, image %s: rolled out in %v", tag, time.Since(start).Round(time.Millisecond))
+		took := applyOverlay(ctx, t, c, Overlay{Dir: c.OverlayDir(ReplaceOverlay), Image: "localhost/shardproxy:" + tag, APIServer: true, Config: ThreeInstances})
+		t.Logf("three instances, image %s: rolled out in %v", tag, took.Round(time.Millisecond))
 	}
 	apply(shardproxyTag)
 
@@ -85,7 +44,8 @@ func TestInstances(t *testing.T) {
 		webs[w.ns] = web
 	}
 	var tables []string
-	err = poll(ctx, time.Minute, "every instance's table", func() (bool, error) {
+	err := poll(ctx, time.Minute, "every instance's table", func() (bool, error) {
+		var err error
 		tables, err = c.NFTTables(ctx)
 		return containsPrefix(tables, "ip shardproxy-default") && containsPrefix(tables, "ip shardproxy-team-a") &&
 			containsPrefix(tables, "ip shardproxy-team-b"), err

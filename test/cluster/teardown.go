@@ -278,8 +278,8 @@ func listNetns() []string {
 	return out
 }
 
-// removeStale tears down clusters whose test process died before it could.
-func removeStale(logf func(string, ...any)) {
+// RemoveStale tears down clusters whose test process died before it could.
+func RemoveStale(logf func(string, ...any)) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		data, err := os.ReadFile(filepath.Join(dir, stateFile))
