@@ -55,7 +55,7 @@ cluster: deps
 # upstream kube-proxy in nftables mode, and prints both side by side (TestConformance).
 conformance: deps
 	hack/build-apiserver.sh --conformance
-	SHARDPROXY_CONFORMANCE=full $(GO) test -count=1 -timeout 60m -v -run 'TestConformance' ./test/cluster
+	SHARDPROXY_CONFORMANCE=full $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/cluster
 
 vet:
 	$(GO) vet $(PKGS)

@@ -33,8 +33,9 @@ type E2EResult struct {
 
 // RunE2E runs upstream's e2e.test (built from the same k8s.io/kubernetes module,
 // hack/build-apiserver.sh --conformance) inside the node's namespace against the
-// cluster, with the focus and skip regexps, and returns each selected test's outcome.
-func (c *Cluster) RunE2E(ctx context.Context, e2eTest, name, focus, skip string) ([]E2EResult, error) {
+// cluster, with the focus and skip regexps, and returns each selected test's outcome;
+// the tests still running after timeout are reported timed out.
+func (c *Cluster) RunE2E(ctx context.Context, e2eTest, name, focus, skip string, timeout time.Duration) ([]E2EResult, error) {
 	dir := filepath.Join(c.Dir, "e2e-"+name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -49,7 +50,7 @@ func (c *Cluster) RunE2E(ctx context.Context, e2eTest, name, focus, skip string)
 		"--ginkgo.focus=" + focus,
 		"--ginkgo.skip=" + skip,
 		"--ginkgo.json-report=" + report,
-		"--ginkgo.timeout=14m",
+		"--ginkgo.timeout=" + timeout.String(),
 		"--ginkgo.no-color",
 		"--ginkgo.v",
 	}

@@ -81,7 +81,10 @@ func (c *Cluster) StartDemo(ctx context.Context, image, agnhost string) (*Demo, 
 		return d, err
 	}
 	for _, s := range demo.Samples() {
-		if err := c.WaitDeploymentAvailable(ctx, s.NS, s.Name, 2*time.Minute); err != nil && len(s.Backends) > 0 {
+		if len(s.Backends) == 0 {
+			continue
+		}
+		if err := c.WaitDeploymentAvailable(ctx, s.NS, s.Name, 2*time.Minute); err != nil {
 			return d, err
 		}
 	}
@@ -102,8 +105,10 @@ func (d *Demo) createSample(ctx context.Context, s demo.Sample, agnhost string) 
 	if err := d.createNamespace(ctx, s.NS); err != nil {
 		return err
 	}
-	if err := d.c.createDeployment(ctx, s.NS, s.Name, agnhost, int32(min(len(s.Backends), 2))); err != nil {
-		return err
+	if len(s.Backends) > 0 {
+		if err := d.c.createDeployment(ctx, s.NS, s.Name, agnhost, int32(min(len(s.Backends), 2))); err != nil {
+			return err
+		}
 	}
 	svc := s.Spec()
 	svc.Name = s.Name

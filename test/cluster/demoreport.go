@@ -108,7 +108,7 @@ func failureCell(msg string) string {
 	switch {
 	case strings.Contains(msg, "connection refused"):
 		return demo.Refused
-	case strings.Contains(msg, "timeout") || strings.Contains(msg, "deadline exceeded"):
+	case strings.Contains(strings.ToLower(msg), "timeout") || strings.Contains(msg, "deadline exceeded"):
 		return demo.NoAnswer
 	}
 	return "(" + msg + ")"
