@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -134,11 +133,7 @@ type Env struct {
 	stopCP     func() error
 	stopFns    []func()
 
-	mu  sync.Mutex
-	sup *exec.Cmd
-	// supDone is closed when the current supervisor process exits.
-	supDone chan struct{}
-	logPath string
+	sup *loggedProcess
 }
 
 // Start builds the environment and starts the supervisor. Close removes everything.
@@ -150,7 +145,8 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	if opts.Instances == "" {
 		opts.Instances = DefaultInstances
 	}
-	e := &Env{opts: opts}
+	e := &Env{opts: opts, sup: &loggedProcess{what: "the supervisor", env: opts.SupervisorEnv,
+		logPath: filepath.Join(opts.WorkDir, "shardproxy.log")}}
 	tp, err := netns.Build()
 	e.TP = tp
 	if err != nil {
@@ -206,7 +202,6 @@ instances:%s`, NodeName, kubeconfig, HealthzPort, MetricsPort, opts.ExtraConfig,
 	if err := os.WriteFile(e.ConfigPath, []byte(cfg), 0o644); err != nil {
 		return e, err
 	}
-	e.logPath = filepath.Join(opts.WorkDir, "shardproxy.log")
 	if opts.NoSupervisor {
 		return e, nil
 	}
@@ -357,18 +352,8 @@ func (e *Env) createNodes(ctx context.Context) error {
 
 // StartSupervisor starts `shardproxy run` in the node namespace.
 func (e *Env) StartSupervisor() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sup != nil {
-		return errors.New("the supervisor is already running")
-	}
-	argv := append([]string{e.Binary, "run", "--config", e.ConfigPath, "--v", "2"}, e.opts.SupervisorArgs...)
-	cmd, done, err := startLogged(e.TP.Node, e.logPath, e.opts.SupervisorEnv, "the supervisor", argv...)
-	if err != nil {
-		return err
-	}
-	e.sup, e.supDone = cmd, done
-	return nil
+	e.sup.ns = e.TP.Node // set once the topology exists; the same at every start
+	return e.sup.start(append([]string{e.Binary, "run", "--config", e.ConfigPath, "--v", "2"}, e.opts.SupervisorArgs...)...)
 }
 
 // ControlPlaneNamespace is the network namespace etcd and kube-apiserver run in.
@@ -376,33 +361,14 @@ func (e *Env) ControlPlaneNamespace() string { return e.cpNS }
 
 // SupervisorPid is the process id of the running supervisor (ip netns exec execs it in
 // place), or 0.
-func (e *Env) SupervisorPid() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sup == nil {
-		return 0
-	}
-	return e.sup.Process.Pid
-}
+func (e *Env) SupervisorPid() int { return e.sup.pid() }
 
 // StopSupervisor stops the supervisor with sig (SIGTERM, or SIGKILL for a crash) and
 // waits for it to exit.
-func (e *Env) StopSupervisor(sig syscall.Signal) error {
-	e.mu.Lock()
-	cmd, done := e.sup, e.supDone
-	e.sup = nil
-	e.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	return stopGroup(cmd, done, sig, "the supervisor")
-}
+func (e *Env) StopSupervisor(sig syscall.Signal) error { return e.sup.stop(sig) }
 
 // SupervisorLog returns the supervisor's log so far.
-func (e *Env) SupervisorLog() string {
-	b, _ := os.ReadFile(e.logPath)
-	return string(b)
-}
+func (e *Env) SupervisorLog() string { return e.sup.log() }
 
 // HTTPGet fetches a URL from inside the node namespace (the supervisor's servers).
 func (e *Env) HTTPGet(ctx context.Context, url string) (int, string, error) {
@@ -428,26 +394,7 @@ func (e *Env) HTTPGetFrom(ctx context.Context, ns, url string) (int, string, err
 
 // WaitHealthy waits until the supervisor's /healthz answers 200.
 func (e *Env) WaitHealthy(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		code, body, err := e.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort))
-		if err == nil && code == http.StatusOK {
-			return nil
-		}
-		last = fmt.Sprintf("%d %s %v", code, body, err)
-		e.mu.Lock()
-		done := e.supDone
-		e.mu.Unlock()
-		select {
-		case <-done:
-			return fmt.Errorf("the supervisor exited; log:\n%s", tail(e.SupervisorLog(), 40))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("supervisor not healthy within %s (last: %s); log:\n%s", timeout, last, tail(e.SupervisorLog(), 40))
+	return e.sup.waitHealthy(ctx, timeout, fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort), e.HTTPGet)
 }
 
 func tail(s string, n int) string {

@@ -2,14 +2,8 @@ package env
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -23,14 +17,10 @@ const (
 
 // KubeProxy is an upstream kube-proxy process in the node namespace.
 type KubeProxy struct {
-	e       *Env
-	binary  string
-	args    []string
-	logPath string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	e      *Env
+	binary string
+	args   []string
+	proc   *loggedProcess
 }
 
 // KubeProxyArgs are the flags of an upstream kube-proxy in mode ("iptables", "nftables")
@@ -58,54 +48,24 @@ func (e *Env) KubeProxyArgs(mode string) []string {
 // namespace; its output goes to a log file in WorkDir named after logName. Close stops
 // it.
 func (e *Env) NewKubeProxy(binary, logName string, args ...string) *KubeProxy {
-	kp := &KubeProxy{e: e, binary: binary, args: args, logPath: filepath.Join(e.opts.WorkDir, logName+".log")}
+	kp := &KubeProxy{e: e, binary: binary, args: args,
+		proc: &loggedProcess{what: "kube-proxy", ns: e.TP.Node, logPath: filepath.Join(e.opts.WorkDir, logName+".log")}}
 	e.OnClose(func() { _ = kp.Stop(syscall.SIGKILL) })
 	return kp
 }
 
 // Start starts the process; it fails if it is already running.
-func (kp *KubeProxy) Start() error {
-	kp.mu.Lock()
-	defer kp.mu.Unlock()
-	if kp.cmd != nil {
-		return errors.New("kube-proxy is already running")
-	}
-	cmd, done, err := startLogged(kp.e.TP.Node, kp.logPath, nil, "kube-proxy", append([]string{kp.binary}, kp.args...)...)
-	if err != nil {
-		return err
-	}
-	kp.cmd, kp.done = cmd, done
-	return nil
-}
+func (kp *KubeProxy) Start() error { return kp.proc.start(append([]string{kp.binary}, kp.args...)...) }
 
 // Pid is the process id of the running kube-proxy (ip netns exec execs it in place), or
 // 0.
-func (kp *KubeProxy) Pid() int {
-	kp.mu.Lock()
-	defer kp.mu.Unlock()
-	if kp.cmd == nil {
-		return 0
-	}
-	return kp.cmd.Process.Pid
-}
+func (kp *KubeProxy) Pid() int { return kp.proc.pid() }
 
 // Stop signals the process group and waits for it to exit.
-func (kp *KubeProxy) Stop(sig syscall.Signal) error {
-	kp.mu.Lock()
-	cmd, done := kp.cmd, kp.done
-	kp.cmd = nil
-	kp.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	return stopGroup(cmd, done, sig, "kube-proxy")
-}
+func (kp *KubeProxy) Stop(sig syscall.Signal) error { return kp.proc.stop(sig) }
 
 // Log returns the process's output so far (every run appends to the same file).
-func (kp *KubeProxy) Log() string {
-	b, _ := os.ReadFile(kp.logPath)
-	return string(b)
-}
+func (kp *KubeProxy) Log() string { return kp.proc.log() }
 
 // LogTail returns the last n lines of Log.
 func (kp *KubeProxy) LogTail(n int) string { return tail(kp.Log(), n) }
@@ -113,29 +73,5 @@ func (kp *KubeProxy) LogTail(n int) string { return tail(kp.Log(), n) }
 // WaitHealthy waits until kube-proxy's /healthz on KubeProxyHealthzPort answers 200,
 // which it does once it has synced its rules.
 func (kp *KubeProxy) WaitHealthy(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last string
-	url := fmt.Sprintf("http://127.0.0.1:%d/healthz", KubeProxyHealthzPort)
-	for time.Now().Before(deadline) {
-		code, body, err := kp.e.HTTPGet(ctx, url)
-		if err == nil && code == http.StatusOK {
-			return nil
-		}
-		last = strings.TrimSpace(fmt.Sprintf("%d %s %v", code, body, err))
-		kp.mu.Lock()
-		done := kp.done
-		running := kp.cmd != nil
-		kp.mu.Unlock()
-		if !running {
-			return errors.New("kube-proxy is not running")
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("kube-proxy exited; log:\n%s", kp.LogTail(40))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("kube-proxy not healthy within %s (last: %s); log:\n%s", timeout, last, kp.LogTail(40))
+	return kp.proc.waitHealthy(ctx, timeout, fmt.Sprintf("http://127.0.0.1:%d/healthz", KubeProxyHealthzPort), kp.e.HTTPGet)
 }
