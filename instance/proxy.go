@@ -104,7 +104,8 @@ type SyncResult struct {
 	// Services and Endpoints count what the instance serves now.
 	Services, Endpoints int
 	// HealthCheckNodePorts and LocalEndpoints of every LoadBalancer Service with
-	// externalTrafficPolicy Local the instance owns.
+	// externalTrafficPolicy Local the instance owns. Read-only: results share them until
+	// they change.
 	HealthCheckNodePorts map[types.NamespacedName]int32
 	LocalEndpoints       map[types.NamespacedName]int
 	// NoLocalInternal and NoLocalExternal count, per IP family, the Service ports with a
@@ -156,6 +157,12 @@ type Proxy struct {
 	total    summary
 	hcPorts  map[types.NamespacedName]int32
 	localEps map[types.NamespacedName]int
+	// hcResult and localResult are the copies of hcPorts and localEps the SyncResults
+	// share, made again only after hcChanged: copying them at every sync made a partial
+	// sync O(Services with a health check).
+	hcResult    map[types.NamespacedName]int32
+	localResult map[types.NamespacedName]int
+	hcChanged   bool
 	// triggers are the endpoint change times not yet programmed (kept across a failed
 	// sync, reported by the next successful one).
 	triggers []Trigger
@@ -695,6 +702,7 @@ func (p *Proxy) recordFull(all map[types.NamespacedName]*ServiceModel, start tim
 	p.total = summary{}
 	clear(p.hcPorts)
 	clear(p.localEps)
+	p.hcChanged = true
 	for n, m := range all {
 		p.setApplied(n, m)
 	}
@@ -783,8 +791,11 @@ func (p *Proxy) summarize(res *SyncResult) {
 		res.NoLocalInternal[fam] = p.total.noLocalInternal[familyIndex(fam)]
 		res.NoLocalExternal[fam] = p.total.noLocalExternal[familyIndex(fam)]
 	}
-	res.HealthCheckNodePorts = maps.Clone(p.hcPorts)
-	res.LocalEndpoints = maps.Clone(p.localEps)
+	if p.hcChanged || p.hcResult == nil {
+		p.hcResult, p.localResult = maps.Clone(p.hcPorts), maps.Clone(p.localEps)
+		p.hcChanged = false
+	}
+	res.HealthCheckNodePorts, res.LocalEndpoints = p.hcResult, p.localResult
 }
 
 // summary is what one applied Service adds to a SyncResult.
@@ -835,6 +846,12 @@ func (p *Proxy) setApplied(n types.NamespacedName, m *ServiceModel) {
 			p.total.noLocalExternal[i] -= old.noLocalExternal[i]
 		}
 	}
+	oldPort, oldLocal := p.hcPorts[n], p.localEps[n]
+	defer func() {
+		if p.hcPorts[n] != oldPort || p.localEps[n] != oldLocal {
+			p.hcChanged = true
+		}
+	}()
 	delete(p.applied, n)
 	delete(p.sums, n)
 	delete(p.hcPorts, n)
