@@ -295,7 +295,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	strs := pc.endpointStrings(class, eps)
 	if slots != nil && usesRotation(class == classCluster, len(slots)) {
 		for i, ep := range slots {
-			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: append(en.key(), pc.c.slotAddrs[i]), value: strs[ep]})
+			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: []string{key[0], key[1], key[2], pc.c.slotAddrs[i]}, value: strs[ep]})
 		}
 		return
 	}
@@ -711,8 +711,8 @@ func (c *compiler) viaClusterIPRules(n int) []string {
 	return rules
 }
 
-// Masks of the rotation: the client's prefix, hashed to pick the rotation, and its last
-// byte, the slot before rotating.
+// rotationMasks returns the masks of the client address's prefix, whose hash picks the
+// rotation, and of its last byte, the slot before the rotation.
 func (c *compiler) rotationMasks() (prefix, low string) {
 	if c.cfg.Family == IPv6 {
 		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00", "::ff"
@@ -733,12 +733,13 @@ func (c *compiler) rotationDispatch() string {
 		c.ip, prefix, ConsistentTableSlots, HashSeed, strings.Join(picks, " , "))
 }
 
-// rotationRules are the skeleton's rotation chains and their one rule each: DNAT
+// rotationRules returns the skeleton's rotation chains and their one rule each: DNAT
 // through the entry's table in ch-slots at slot (last byte of the client) XOR k. The
-// chains are fixed, not per Service, because each chain that binds a map makes the
-// kernel walk the map's elements (on a full sync, every slot of every table: 256 such
-// chains took 30 s for 512,000 slots), and the skeleton's are written before the map,
-// recreated empty, gets its elements (Skeleton.RecreatedMaps).
+// kernel walks a map's elements, flushed ones included, for each chain whose new rules
+// bind it: re-adding 256 such chains over 512,000 flushed slots made a full sync's
+// transaction 39 s instead of 7-11 s. So the chains are the skeleton's, whose rules a
+// full sync adds while ch-slots, recreated rather than flushed, is still empty
+// (Skeleton.RecreatedMaps).
 func (c *compiler) rotationRules() ([]*knftables.Chain, []*knftables.Rule) {
 	_, low := c.rotationMasks()
 	chains := make([]*knftables.Chain, ConsistentTableSlots)
