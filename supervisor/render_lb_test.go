@@ -64,11 +64,11 @@ instances:
 		"service-ips { 172.30.0.22 . tcp . 80 : goto rr-",
 		"service-ips { 172.30.0.23 . tcp . 80 : goto pick-ch-256 }",
 		"jhash ip saddr & 255.255.255.0 mod 256 seed 0x1f2e3d4c vmap { 0 : goto ch-rotation-0 ,",
-		"dnat ip to ip daddr . meta l4proto . th dport . ( ip saddr & 0.0.0.255 ^ 0.0.0.7 ) map @ch-slots",
+		"dnat ip to @nh,120,8 ^ 0x7 . ip daddr . meta l4proto . th dport map @ch-slots",
 		"numgen inc mod 2 vmap @round-robin-picks",
 		"round-robin-picks { 1 : goto pick-at-1 }",
 		"numgen random mod 1 offset 1 map @endpoints-tcp",
-		"ch-slots { 172.30.0.21 . tcp . 80 . 0.0.0.255 : ",
+		"ch-slots { 255 . 172.30.0.21 . tcp . 80 : ",
 	} {
 		if !strings.Contains(script, want) {
 			t.Errorf("render lacks %q", want)

@@ -129,8 +129,11 @@ type compiler struct {
 	addrTyp string // "ipv4_addr" or "ipv6_addr"
 	nodeIPs []netip.Addr
 	npIPs   []netip.Addr
-	// slotAddrs are the slots of a rotation table as ch-slots keys: 0.0.0.<i>, ::<i>.
-	slotAddrs []string
+	// slots are the slots of a rotation table as ch-slots keys: "0" to "255".
+	slots []string
+	// slotPayload is the raw payload of the client address's last byte: @nh,120,8
+	// (IPv4), @nh,184,8 (IPv6).
+	slotPayload string
 }
 
 func newCompiler(cfg *Config) *compiler {
@@ -138,13 +141,13 @@ func newCompiler(cfg *Config) *compiler {
 	if cfg.Family == IPv6 {
 		c.ip, c.addrTyp = "ip6", "ipv6_addr"
 	}
-	c.slotAddrs = make([]string, ConsistentTableSlots)
-	for i := range c.slotAddrs {
-		a := netip.AddrFrom4([4]byte{3: byte(i)})
-		if cfg.Family == IPv6 {
-			a = netip.AddrFrom16([16]byte{15: byte(i)})
-		}
-		c.slotAddrs[i] = a.String()
+	c.slotPayload = "@nh,120,8" // the source address is bytes 12-15 of the IPv4 header
+	if cfg.Family == IPv6 {
+		c.slotPayload = "@nh,184,8" // and bytes 8-23 of the IPv6 header
+	}
+	c.slots = make([]string, ConsistentTableSlots)
+	for i := range c.slots {
+		c.slots[i] = strconv.Itoa(i)
 	}
 	for _, a := range cfg.NodeIPs {
 		if cfg.Family.Contains(a) {
@@ -295,7 +298,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	strs := pc.endpointStrings(class, eps)
 	if slots != nil && usesRotation(class == classCluster, len(slots)) {
 		for i, ep := range slots {
-			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: []string{key[0], key[1], key[2], pc.c.slotAddrs[i]}, value: strs[ep]})
+			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: []string{pc.c.slots[i], key[0], key[1], key[2]}, value: strs[ep]})
 		}
 		return
 	}
@@ -711,20 +714,20 @@ func (c *compiler) viaClusterIPRules(n int) []string {
 	return rules
 }
 
-// rotationMasks returns the masks of the client address's prefix, whose hash picks the
-// rotation, and of its last byte, the slot before the rotation.
-func (c *compiler) rotationMasks() (prefix, low string) {
+// rotationPrefixMask is the mask of the client address's prefix, whose hash picks the
+// rotation: all but the last byte.
+func (c *compiler) rotationPrefixMask() string {
 	if c.cfg.Family == IPv6 {
-		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00", "::ff"
+		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00"
 	}
-	return "255.255.255.0", "0.0.0.255"
+	return "255.255.255.0"
 }
 
 // rotationDispatch is the rule of pick-ch-256: the hash of the client's prefix chooses
 // its rotation chain. An anonymous map in the one shared rule, since the kernel walks a
 // named map's elements for every chain that binds it.
 func (c *compiler) rotationDispatch() string {
-	prefix, _ := c.rotationMasks()
+	prefix := c.rotationPrefixMask()
 	picks := make([]string, ConsistentTableSlots)
 	for k := range picks {
 		picks[k] = fmt.Sprintf("%d : goto %s", k, rotationChain(k))
@@ -735,20 +738,22 @@ func (c *compiler) rotationDispatch() string {
 
 // rotationRules returns the skeleton's rotation chains and their one rule each: DNAT
 // through the entry's table in ch-slots at slot (last byte of the client) XOR k. The
+// slot comes first in the key, as a raw payload: nft 1.0.6 lists a bitwise operation
+// anywhere else in a concatenation without the parentheses it needs to parse it, so a
+// saved ruleset (`nft list ruleset`) would not load again. The
 // kernel walks a map's elements, flushed ones included, for each chain whose new rules
 // bind it: re-adding 256 such chains over 512,000 flushed slots made a full sync's
 // transaction 39 s instead of 7-11 s. So the chains are the skeleton's, whose rules a
 // full sync adds while ch-slots, recreated rather than flushed, is still empty
 // (Skeleton.RecreatedMaps).
 func (c *compiler) rotationRules() ([]*knftables.Chain, []*knftables.Rule) {
-	_, low := c.rotationMasks()
 	chains := make([]*knftables.Chain, ConsistentTableSlots)
 	rules := make([]*knftables.Rule, ConsistentTableSlots)
 	for k := range chains {
 		name := rotationChain(k)
 		chains[k] = &knftables.Chain{Name: name}
-		rules[k] = &knftables.Rule{Chain: name, Rule: fmt.Sprintf("dnat %s to %s . ( %s saddr & %s ^ %s ) map @%s",
-			c.ip, c.entryKey(), c.ip, low, c.slotAddrs[k], mapConsistentSlots)}
+		rules[k] = &knftables.Rule{Chain: name, Rule: fmt.Sprintf("dnat %s to %s ^ 0x%x . %s map @%s",
+			c.ip, c.slotPayload, k, c.entryKey(), mapConsistentSlots)}
 	}
 	return chains, rules
 }
@@ -843,7 +848,7 @@ func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
 		{Name: mapClusterIPOf, Type: entryType + " : " + at, Comment: ptr("consistentHash entry -> its Service port's cluster IP")},
 		{Name: mapClusterPortOf, Type: entryType + " : inet_service", Comment: ptr("consistentHash entry -> its Service port's port")},
-		{Name: mapConsistentSlots, Type: entryType + " . " + at + " : " + at + " . inet_service", Comment: ptr("consistentHash entry . slot -> endpoint")},
+		{Name: mapConsistentSlots, TypeOf: fmt.Sprintf("%s . %s : %s daddr . th dport", c.slotPayload, c.entryKey(), ip), Comment: ptr("consistentHash slot . entry -> endpoint")},
 		{Name: mapRoundRobinPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-at chain")},
 		{Name: mapRoundRobinClusterPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-cluster-at chain")},
 	}

@@ -248,7 +248,7 @@ func TestGoldenSkeleton(t *testing.T) {
 	want := skeletonIPv4
 	for k := range ConsistentTableSlots {
 		want += fmt.Sprintf("add chain ip shardproxy-test ch-rotation-%d\n", k) +
-			fmt.Sprintf("add rule ip shardproxy-test ch-rotation-%d dnat ip to ip daddr . meta l4proto . th dport . ( ip saddr & 0.0.0.255 ^ 0.0.0.%d ) map @ch-slots\n", k, k)
+			fmt.Sprintf("add rule ip shardproxy-test ch-rotation-%d dnat ip to @nh,120,8 ^ 0x%x . ip daddr . meta l4proto . th dport map @ch-slots\n", k, k)
 	}
 	if diff := cmp.Diff(golden(want), golden(fake.Dump())); diff != "" {
 		t.Errorf("skeleton (-want +got):\n%s", diff)
@@ -278,7 +278,7 @@ add set ip shardproxy-test hairpin { type ipv4_addr . ipv4_addr ; comment "endpo
 add map ip shardproxy-test cluster-endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
-add map ip shardproxy-test ch-slots { type ipv4_addr . inet_proto . inet_service . ipv4_addr : ipv4_addr . inet_service ; comment "consistentHash entry . slot -> endpoint" ; }
+add map ip shardproxy-test ch-slots { typeof @nh,120,8 . ip daddr . meta l4proto . th dport : ip daddr . th dport ; comment "consistentHash slot . entry -> endpoint" ; }
 add map ip shardproxy-test cluster-ip-of { type ipv4_addr . inet_proto . inet_service : ipv4_addr ; comment "consistentHash entry -> its Service port's cluster IP" ; }
 add map ip shardproxy-test cluster-port-of { type ipv4_addr . inet_proto . inet_service : inet_service ; comment "consistentHash entry -> its Service port's port" ; }
 add map ip shardproxy-test endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> endpoint" ; }

@@ -102,7 +102,7 @@ func TestGoldenModes(t *testing.T) {
 		table := consistentTable([]Endpoint{pod, remote})
 		var want []string
 		for slot, e := range table {
-			want = append(want, fmt.Sprintf("172.30.0.10 . tcp . 80 . 0.0.0.%d : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
+			want = append(want, fmt.Sprintf("%d . 172.30.0.10 . tcp . 80 : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
 		}
 		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, mapConsistentSlots))); diff != "" {
 			t.Errorf("ch-slots (-want +got):\n%s", diff)

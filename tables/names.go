@@ -93,14 +93,15 @@ const (
 	// @ids . jhash ... map @slots"), which would need no rewrite.
 	mapClusterIPOf   = "cluster-ip-of"
 	mapClusterPortOf = "cluster-port-of"
-	// mapConsistentSlots is entry . slot -> endpoint: the 256-slot tables of
-	// consistentHash ports. The slot is typed as an address (0.0.0.<slot>, ::<slot>):
-	// the rotation chains compute it from the client's address with a bitwise
-	// expression, whose type is the address's. Only the rotation chains bind it, and a
-	// full sync recreates it empty instead of flushing it (Skeleton.RecreatedMaps).
+	// mapConsistentSlots is slot . entry -> endpoint: the 256-slot tables of
+	// consistentHash ports. The slot is the raw payload of the client address's last
+	// byte XOR the rotation (@nh,120,8 ^ k), first in the key so that nft can read its
+	// own listing back. Typed with typeof (th dport), so only rules of the transaction
+	// that creates it may use it: the rotation chains, which a full sync writes with
+	// it, recreating it empty instead of flushing it (Skeleton.RecreatedMaps).
 	mapConsistentSlots = "ch-slots"
 	// rotationPrefix names the 256 shared chains "ch-rotation-<k>" (skeleton), which
-	// DNAT through mapConsistentSlots with the slot (client address & 0xff) XOR k;
+	// DNAT through mapConsistentSlots with the slot (client address's last byte) XOR k;
 	// pick-ch-256 sends a client to chain k = the hash of its /24 (IPv6: /120) prefix.
 	rotationPrefix = "ch-rotation-"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject

@@ -216,6 +216,7 @@ const (
 	fieldProto                // inet_proto: 1 byte
 	fieldPort                 // inet_service: 2 bytes, network order
 	fieldIndex                // numgen's result: 4 bytes, host order
+	fieldByte                 // a raw payload of 8 bits (@nh,<offset>,8): 1 byte
 	fieldVerdict              // a vmap's value
 )
 
@@ -309,6 +310,8 @@ func parseFields(spec string, typeOf bool) ([]field, error) {
 			out = append(out, fieldProto)
 		case strings.HasPrefix(e, "numgen "):
 			out = append(out, fieldIndex)
+		case strings.HasPrefix(e, "@nh,") && strings.HasSuffix(e, ",8"):
+			out = append(out, fieldByte)
 		case e == "verdict":
 			out = append(out, fieldVerdict)
 		default:
@@ -399,6 +402,12 @@ func encodeField(f field, s string) ([]byte, error) {
 			return nil, fmt.Errorf("index %q: %w", s, err)
 		}
 		return binary.NativeEndian.AppendUint32(nil, uint32(n)), nil
+	case fieldByte:
+		n, err := strconv.ParseUint(s, 0, 8)
+		if err != nil {
+			return nil, fmt.Errorf("byte %q: %w", s, err)
+		}
+		return pad([]byte{byte(n)}), nil
 	}
 	return nil, fmt.Errorf("field kind %d cannot be encoded as data", f)
 }

@@ -35,11 +35,12 @@ func TestPickExpressions(t *testing.T) {
 		{"jhash of a masked IPv6 source hashes the /120", fmt.Sprintf("pre: jhash ip6 saddr & ffff:ffff:ffff:ffff:ffff:ffff:ffff:ff00 mod 256 seed 0x1f2e3d4c %d drop",
 			JHashMod(netip.MustParseAddr("fd00::1:0"), 0x1f2e3d4c, 256)), src6, "drop"},
 		{"jhash with a mask of the other family", "pre: jhash ip saddr & ::ff mod 2 seed 0x1 0 drop", src4, "error: want an address of its family"},
-		{"the last byte XOR a constant", "pre: ( ip saddr & 0.0.0.255 ^ 0.0.0.7 ) 0.0.0.14 drop", src4, "drop"},
-		{"the last byte XOR a constant misses other values", "pre: ( ip saddr & 0.0.0.255 ^ 0.0.0.7 ) 0.0.0.9 drop", src4, "accept dnat 10.244.1.2:8080 masq"},
-		{"the last byte of an IPv6 source XOR a constant", "pre: ( ip6 saddr & ::ff ^ ::7 ) ::e2 drop", src6, "drop"},
-		{"a bitwise operation the tracer does not model", "pre: ( ip saddr | 0.0.0.7 ) 0.0.0.9 drop", src4, "error: bitwise expression"},
-		{"a bitwise operation on a non-address", "pre: ( meta mark & 0.0.0.7 ) 0.0.0.9 drop", src4, "error: only addresses"},
+		{"the last byte XOR a constant", "pre: @nh,120,8 ^ 0x7 14 drop", src4, "drop"},
+		{"the last byte XOR a constant misses other values", "pre: @nh,120,8 ^ 0x7 9 drop", src4, "accept dnat 10.244.1.2:8080 masq"},
+		{"the last byte of an IPv6 source XOR a constant", "pre: @nh,184,8 ^ 0x7 0xe2 drop", src6, "drop"},
+		{"another raw payload", "pre: @nh,96,8 1 drop", src4, "error: only @nh,120,8"},
+		{"the IPv4 offset on an IPv6 packet", "pre: @nh,120,8 1 drop", src6, "error: only @nh,184,8"},
+		{"XOR of an address (not modelled)", "pre: ip saddr ^ 0x7 1 drop", src4, "error: ^ is modelled only"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

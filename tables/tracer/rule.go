@@ -125,37 +125,26 @@ func (tr *Tracer) selector(t *tokens, s *state) (value, error) {
 		return numgenSelector(t)
 	case "jhash":
 		return jhashSelector(t, s)
-	case "(":
-		return tr.bitwiseSelector(t, s)
+	}
+	if strings.HasPrefix(w, "@nh,") {
+		return rawPayloadSelector(w, s)
 	}
 	return value{}, fmt.Errorf("unknown selector at %q", w)
 }
 
-// bitwiseSelector reads the rest of "( <address selector> [& MASK] [^ XOR] )" (after
-// "("), the form the consistentHash rotation chains compute a slot with, and applies
-// the operations to the address bytes as the kernel's bitwise expression does: (a &
-// MASK) ^ XOR.
-func (tr *Tracer) bitwiseSelector(t *tokens, s *state) (value, error) {
-	v, err := tr.selector(t, s)
-	if err != nil {
-		return value{}, err
+// rawPayloadSelector evaluates "@nh,OFFSET,8", the raw network-header byte the
+// consistentHash rotation chains read: only the last byte of the source address is
+// modelled (offset 120 in IPv4, 184 in IPv6).
+func rawPayloadSelector(w string, s *state) (value, error) {
+	want := "@nh,120,8"
+	if s.src.Is6() {
+		want = "@nh,184,8"
 	}
-	if !v.addr.IsValid() {
-		return value{}, fmt.Errorf("bitwise operation on %q: only addresses are modelled", v)
+	if w != want {
+		return value{}, fmt.Errorf("raw payload %s of a %s packet: only %s (the last byte of the source address) is modelled", w, s.proto, want)
 	}
-	for _, op := range []string{"&", "^"} {
-		if t.peek(0) != op {
-			continue
-		}
-		t.next()
-		if v.addr, err = bitwise(v.addr, op, t.next()); err != nil {
-			return value{}, err
-		}
-	}
-	if err := t.expect(")"); err != nil {
-		return value{}, fmt.Errorf("bitwise expression: %w", err)
-	}
-	return v, nil
+	b := s.src.AsSlice()
+	return value{num: uint64(b[len(b)-1]), isNum: true}, nil
 }
 
 // bitwise applies "& lit" or "^ lit" to address a, lit being an address of its family.
@@ -270,13 +259,22 @@ func jhashSelector(t *tokens, s *state) (value, error) {
 	return value{num: uint64(JHashMod(src, uint32(seed), uint32(n))), isNum: true}, nil
 }
 
-// expr reads a concatenation of selectors.
+// expr reads a concatenation of selectors, each maybe XORed with a constant ("@nh,120,8
+// ^ 0x7": a number, as the rotation chains' slot).
 func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
 	var vals []value
 	for {
 		v, err := tr.selector(t, s)
 		if err != nil {
 			return nil, err
+		}
+		if t.peek(0) == "^" {
+			t.next()
+			x, err := strconv.ParseUint(t.next(), 0, 32)
+			if err != nil || !v.isNum || v.numRange > 0 {
+				return nil, fmt.Errorf("^ is modelled only between a number and a constant")
+			}
+			v.num ^= x
 		}
 		vals = append(vals, v)
 		if t.peek(0) != "." {
@@ -288,10 +286,10 @@ func (tr *Tracer) expr(t *tokens, s *state) ([]value, error) {
 
 func isSelectorStart(w string) bool {
 	switch w {
-	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen", "jhash", "(":
+	case "ip", "ip6", "meta", "th", "tcp", "udp", "sctp", "iifname", "ct", "fib", "numgen", "jhash":
 		return true
 	}
-	return false
+	return strings.HasPrefix(w, "@nh,")
 }
 
 // componentMatches compares one evaluated value with one element or literal component.

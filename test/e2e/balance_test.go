@@ -64,10 +64,10 @@ func TestConsistentHashEveryAddress(t *testing.T) {
 			t.Errorf("team-a's table does not send %s through the cluster IP's table", entry)
 		}
 	}
-	if n := strings.Count(table, svc.Spec.ClusterIP+" . tcp . 80 . "); n != 256 {
+	if n := strings.Count(table, " . "+svc.Spec.ClusterIP+" . tcp . 80 : "); n != 256 {
 		t.Errorf("the cluster IP has %d slots in team-a's table, want 256", n)
 	}
-	if strings.Contains(table, lbIP+" . tcp . 80 . ") {
+	if strings.Contains(table, " . "+lbIP+" . tcp . 80 : ") {
 		t.Errorf("the load-balancer IP has slots of its own in team-a's table")
 	}
 	t.Logf("the client reaches %s through %s:80 and %s:%d", first, lbIP, netns.NodeIPv4, nodePort)
