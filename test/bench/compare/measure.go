@@ -131,6 +131,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	if err != nil {
 		return fail(err)
 	}
+	// The kernel's high-water mark lags (it is folded in at some points only, and a read
+	// adds the current RSS): a later read can be below an earlier one.
+	res.PeakRSSMB = max(res.PeakRSSMB, res.FirstSyncPeakRSSMB)
 	return res, nil
 }
 
