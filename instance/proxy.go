@@ -158,8 +158,10 @@ type Proxy struct {
 	hcPorts  map[types.NamespacedName]int32
 	localEps map[types.NamespacedName]int
 	// hcResult and localResult are the copies of hcPorts and localEps the SyncResults
-	// share, made again only after hcChanged: copying them at every sync made a partial
-	// sync O(Services with a health check).
+	// share, made again only after hcChanged: copying them at every sync made each
+	// partial sync copy every health-checked Service's entry (the supervisor's observer
+	// still walks them per sync, as upstream's proxier does: ownership between
+	// instances can change without this instance's maps changing).
 	hcResult    map[types.NamespacedName]int32
 	localResult map[types.NamespacedName]int
 	hcChanged   bool

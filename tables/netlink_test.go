@@ -149,7 +149,8 @@ func randomChanges(rng *rand.Rand, state map[ServiceName][]*ServicePort, fam Fam
 			p.AffinityTimeout = 0
 		}
 		if rng.Intn(4) == 0 {
-			// A Service changes its mode (its annotation). consistentHash: consistentSvc3.
+			// A Service changes its mode (its annotation); consistentHash is svc-3's
+			// alone (consistentSvc3), its 256-slot tables being large.
 			p.LoadBalancing = LBModes()[rng.Intn(3)]
 		}
 		if fam == IPv6 {
@@ -205,6 +206,7 @@ func TestNetlinkWriterMatchesNft(t *testing.T) {
 				}
 				state[name] = ports
 			}
+			consistentSvc3(state)
 			for _, s := range []*Syncer{byNft, byNetlink} {
 				if _, err := s.Full(ctx, state); err != nil {
 					t.Fatal(err)
@@ -214,6 +216,7 @@ func TestNetlinkWriterMatchesNft(t *testing.T) {
 			direct := 0
 			for step := 0; step < 60; step++ {
 				changes := randomChanges(rng, state, fam)
+				consistentSvc3(changes) // ch-slots, and its one-byte slot, over netlink too
 				if _, err := byNft.Partial(ctx, changes); err != nil {
 					t.Fatalf("step %d through nft: %v", step, err)
 				}
@@ -384,6 +387,9 @@ func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
 		t.Fatal(err)
 	}
 	s.SetDirect(w)
+	// The writer keeps its socket, which would keep the namespace alive after its
+	// deletion; cleanups run last first, so this runs before h closes.
+	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
 

@@ -216,6 +216,9 @@ func TestIndexPortsKeepsNoTCPEndpoints(t *testing.T) {
 		{Name: tcp, Protocol: tables.TCP, ClusterIP: ap(epB).Addr(), Port: 80, ClusterEndpoints: eps, LocalEndpoints: eps},
 	}
 	byKey, _ := indexPorts(ports, Serving{udp: eps[1:], tcp: eps})
+	if len(byKey) != 2 {
+		t.Fatalf("indexed %d ports, want 2", len(byKey))
+	}
 	for key, p := range byKey {
 		want := 0
 		if key.proto == tables.UDP {

@@ -147,19 +147,15 @@ func rawPayloadSelector(w string, s *state) (value, error) {
 	return value{num: uint64(b[len(b)-1]), isNum: true}, nil
 }
 
-// bitwise applies "& lit" or "^ lit" to address a, lit being an address of its family.
-func bitwise(a netip.Addr, op, lit string) (netip.Addr, error) {
+// mask applies "& lit" to address a, lit being an address of its family.
+func mask(a netip.Addr, lit string) (netip.Addr, error) {
 	b, err := netip.ParseAddr(lit)
 	if err != nil || b.Is4() != a.Is4() {
-		return netip.Addr{}, fmt.Errorf("%s %s on %s: want an address of its family", op, lit, a)
+		return netip.Addr{}, fmt.Errorf("& %s on %s: want an address of its family", lit, a)
 	}
 	x, y := a.AsSlice(), b.AsSlice()
 	for i := range x {
-		if op == "&" {
-			x[i] &= y[i]
-		} else {
-			x[i] ^= y[i]
-		}
+		x[i] &= y[i]
 	}
 	out, _ := netip.AddrFromSlice(x)
 	return out, nil
@@ -235,7 +231,7 @@ func jhashSelector(t *tokens, s *state) (value, error) {
 	if t.peek(0) == "&" {
 		t.next()
 		var err error
-		if src, err = bitwise(src, "&", t.next()); err != nil {
+		if src, err = mask(src, t.next()); err != nil {
 			return value{}, fmt.Errorf("jhash: %w", err)
 		}
 	}

@@ -3,8 +3,10 @@ package demo
 import (
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -166,10 +168,5 @@ func Owner(nft func(args ...string) (string, error), clusterIP string) string {
 	return strings.Join(owners, ",")
 }
 
-// JoinHostPort is addr:port, bracketed for IPv6.
-func JoinHostPort(addr string, port int) string {
-	if strings.Contains(addr, ":") {
-		return fmt.Sprintf("[%s]:%d", addr, port)
-	}
-	return fmt.Sprintf("%s:%d", addr, port)
-}
+// JoinHostPort is net.JoinHostPort with a numeric port.
+func JoinHostPort(addr string, port int) string { return net.JoinHostPort(addr, strconv.Itoa(port)) }

@@ -152,6 +152,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	if err != nil {
 		return e, err
 	}
+	e.sup.ns = tp.Node
 	if err := e.wireControlPlane(); err != nil {
 		return e, err
 	}
@@ -352,7 +353,6 @@ func (e *Env) createNodes(ctx context.Context) error {
 
 // StartSupervisor starts `shardproxy run` in the node namespace.
 func (e *Env) StartSupervisor() error {
-	e.sup.ns = e.TP.Node // set once the topology exists; the same at every start
 	return e.sup.start(append([]string{e.Binary, "run", "--config", e.ConfigPath, "--v", "2"}, e.opts.SupervisorArgs...)...)
 }
 
