@@ -391,7 +391,7 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 	}
 	m.r.logf("labelled %d of %d Services %s, the rest %s, in %.1fs", len(m.served), len(m.cluster.Services),
 		gen.ServedProxyName, gen.OtherProxyName, time.Since(start).Seconds())
-	if err := m.restart(shardproxyInstances(m.r.o.MinSyncPeriod, true)); err != nil {
+	if err := m.resetNode(shardproxyInstances(m.r.o.MinSyncPeriod, true)); err != nil {
 		return err
 	}
 	d := *ours
@@ -408,7 +408,7 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 		return err
 	}
 	m.r.logf("deleted the %d Services not served in %.1fs", len(m.cluster.Services)-len(m.served), time.Since(start).Seconds())
-	if err := m.restart(""); err != nil {
+	if err := m.resetNode(""); err != nil {
 		return err
 	}
 	d.name, d.profileTag = servedOnlyName, "served-only"
@@ -420,9 +420,9 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 	return nil
 }
 
-// restart deletes the tables the last shardproxy left and, when instances is set,
+// resetNode deletes the tables the last shardproxy left and, when instances is set,
 // makes them the supervisor's instances for its next start.
-func (m *measurer) restart(instances string) error {
+func (m *measurer) resetNode(instances string) error {
 	if out, err := m.e.CLI("cleanup", "--all"); err != nil {
 		return fmt.Errorf("cleaning up: %w: %s", err, out)
 	}
@@ -445,7 +445,7 @@ func (m *measurer) restart(instances string) error {
 func (m *measurer) measureAlso(ctx context.Context, res *ScaleResult, ours *daemon) error {
 	for i, bin := range m.r.also {
 		// The supervisor leaves its tables on SIGTERM (traffic keeps flowing).
-		if err := m.restart(""); err != nil {
+		if err := m.resetNode(""); err != nil {
 			return fmt.Errorf("before %s: %w", m.r.o.Also[i], err)
 		}
 		m.e.Binary = bin
