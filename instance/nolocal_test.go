@@ -56,16 +56,7 @@ func TestSyncCountsNoLocalEndpointsPerFamily(t *testing.T) {
 // local endpoint count of each LoadBalancer Service with a Local external policy, right
 // after each change, though results share one copy while nothing of it changes.
 func TestSyncResultHealthChecks(t *testing.T) {
-	p, err := New(Options{
-		Name: "test", Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
-		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.NewFake(tables.KnftFamily(fam), table), nil
-		},
-		Node: thisNode(), Clock: testutil.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _ := newTestProxy(t, nil)
 	lbLocal := func(port int32) func(*corev1.Service) {
 		return func(s *corev1.Service) {
 			ofType(corev1.ServiceTypeLoadBalancer)(s)

@@ -11,9 +11,6 @@ import (
 // ledger's size with a map per Service and one per port (about 5.3 KB a Service with
 // this test's elements) and its size with slices (about 4.0 KB).
 func TestLedgerHeapPerService(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measures the heap; not with -short")
-	}
 	const n, maxBytes = 2000, 4600
 	cfg := testConfig(IPv4)
 	c := newCompiler(&cfg)
