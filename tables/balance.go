@@ -118,14 +118,48 @@ func consistentTable(eps []Endpoint) []int {
 // for one endpoint). Only tests ask for another size than ConsistentTableSize's, to
 // measure what the size buys.
 func consistentTableOfSize(eps []Endpoint, size int) []int {
+	return greedyTable(eps, size, ^uint64(0))
+}
+
+// greedyTable builds the balanced rendezvous table of eps with size slots, each pair's
+// score ANDed with mask (all ones but in tests, which make ties happen).
+//
+// Going through all size×n pairs from the highest score down is the definition; it
+// needs only the pairs that decide something, so each slot keeps its own candidates
+// and a heap holds every open slot by its best candidate not yet turned down: the top
+// of the heap is the next pair of the global order that can still take effect. An
+// endpoint that is full turns down the slot, which moves on to its next candidate;
+// endpoints only ever fill up, so a pair turned down then would be turned down in the
+// global order too. A partial sync for one endpoint change rebuilds its port's table,
+// and sorting all 2,560 pairs of ten endpoints took most of that sync's Go time.
+func greedyTable(eps []Endpoint, size int, mask uint64) []int {
 	n := len(eps)
-	if n <= 1 {
-		return make([]int, size)
-	}
-	pairs := scoredPairs(eps, size)
 	table := make([]int, size)
-	for i := range table {
-		table[i] = -1
+	if n <= 1 {
+		return table
+	}
+	order := endpointOrder(eps)
+	bases := make([]uint64, n)
+	for r, i := range order {
+		h := fnv.New64a()
+		h.Write([]byte(eps[i].String()))
+		bases[r] = h.Sum64()
+	}
+	g := &greedy{n: n, cands: make([]candidate, size*n), next: make([]int, size)}
+	for s := range size {
+		slot := mix64(uint64(s) + 1)
+		c := g.cands[s*n : (s+1)*n]
+		for r := range c {
+			c[r] = candidate{score: mix64(bases[r]^slot) & mask, rank: int32(r)}
+		}
+		g.selectBest(s)
+	}
+	g.heap = make([]int32, size)
+	for s := range g.heap {
+		g.heap[s] = int32(s)
+	}
+	for i := size/2 - 1; i >= 0; i-- {
+		g.down(i)
 	}
 	taken := make([]int, n)
 	// quota slots each, and quota+1 for the first extra endpoints to reach quota: the
@@ -133,30 +167,28 @@ func consistentTableOfSize(eps []Endpoint, size int) []int {
 	// pass would) to whichever endpoints the leftover slots rank best, which moved more
 	// clients when the set changed (tables/README.md has both).
 	quota, extra := size/n, size%n
-	for _, p := range pairs {
-		if table[p.slot] >= 0 || taken[p.ep] > quota || (taken[p.ep] == quota && extra == 0) {
+	for len(g.heap) > 0 {
+		s := int(g.heap[0])
+		r := g.best(s).rank
+		if taken[r] > quota || (taken[r] == quota && extra == 0) {
+			g.next[s]++
+			g.selectBest(s)
+			g.down(0)
 			continue
 		}
-		if taken[p.ep] == quota {
+		if taken[r] == quota {
 			extra--
 		}
-		table[p.slot] = int(p.ep)
-		taken[p.ep]++
+		table[s] = order[r]
+		taken[r]++
+		g.pop()
 	}
 	return table
 }
 
-// scoredPair is one (slot, endpoint) pair of a consistent-hash table and its score.
-type scoredPair struct {
-	score uint64
-	slot  int32
-	ep    int32
-}
-
-// scoredPairs returns every (slot, endpoint) pair, highest score first; pairs with
-// equal scores (possible, never seen) in the order of their endpoints' addresses and
-// ports, not their positions in eps, so the table stays a function of the set.
-func scoredPairs(eps []Endpoint, size int) []scoredPair {
+// endpointOrder returns the indexes of eps by address and port: an endpoint's rank,
+// which breaks ties between equal scores, so that the table is a function of the set.
+func endpointOrder(eps []Endpoint) []int {
 	order := make([]int, len(eps))
 	for i := range order {
 		order[i] = i
@@ -167,39 +199,82 @@ func scoredPairs(eps []Endpoint, size int) []scoredPair {
 		}
 		return int(eps[a].Port) - int(eps[b].Port)
 	})
-	pairs := make([]scoredPair, 0, len(eps)*size)
-	for _, i := range order {
-		h := fnv.New64a()
-		h.Write([]byte(eps[i].String()))
-		base := h.Sum64()
-		for s := range size {
-			pairs = append(pairs, scoredPair{score: mix64(base ^ mix64(uint64(s)+1)), slot: int32(s), ep: int32(i)})
-		}
-	}
-	return sortByScore(pairs)
+	return order
 }
 
-// sortByScore sorts pairs by descending score, keeping the order of equal scores: a
-// radix sort, a byte at a time. A comparison sort of a table's pairs (2,560 for 10
-// endpoints) took most of a consistentHash full sync's Go time at 10,000 Services.
-func sortByScore(pairs []scoredPair) []scoredPair {
-	tmp := make([]scoredPair, len(pairs))
-	for shift := 0; shift < 64; shift += 8 {
-		var count [257]int
-		for _, p := range pairs {
-			count[int(^byte(p.score>>shift))+1]++
+// candidate is an endpoint (by rank) and its score for one slot.
+type candidate struct {
+	score uint64
+	rank  int32
+}
+
+// before reports whether a comes before b in the order pairs are taken in: higher
+// score first, then lower rank.
+func (a candidate) before(b candidate) bool {
+	return a.score > b.score || (a.score == b.score && a.rank < b.rank)
+}
+
+// greedy is the state of greedyTable: each slot's candidates, and a heap of the open
+// slots.
+type greedy struct {
+	n int
+	// cands[s*n:(s+1)*n] are slot s's candidates: the first next[s] were turned down,
+	// and the one at next[s] is the best of the others (selectBest).
+	cands []candidate
+	next  []int
+	// heap holds the open slots, the one whose best candidate comes first on top.
+	heap []int32
+}
+
+func (g *greedy) best(s int) candidate { return g.cands[s*g.n+g.next[s]] }
+
+// selectBest moves slot s's best remaining candidate to position next[s]. Most slots
+// take their first choice, so selecting on demand beats sorting each slot's list.
+func (g *greedy) selectBest(s int) {
+	c := g.cands[s*g.n : (s+1)*g.n]
+	b := g.next[s]
+	for i := b + 1; i < len(c); i++ {
+		if c[i].before(c[b]) {
+			b = i
 		}
-		for b := 1; b < len(count); b++ {
-			count[b] += count[b-1]
-		}
-		for _, p := range pairs {
-			d := ^byte(p.score >> shift)
-			tmp[count[d]] = p
-			count[d]++
-		}
-		pairs, tmp = tmp, pairs
 	}
-	return pairs
+	c[g.next[s]], c[b] = c[b], c[g.next[s]]
+}
+
+// less orders slots by their best candidates; equal pairs by slot, as the pairs of
+// one endpoint are in the global order.
+func (g *greedy) less(i, j int) bool {
+	a, b := int(g.heap[i]), int(g.heap[j])
+	ca, cb := g.best(a), g.best(b)
+	if ca != cb {
+		return ca.before(cb)
+	}
+	return a < b
+}
+
+func (g *greedy) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(g.heap) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(g.heap) && g.less(r, l) {
+			m = r
+		}
+		if !g.less(m, i) {
+			return
+		}
+		g.heap[i], g.heap[m] = g.heap[m], g.heap[i]
+		i = m
+	}
+}
+
+func (g *greedy) pop() {
+	last := len(g.heap) - 1
+	g.heap[0] = g.heap[last]
+	g.heap = g.heap[:last]
+	g.down(0)
 }
 
 // mix64 is splitmix64's finalizer: a cheap bijection that spreads every input bit.

@@ -3,6 +3,7 @@ package tables
 import (
 	"cmp"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand"
 	"net/netip"
@@ -353,45 +354,71 @@ func worstDeviation(clients []netip.Addr, pick func(netip.Addr) int, n int) floa
 	return worst
 }
 
-// TestScoredPairsOrder checks the radix sort against a comparison sort of the same pairs:
-// highest score first, equal scores by endpoint address and port. Ties never occur
-// with real scores, so the test also sorts pairs whose scores keep only a few bits.
-func TestScoredPairsOrder(t *testing.T) {
+// TestGreedyTableIsTheDefinition checks greedyTable against its definition, written
+// out: every (slot, endpoint) pair sorted by score (highest first; equal scores by
+// endpoint address and port, then slot), and a slot taking its pair's endpoint unless
+// the slot is taken or the endpoint full. Ties never occur with real scores, so the
+// test also builds tables whose scores keep only a few bits.
+func TestGreedyTableIsTheDefinition(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mask uint64
 	}{{"real scores", ^uint64(0)}, {"scores of 3 bits: ties everywhere", 0x7 << 40}} {
 		t.Run(tc.name, func(t *testing.T) {
-			for s := range 20 {
-				eps := endpointSet(s, 1+s%12)
+			for s := range 40 {
+				eps := endpointSet(s, 1+s%13)
 				rand.New(rand.NewSource(int64(s))).Shuffle(len(eps), func(i, j int) { eps[i], eps[j] = eps[j], eps[i] })
-				// In the order scoredPairs makes them before sorting: by endpoint, then slot.
-				pairs := scoredPairs(eps, 64)
-				slices.SortFunc(pairs, func(a, b scoredPair) int {
-					if c := eps[a.ep].IP.Compare(eps[b.ep].IP); c != 0 {
-						return c
+				for _, size := range []int{16, ConsistentTableSlots} {
+					if got, want := greedyTable(eps, size, tc.mask), definedTable(eps, size, tc.mask); !slices.Equal(got, want) {
+						t.Fatalf("set %d, %d slots: greedyTable\n%v\nthe definition\n%v", s, size, got, want)
 					}
-					return cmp.Compare(a.slot, b.slot)
-				})
-				for i := range pairs {
-					pairs[i].score &= tc.mask
-				}
-				want := slices.Clone(pairs)
-				slices.SortStableFunc(want, func(a, b scoredPair) int {
-					if a.score != b.score {
-						return cmp.Compare(b.score, a.score)
-					}
-					if c := eps[a.ep].IP.Compare(eps[b.ep].IP); c != 0 {
-						return c
-					}
-					return cmp.Compare(eps[a.ep].Port, eps[b.ep].Port)
-				})
-				if got := sortByScore(slices.Clone(pairs)); !slices.Equal(got, want) {
-					t.Fatalf("set %d: radix order differs from the comparison sort", s)
 				}
 			}
 		})
 	}
+}
+
+// definedTable is the balanced rendezvous table by its definition (greedyTable's doc).
+func definedTable(eps []Endpoint, size int, mask uint64) []int {
+	type pair struct {
+		score      uint64
+		slot, rank int
+	}
+	order := endpointOrder(eps)
+	var pairs []pair
+	for r, i := range order {
+		h := fnv.New64a()
+		h.Write([]byte(eps[i].String()))
+		for s := range size {
+			pairs = append(pairs, pair{mix64(h.Sum64()^mix64(uint64(s)+1)) & mask, s, r})
+		}
+	}
+	slices.SortFunc(pairs, func(a, b pair) int {
+		if a.score != b.score {
+			return cmp.Compare(b.score, a.score)
+		}
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.slot, b.slot))
+	})
+	table := make([]int, size)
+	if len(eps) <= 1 {
+		return table
+	}
+	for i := range table {
+		table[i] = -1
+	}
+	taken := make([]int, len(eps))
+	quota, extra := size/len(eps), size%len(eps)
+	for _, p := range pairs {
+		if table[p.slot] >= 0 || taken[p.rank] > quota || (taken[p.rank] == quota && extra == 0) {
+			continue
+		}
+		if taken[p.rank] == quota {
+			extra--
+		}
+		table[p.slot] = order[p.rank]
+		taken[p.rank]++
+	}
+	return table
 }
 
 func BenchmarkConsistentTable(b *testing.B) {

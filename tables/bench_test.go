@@ -173,36 +173,43 @@ func BenchmarkFullSyncFake(b *testing.B) {
 func BenchmarkPartialOneEndpoint(b *testing.B) {
 	for _, n := range benchScales {
 		for _, nft := range []string{"render", "fake"} {
-			b.Run(fmt.Sprintf("services=%d/%s", n, nft), func(b *testing.B) {
-				services := benchServices(n, 10)
-				var iface knftables.Interface = &renderOnly{fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
-				if nft == "fake" {
-					iface = knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
-				}
-				s := benchSyncer(b, iface)
-				if _, err := s.Full(context.Background(), services); err != nil {
-					b.Fatal(err)
-				}
-				pod := netip.MustParseAddr("100.127.0.1")
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					name := benchName(i * 7919 % n)
-					i++
-					ports := services[name]
-					changed := make([]*ServicePort, len(ports))
-					for k, sp := range ports {
-						c := *sp
-						c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
-						changed[k] = &c
+			for _, mode := range []LBMode{LBRandom, LBConsistentHash} {
+				b.Run(fmt.Sprintf("services=%d/%s/%s", n, nft, mode), func(b *testing.B) {
+					services := benchServices(n, 10)
+					for _, ports := range services {
+						for _, sp := range ports {
+							sp.LoadBalancing = mode
+						}
 					}
-					pod = pod.Next()
-					services[name] = changed
-					if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed}); err != nil {
+					var iface knftables.Interface = &renderOnly{fake: knftables.NewFake(knftables.IPv4Family, "shardproxy-test")}
+					if nft == "fake" {
+						iface = knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
+					}
+					s := benchSyncer(b, iface)
+					if _, err := s.Full(context.Background(), services); err != nil {
 						b.Fatal(err)
 					}
-				}
-			})
+					pod := netip.MustParseAddr("100.127.0.1")
+					b.ReportAllocs()
+					i := 0
+					for b.Loop() {
+						name := benchName(i * 7919 % n)
+						i++
+						ports := services[name]
+						changed := make([]*ServicePort, len(ports))
+						for k, sp := range ports {
+							c := *sp
+							c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
+							changed[k] = &c
+						}
+						pod = pod.Next()
+						services[name] = changed
+						if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed}); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 		}
 	}
 }
