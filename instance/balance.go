@@ -25,6 +25,16 @@ type LoadBalancing struct {
 	Allowed []tables.LBMode
 }
 
+// MayUse reports whether a Service of the instance may end up in mode m: the
+// instance's mode (random for "") or one its Services may ask for.
+func (lb LoadBalancing) MayUse(m tables.LBMode) bool {
+	mode := lb.Mode
+	if mode == "" {
+		mode = tables.LBRandom
+	}
+	return mode == m || slices.Contains(lb.Allowed, m)
+}
+
 // Build is Build with these settings: a Service's LoadBalancingAnnotation is honoured
 // where allowed, and otherwise reported as a problem (a Warning event) while the
 // Service gets the instance's mode.

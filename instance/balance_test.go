@@ -90,3 +90,34 @@ func TestProxyLoadBalancing(t *testing.T) {
 		t.Fatalf("after the Service asked for sourceHash:\n%s", d)
 	}
 }
+
+// TestRotationChainsOnlyWhereAllowed: an instance's tables hold the consistentHash
+// rotation chains when its mode is consistentHash or its Services may ask for it, and
+// not otherwise (tables.Config.ConsistentHash, set by New from LoadBalancing).
+func TestRotationChainsOnlyWhereAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lb   LoadBalancing
+		want bool
+	}{
+		{"random, nothing allowed", LoadBalancing{}, false},
+		{"random, roundRobin allowed", LoadBalancing{Mode: tables.LBRandom, Allowed: []tables.LBMode{tables.LBRoundRobin}}, false},
+		{"consistentHash", LoadBalancing{Mode: tables.LBConsistentHash}, true},
+		{"sourceHash, consistentHash allowed", LoadBalancing{Mode: tables.LBSourceHash, Allowed: []tables.LBMode{tables.LBConsistentHash}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.lb.MayUse(tables.LBConsistentHash); got != tc.want {
+				t.Errorf("MayUse(consistentHash) = %v, want %v", got, tc.want)
+			}
+			p, nft := newTestProxy(t, nil, func(o *Options) { o.LoadBalancing = tc.lb })
+			p.UpdateService(service())
+			p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.2", thisNodeName), ep("10.244.2.2", "other")))
+			if _, err := p.Sync(context.Background(), true); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(nft.dump(), "add chain ip shardproxy-test ch-rotation-0\n"); got != tc.want {
+				t.Errorf("rotation chains in the table: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

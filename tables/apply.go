@@ -135,6 +135,9 @@ func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 	for _, st := range d.DeleteSets {
 		ops.delete(&knftables.Set{Name: st})
 	}
+	for _, m := range d.DeleteMaps {
+		ops.delete(&knftables.Map{Name: m})
+	}
 }
 
 // writeSkeleton adds the table and its fixed objects, emptying those that exist.

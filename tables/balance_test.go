@@ -197,7 +197,7 @@ func rotatedSlot(a netip.Addr) int {
 	low := b[len(b)-1]
 	b[len(b)-1] = 0
 	prefix, _ := netip.AddrFromSlice(b)
-	return int(low) ^ int(tracer.JHashMod(prefix, HashSeed, ConsistentTableSlots))
+	return int(low) ^ rotationXOR(int(tracer.JHashMod(prefix, HashSeed, rotations)))
 }
 
 // TestRotatedSlotIsTheTracers: the slot rotatedSlot computes is the one the tracer

@@ -296,7 +296,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	chain, slots := pc.picker(class, eps)
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	strs := pc.endpointStrings(class, eps)
-	if slots != nil && usesRotation(class == classCluster, len(slots)) {
+	if slots != nil && pc.c.rotates(class == classCluster, len(slots)) {
 		for i, ep := range slots {
 			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: []string{pc.c.slots[i], key[0], key[1], key[2]}, value: strs[ep]})
 		}
@@ -675,7 +675,7 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	if mode == LBConsistentHash && usesRotation(cluster, n) {
+	if mode == LBConsistentHash && c.rotates(cluster, n) {
 		return []string{c.rotationDispatch()}, nil
 	}
 	pick := pickExpr(mode, ip, n)
@@ -728,12 +728,12 @@ func (c *compiler) rotationPrefixMask() string {
 // named map's elements for every chain that binds it.
 func (c *compiler) rotationDispatch() string {
 	prefix := c.rotationPrefixMask()
-	picks := make([]string, ConsistentTableSlots)
+	picks := make([]string, rotations)
 	for k := range picks {
 		picks[k] = fmt.Sprintf("%d : goto %s", k, rotationChain(k))
 	}
 	return fmt.Sprintf("jhash %s saddr & %s mod %d seed 0x%x vmap { %s }",
-		c.ip, prefix, ConsistentTableSlots, HashSeed, strings.Join(picks, " , "))
+		c.ip, prefix, rotations, HashSeed, strings.Join(picks, " , "))
 }
 
 // rotationRules returns the skeleton's rotation chains and their one rule each: DNAT
@@ -747,15 +747,22 @@ func (c *compiler) rotationDispatch() string {
 // full sync adds while ch-slots, recreated rather than flushed, is still empty
 // (Skeleton.RecreatedMaps).
 func (c *compiler) rotationRules() ([]*knftables.Chain, []*knftables.Rule) {
-	chains := make([]*knftables.Chain, ConsistentTableSlots)
-	rules := make([]*knftables.Rule, ConsistentTableSlots)
+	chains := make([]*knftables.Chain, rotations)
+	rules := make([]*knftables.Rule, rotations)
 	for k := range chains {
 		name := rotationChain(k)
 		chains[k] = &knftables.Chain{Name: name}
 		rules[k] = &knftables.Rule{Chain: name, Rule: fmt.Sprintf("dnat %s to %s ^ 0x%x . %s map @%s",
-			c.ip, c.slotPayload, k, c.entryKey(), mapConsistentSlots)}
+			c.ip, c.slotPayload, rotationXOR(k), c.entryKey(), mapConsistentSlots)}
 	}
 	return chains, rules
+}
+
+// rotates reports whether a consistentHash table of slots slots in the endpoint maps of
+// a class (cluster: the short circuit's) is looked up through the rotation chains: the
+// table has them (Config.ConsistentHash) and the table is one they serve (usesRotation).
+func (c *compiler) rotates(cluster bool, slots int) bool {
+	return c.cfg.ConsistentHash && usesRotation(cluster, slots)
 }
 
 // isDynamicChain reports whether a chain is a pick, affinity or round-robin chain (not
@@ -823,10 +830,17 @@ func (c *compiler) skeleton(prio Priorities) *Skeleton {
 	for _, name := range []string{chainServices, chainFirewallCheck, chainReject} {
 		chains = append(chains, &knftables.Chain{Name: name})
 	}
-	rotChains, rotRules := c.rotationRules()
 	table := &knftables.Table{Comment: ptr(OwnerComment(c.cfg.Instance, c.cfg.Supervisor))}
-	return &Skeleton{Table: table, Chains: append(chains, rotChains...), Sets: sets, Maps: maps,
-		Rules: append(c.fixedRules(), rotRules...), RecreatedMaps: []string{mapConsistentSlots}}
+	sk := &Skeleton{Table: table, Chains: chains, Sets: sets, Maps: maps, Rules: c.fixedRules()}
+	if c.cfg.ConsistentHash {
+		rotChains, rotRules := c.rotationRules()
+		sk.Chains, sk.Rules = append(sk.Chains, rotChains...), append(sk.Rules, rotRules...)
+		sk.Maps = append(sk.Maps, &knftables.Map{Name: mapConsistentSlots,
+			TypeOf:  fmt.Sprintf("%s . %s : %s daddr . th dport", c.slotPayload, c.entryKey(), c.ip),
+			Comment: ptr("consistentHash slot . entry -> endpoint")})
+		sk.RecreatedMaps = []string{mapConsistentSlots}
+	}
+	return sk
 }
 
 // fixedSetsAndMaps returns the sets and maps every table has.
@@ -848,7 +862,6 @@ func (c *compiler) fixedSetsAndMaps() (sets []*knftables.Set, maps []*knftables.
 		{Name: mapNoEndpoints, Type: entryType + " : verdict", Comment: ptr("entry without endpoints -> reject or drop")},
 		{Name: mapClusterIPOf, Type: entryType + " : " + at, Comment: ptr("consistentHash entry -> its Service port's cluster IP")},
 		{Name: mapClusterPortOf, Type: entryType + " : inet_service", Comment: ptr("consistentHash entry -> its Service port's port")},
-		{Name: mapConsistentSlots, TypeOf: fmt.Sprintf("%s . %s : %s daddr . th dport", c.slotPayload, c.entryKey(), ip), Comment: ptr("consistentHash slot . entry -> endpoint")},
 		{Name: mapRoundRobinPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-at chain")},
 		{Name: mapRoundRobinClusterPicks, TypeOf: "numgen inc mod 1 : verdict", Comment: ptr("round-robin index -> pick-cluster-at chain")},
 	}

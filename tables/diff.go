@@ -33,9 +33,10 @@ type Diff struct {
 	WriteChains []ChainRules
 	// AddElements are ids of elements to add, sorted like DeleteElements.
 	AddElements []string
-	// DeleteChains and DeleteSets are deleted last.
+	// DeleteChains, DeleteSets and DeleteMaps are deleted last, in that order.
 	DeleteChains []string
 	DeleteSets   []string
+	DeleteMaps   []string
 }
 
 // Skeleton is the fixed part of a table, the same whatever Services it serves.
@@ -77,7 +78,7 @@ func (d *Diff) NeedsRuleText() bool {
 // Len is the number of operations the Diff makes, one per element.
 func (d *Diff) Len() int {
 	n := len(d.DeleteElements) + len(d.FlushChains) + len(d.AddSets) + len(d.AddElements) +
-		len(d.DeleteChains) + len(d.DeleteSets)
+		len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
 	if d.Recreate {
 		n += 2
 	}
@@ -211,10 +212,18 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 			present[ch] = true
 		}
 		mayExist = func(ch string) bool { return present[ch] }
+		rotationLeft := false
 		for _, ch := range in.chains {
 			if _, wanted := after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
+			// Rotation chains of a run that allowed consistentHash, and their map.
+			if strings.HasPrefix(ch, rotationPrefix) && !l.c.cfg.ConsistentHash {
+				d.FlushChains, rotationLeft = append(d.FlushChains, ch), true
+			}
+		}
+		if rotationLeft {
+			d.DeleteMaps = append(d.DeleteMaps, mapConsistentSlots)
 		}
 		for _, st := range in.sets {
 			if _, wanted := after.sets[st]; strings.HasPrefix(st, affinityPrefix) && !wanted {

@@ -241,17 +241,32 @@ func TestAffinityNamesLength(t *testing.T) {
 }
 
 // TestGoldenSkeleton pins the fixed part of an instance's table: base chains, hooks,
-// priorities (slot 0), sets, maps and rules. tables/README.md documents it.
+// priorities (slot 0), sets, maps and rules. tables/README.md documents it. An
+// instance whose Services may be consistentHash (Config.ConsistentHash) has the
+// rotation chains and their map of slots too; others do not.
 func TestGoldenSkeleton(t *testing.T) {
-	s, fake := newFake(t, testConfig(IPv4))
-	fullSync(t, s, nil)
-	want := skeletonIPv4
-	for k := range ConsistentTableSlots {
-		want += fmt.Sprintf("add chain ip shardproxy-test ch-rotation-%d\n", k) +
-			fmt.Sprintf("add rule ip shardproxy-test ch-rotation-%d dnat ip to @nh,120,8 ^ 0x%x . ip daddr . meta l4proto . th dport map @ch-slots\n", k, k)
+	rotation := "add map ip shardproxy-test ch-slots { typeof @nh,120,8 . ip daddr . meta l4proto . th dport : ip daddr . th dport ; comment \"consistentHash slot . entry -> endpoint\" ; }\n"
+	for k := range rotations {
+		rotation += fmt.Sprintf("add chain ip shardproxy-test ch-rotation-%d\n", k) +
+			fmt.Sprintf("add rule ip shardproxy-test ch-rotation-%d dnat ip to @nh,120,8 ^ 0x%x . ip daddr . meta l4proto . th dport map @ch-slots\n", k, 2*k)
 	}
-	if diff := cmp.Diff(golden(want), golden(fake.Dump())); diff != "" {
-		t.Errorf("skeleton (-want +got):\n%s", diff)
+	for _, tc := range []struct {
+		name           string
+		consistentHash bool
+		want           string
+	}{
+		{"without consistentHash", false, skeletonIPv4},
+		{"with consistentHash", true, skeletonIPv4 + rotation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(IPv4)
+			cfg.ConsistentHash = tc.consistentHash
+			s, fake := newFake(t, cfg)
+			fullSync(t, s, nil)
+			if diff := cmp.Diff(golden(tc.want), golden(fake.Dump())); diff != "" {
+				t.Errorf("skeleton (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
@@ -278,7 +293,6 @@ add set ip shardproxy-test hairpin { type ipv4_addr . ipv4_addr ; comment "endpo
 add map ip shardproxy-test cluster-endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-tcp { typeof ip daddr . tcp dport . numgen random mod 1 : ip daddr . tcp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
 add map ip shardproxy-test cluster-endpoints-udp { typeof ip daddr . udp dport . numgen random mod 1 : ip daddr . udp dport ; comment "address . port . index -> cluster-policy endpoint" ; }
-add map ip shardproxy-test ch-slots { typeof @nh,120,8 . ip daddr . meta l4proto . th dport : ip daddr . th dport ; comment "consistentHash slot . entry -> endpoint" ; }
 add map ip shardproxy-test cluster-ip-of { type ipv4_addr . inet_proto . inet_service : ipv4_addr ; comment "consistentHash entry -> its Service port's cluster IP" ; }
 add map ip shardproxy-test cluster-port-of { type ipv4_addr . inet_proto . inet_service : inet_service ; comment "consistentHash entry -> its Service port's port" ; }
 add map ip shardproxy-test endpoints-sctp { typeof ip daddr . sctp dport . numgen random mod 1 : ip daddr . sctp dport ; comment "address . port . index -> endpoint" ; }

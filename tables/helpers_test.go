@@ -46,6 +46,8 @@ func testConfig(fam Family) Config {
 		Local:         LocalTraffic{Mode: LocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR4, podCIDR6}},
 		NodePortIPs:   []netip.Addr{nodeIP4, nodeIP6, addr("127.0.0.1"), addr("::1")},
 		NodeIPs:       []netip.Addr{nodeIP4, nodeIP6},
+		// Every mode's tests share it; TestGoldenSkeleton pins the table without.
+		ConsistentHash: true,
 	}
 	return cfg
 }

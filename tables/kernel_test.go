@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -469,6 +470,71 @@ func TestRunScriptIsAllOrNothing(t *testing.T) {
 			tables := nftIn(t, ns, "list", "tables")
 			if has := strings.Contains(tables, "table ip "+tc.table+"\n"); has != (tc.wantErr == "") {
 				t.Errorf("table %s in the kernel: %v, want %v (tables: %q)", tc.table, has, tc.wantErr == "", tables)
+			}
+		})
+	}
+}
+
+// TestRotationChainsFollowTheConfig: the rotation chains and their map of slots are in
+// a table only while its instance may have consistentHash Services
+// (Config.ConsistentHash); a full sync after the setting is turned off deletes what an
+// earlier run left, and one after it is turned on again brings them back, in the real
+// kernel and in the Fake.
+func TestRotationChainsFollowTheConfig(t *testing.T) {
+	ctx := context.Background()
+	for _, backend := range []string{"fake", "kernel"} {
+		t.Run(backend, func(t *testing.T) {
+			var ns string
+			var fake *knftables.Fake
+			if backend == "kernel" {
+				requireRoot(t)
+				ns = newNetns(t)
+			} else {
+				cfg := testConfig(IPv4)
+				fake = knftables.NewFake(knftables.IPv4Family, cfg.TableName())
+			}
+			for i, step := range []struct {
+				consistentHash bool
+				mode           LBMode
+			}{{true, LBConsistentHash}, {false, LBRandom}, {true, LBConsistentHash}} {
+				cfg := testConfig(IPv4)
+				cfg.ConsistentHash = step.consistentHash
+				var nft knftables.Interface = fake
+				if ns != "" {
+					nft = kernelNFT(t, ns, IPv4, cfg.TableName())
+				}
+				s, err := NewSyncer(cfg, nft)
+				if err != nil {
+					t.Fatal(err)
+				}
+				web := sp("web", 80, withEndpoints([]Endpoint{ep("10.244.1.2", 8080), ep("10.244.1.3", 8080), ep("10.244.2.2", 8080)}, nil),
+					func(p *ServicePort) { p.LoadBalancing = step.mode })
+				if _, err := s.Full(ctx, services(web)); err != nil {
+					t.Fatalf("step %d: full sync: %v", i, err)
+				}
+				chains, err := nft.List(ctx, "chains")
+				if err != nil {
+					t.Fatal(err)
+				}
+				maps, err := nft.List(ctx, "maps")
+				if err != nil {
+					t.Fatal(err)
+				}
+				rotationChains := 0
+				for _, ch := range chains {
+					if strings.HasPrefix(ch, rotationPrefix) {
+						rotationChains++
+					}
+				}
+				want := 0
+				if step.consistentHash {
+					want = rotations
+				}
+				if rotationChains != want || slices.Contains(maps, mapConsistentSlots) != step.consistentHash ||
+					slices.Contains(chains, "pick-ch-256") != step.consistentHash {
+					t.Errorf("step %d (consistentHash %v): %d rotation chains (want %d), maps %v, chains with pick-ch-256: %v",
+						i, step.consistentHash, rotationChains, want, maps, slices.Contains(chains, "pick-ch-256"))
+				}
 			}
 		})
 	}

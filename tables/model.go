@@ -216,6 +216,13 @@ type Config struct {
 	// NodeIPs are this node's addresses of this family; a LoadBalancerSourceRange that
 	// holds one of them admits traffic from the node itself.
 	NodeIPs []netip.Addr
+	// ConsistentHash is whether Service ports of this instance may be consistentHash
+	// (the instance's mode, or one its Services may ask for). Only then does the table
+	// hold the rotation chains and their map of slots: 128 chains that an instance
+	// without consistentHash would only show in every listing. A consistentHash port
+	// without it still works, with the slot a hash of the whole client address (the
+	// evenness of tables of other sizes).
+	ConsistentHash bool
 }
 
 // TableName is the name of the instance's table in this family (see the function

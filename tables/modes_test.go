@@ -118,11 +118,11 @@ func TestGoldenModes(t *testing.T) {
 			golden(mapLines(fake, "cluster-ip-of", "cluster-port-of", "service-ips"))); diff != "" {
 			t.Errorf("dispatch (-want +got):\n%s", diff)
 		}
-		rotations := make([]string, ConsistentTableSlots)
-		for k := range rotations {
-			rotations[k] = fmt.Sprintf("%d : goto ch-rotation-%d", k, k)
+		dispatch := make([]string, rotations)
+		for k := range dispatch {
+			dispatch[k] = fmt.Sprintf("%d : goto ch-rotation-%d", k, k)
 		}
-		want = []string{"jhash ip saddr & 255.255.255.0 mod 256 seed 0x1f2e3d4c vmap { " + strings.Join(rotations, " , ") + " }"}
+		want = []string{"jhash ip saddr & 255.255.255.0 mod 128 seed 0x1f2e3d4c vmap { " + strings.Join(dispatch, " , ") + " }"}
 		if diff := cmp.Diff(want, chainRules(fake, "pick-ch-256")); diff != "" {
 			t.Errorf("pick-ch-256 rules (-want +got):\n%s", diff)
 		}

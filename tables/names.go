@@ -95,14 +95,15 @@ const (
 	mapClusterPortOf = "cluster-port-of"
 	// mapConsistentSlots is slot . entry -> endpoint: the 256-slot tables of
 	// consistentHash ports. The slot is the raw payload of the client address's last
-	// byte XOR the rotation (@nh,120,8 ^ k), first in the key so that nft can read its
+	// byte XOR the rotation (@nh,120,8 ^ 2k), first in the key so that nft can read its
 	// own listing back. Typed with typeof (th dport), so only rules of the transaction
 	// that creates it may use it: the rotation chains, which a full sync writes with
 	// it, recreating it empty instead of flushing it (Skeleton.RecreatedMaps).
 	mapConsistentSlots = "ch-slots"
-	// rotationPrefix names the 256 shared chains "ch-rotation-<k>" (skeleton), which
-	// DNAT through mapConsistentSlots with the slot (client address's last byte) XOR k;
-	// pick-ch-256 sends a client to chain k = the hash of its /24 (IPv6: /120) prefix.
+	// rotationPrefix names the 128 shared chains "ch-rotation-<k>" (skeleton), which
+	// DNAT through mapConsistentSlots with the slot (client address's last byte) XOR
+	// 2k; pick-ch-256 sends a client to chain k = the hash of its /24 (IPv6: /120)
+	// prefix mod 128.
 	rotationPrefix = "ch-rotation-"
 	// mapNoEndpoints sends entries without endpoints for their policy to the reject
 	// chain (no endpoints at all) or to drop (Local policy, no local endpoints).
@@ -175,7 +176,7 @@ func parsePickViaClusterIPChain(name string) (slots int, ok bool) {
 
 func endpointsMap(base string, p Protocol) string { return base + "-" + string(p) }
 
-// rotationChain names the rotation chain of rotation k (0..ConsistentTableSlots-1).
+// rotationChain names the rotation chain of rotation k (0..rotations-1).
 func rotationChain(k int) string { return rotationPrefix + strconv.Itoa(k) }
 
 // idChars is the length of portID and endpointID: 26 base32 characters, 130 bits of

@@ -91,7 +91,7 @@ func fitsNetlink(d *Diff) bool {
 // netlinkMessages counts the messages NetlinkWriter sends for d: one per set and
 // netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
 func netlinkMessages(d *Diff) int {
-	n := len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets)
+	n := len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
 		run := 0
 		for i, id := range ids {
@@ -146,6 +146,9 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	}
 	for _, st := range d.DeleteSets {
 		conn.DelSet(&nftables.Set{Name: st, Table: w.table})
+	}
+	for _, m := range d.DeleteMaps {
+		conn.DelSet(&nftables.Set{Name: m, Table: w.table})
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("netlink transaction of %d operations on table %s: %w", d.Len(), w.table.Name, err)

@@ -61,6 +61,7 @@ func probeConfigs(fam Family) []probeConfig {
 		Family: fam, TablePrefix: "shardproxy", Instance: "probe", MasqueradeBit: 14,
 		Local:       LocalTraffic{Mode: LocalClusterCIDR, CIDRs: []netip.Prefix{cidr}},
 		NodePortIPs: []netip.Addr{node}, NodeIPs: []netip.Addr{node},
+		ConsistentHash: true, // the rotation chains' rules too
 	}
 	bridge, prefix, all := base, base, base
 	bridge.Local = LocalTraffic{Mode: LocalBridgeInterface, Interface: "cbr0"}
