@@ -30,6 +30,8 @@ func (n *trafficNode) load(t *testing.T, instance string, slot int, svcs map[Ser
 		Local:       LocalTraffic{Mode: LocalClusterCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix(netns.ClusterPodCIDRv4), netip.MustParsePrefix(netns.ClusterPodCIDRv6)}},
 		NodePortIPs: []netip.Addr{netip.MustParseAddr(netns.NodeIPv4), netip.MustParseAddr(netns.NodeIPv6)},
 		NodeIPs:     []netip.Addr{netip.MustParseAddr(netns.NodeIPv4), netip.MustParseAddr(netns.NodeIPv6)},
+		// Every mode goes through these nodes.
+		ConsistentHash: true,
 	}
 	s := kernelSyncer(t, n.tp.Node, cfg)
 	if _, err := s.Full(context.Background(), svcs); err != nil {
