@@ -64,8 +64,12 @@ func (a *NFTApplier) transaction(d *Diff) *knftables.Transaction {
 	return ops.tx
 }
 
-// streamChunkOps is how many operations are rendered at a time when streaming: a full
-// sync's script (tens of MB at 10,000s of Services) never exists whole in memory.
+// streamChunkOps is how many operations are rendered at a time when streaming, an
+// element counting as one operation even when several share a command: a full sync's
+// script (tens of MB at 10,000s of Services) never exists whole in memory. Counted in
+// commands, a chunk of 256 commands of MaxElementsPerCommand elements each held every
+// element of a 10,000-Service table as text at once, twice (the commands and the
+// chunk's rendering), at the full sync's memory peak.
 const streamChunkOps = 256
 
 // stream writes the Diff's script to w a chunk of operations at a time.
@@ -89,15 +93,20 @@ type opWriter struct {
 	tx    *knftables.Transaction
 	flush func(*knftables.Transaction) error
 	err   error
+	// pending counts the operations in tx, each element of a command as one.
+	pending int
 }
 
-func (o *opWriter) add(obj knftables.Object)    { o.tx.Add(obj); o.next() }
-func (o *opWriter) empty(obj knftables.Object)  { o.tx.Flush(obj); o.next() }
-func (o *opWriter) delete(obj knftables.Object) { o.tx.Delete(obj); o.next() }
+func (o *opWriter) add(obj knftables.Object)    { o.tx.Add(obj); o.next(1) }
+func (o *opWriter) empty(obj knftables.Object)  { o.tx.Flush(obj); o.next(1) }
+func (o *opWriter) delete(obj knftables.Object) { o.tx.Delete(obj); o.next(1) }
 
-func (o *opWriter) next() {
-	if o.flush != nil && o.err == nil && o.tx.NumOperations() >= streamChunkOps {
+// next counts n more operations in tx, and hands tx over when it holds a chunk.
+func (o *opWriter) next(n int) {
+	o.pending += n
+	if o.flush != nil && o.err == nil && o.pending >= streamChunkOps {
 		o.err = o.flush(o.tx)
+		o.pending = 0
 	}
 }
 
@@ -168,17 +177,18 @@ func writeSkeleton(ops *opWriter, sk *Skeleton) {
 // writeElements adds (or, with del, deletes) the elements of ids, given sorted so that
 // the elements of one set are next to each other, up to perCommand per command.
 func (a *NFTApplier) writeElements(ops *opWriter, del bool, ids []string) {
-	op := ops.add
-	if del {
-		op = ops.delete
-	}
 	for len(ids) > 0 {
 		set := idSet(ids[0])
 		n := 1
 		for n < len(ids) && n < a.perCommand && idSet(ids[n]) == set {
 			n++
 		}
-		op(multiElement(ids[:n], del))
+		if el := multiElement(ids[:n], del); del {
+			ops.tx.Delete(el)
+		} else {
+			ops.tx.Add(el)
+		}
+		ops.next(n)
 		ids = ids[n:]
 	}
 }

@@ -103,3 +103,44 @@ func TestStreamWritesTheTransaction(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamChunksHoldFewElements: a streamed script hands nft a chunk at a time, and a
+// chunk holds at most streamChunkOps operations counting each element as one, plus one
+// command's elements: never the whole table's elements, which a count of commands (of
+// up to MaxElementsPerCommand elements each) let into one chunk at the full sync's
+// memory peak.
+func TestStreamChunksHoldFewElements(t *testing.T) {
+	s, _ := newFake(t, testConfig(IPv4))
+	full, _, err := s.fullDiff(generatedWith(1000, 10), existing{known: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(full.AddElements); n < 3*MaxElementsPerCommand {
+		t.Fatalf("the full Diff has %d elements: fewer than three commands' worth", n)
+	}
+	a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), MaxElementsPerCommand)
+	w := &chunkRecorder{}
+	if err := a.stream(w, full); err != nil {
+		t.Fatal(err)
+	}
+	const most = streamChunkOps + MaxElementsPerCommand
+	if w.most > most {
+		t.Errorf("a chunk of the stream held %d operations (elements counted one each), want at most %d", w.most, most)
+	}
+}
+
+// chunkRecorder records the largest number of operations one write carried, an
+// element of a multi-element command counting as one.
+type chunkRecorder struct{ most int }
+
+func (r *chunkRecorder) Write(p []byte) (int, error) {
+	n := 0
+	for line := range strings.Lines(string(p)) {
+		n++
+		if _, elems, ok := strings.Cut(line, "{ "); ok && strings.Contains(line, " element ") {
+			n += strings.Count(elems, ", ")
+		}
+	}
+	r.most = max(r.most, n)
+	return len(p), nil
+}

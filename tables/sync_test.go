@@ -17,10 +17,13 @@ import (
 )
 
 // generated returns n Services with two endpoints each and a mix of features.
-func generated(n int) map[ServiceName][]*ServicePort {
+func generated(n int) map[ServiceName][]*ServicePort { return generatedWith(n, 2) }
+
+// generatedWith is n generated Services of one port with endpoints endpoints each.
+func generatedWith(n, endpoints int) map[ServiceName][]*ServicePort {
 	out := map[ServiceName][]*ServicePort{}
 	for i := 0; i < n; i++ {
-		out[ServiceName{"gen", fmt.Sprintf("svc-%d", i)}] = []*ServicePort{genPort(i, 2)}
+		out[ServiceName{"gen", fmt.Sprintf("svc-%d", i)}] = []*ServicePort{genPort(i, endpoints)}
 	}
 	return out
 }

@@ -71,7 +71,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 		return res, fmt.Errorf("%s: %w; log:\n%s", d.name, err, d.logTail())
 	}
 
+	peak := m.newPeakHeap(d)
 	sc, err := m.waitFor(ctx, d, "the first full sync", func(sc Scrape) bool {
+		peak.observe(ctx, sc)
 		_, synced := sc.Gauge(metricLastSync, d.series)
 		return synced && sc.Histogram(metricFullSync, d.series).Count >= 1
 	})
@@ -86,6 +88,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 		return fail(err)
 	}
 	m.r.logf("%s: first full sync %.3fs (%.1fs after start), peak RSS so far %.1f MB", d.name, res.FirstFullSyncSeconds, res.StartToSyncedSeconds, res.FirstSyncPeakRSSMB)
+	if err := peak.save(); err != nil {
+		m.r.logf("%s: peak heap profile: %v", d.name, err)
+	}
 	if err := m.heapProfile(ctx, d); err != nil {
 		m.r.logf("%s: heap profile: %v", d.name, err)
 	}
@@ -236,14 +241,77 @@ func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
 	if err := os.MkdirAll(m.r.o.HeapProfileDir, 0o755); err != nil {
 		return err
 	}
-	name := fmt.Sprintf("heap-%d.pprof", len(m.cluster.Services))
-	if d.profileTag != "" {
-		name = fmt.Sprintf("heap-%d-%s.pprof", len(m.cluster.Services), d.profileTag)
+	return m.writeProfile(d, "", body)
+}
+
+// writeProfile writes one of d's profiles into Options.HeapProfileDir as
+// heap-N[-tag][-kind].pprof.
+func (m *measurer) writeProfile(d *daemon, kind, body string) error {
+	name := fmt.Sprintf("heap-%d", len(m.cluster.Services))
+	for _, part := range []string{d.profileTag, kind} {
+		if part != "" {
+			name += "-" + part
+		}
 	}
-	path := filepath.Join(m.r.o.HeapProfileDir, name)
+	path := filepath.Join(m.r.o.HeapProfileDir, name+".pprof")
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		return err
 	}
 	m.r.logf("%s: heap profile in %s", d.name, path)
 	return nil
+}
+
+// peakHeap keeps a daemon's heap profile from the top of its first full sync: each time
+// the heap in use (go_memstats_heap_alloc_bytes) passes its high by a tenth, the profile
+// is read again, without a collection. Its in-use figures are the live heap of the
+// collection before (what the runtime sized the heap's next growth on), and its
+// allocation figures everything allocated since the start: with the profile taken after
+// the sync, what was live at the peak and what was transient.
+type peakHeap struct {
+	m    *measurer
+	d    *daemon
+	high float64
+	body string
+	// series logs the heap in use and the resident set at each scrape (heap-N-series.txt).
+	series strings.Builder
+	start  time.Time
+}
+
+func (m *measurer) newPeakHeap(d *daemon) *peakHeap {
+	if m.r.o.HeapProfileDir == "" || d.heapURL == "" {
+		return nil
+	}
+	return &peakHeap{m: m, d: d, start: time.Now()}
+}
+
+func (p *peakHeap) observe(ctx context.Context, sc Scrape) {
+	if p == nil {
+		return
+	}
+	heap, ok := sc.Gauge("go_memstats_heap_alloc_bytes", Series{})
+	rss, _ := sc.Gauge("process_resident_memory_bytes", Series{})
+	fmt.Fprintf(&p.series, "%.2f s\theap %.1f MB\tRSS %.1f MB\n", time.Since(p.start).Seconds(), heap/1e6, rss/1e6)
+	if !ok || heap < p.high*1.1 {
+		return
+	}
+	p.high = heap
+	code, body, err := p.m.e.HTTPGet(ctx, strings.TrimSuffix(p.d.heapURL, "?gc=1"))
+	if err == nil && code == http.StatusOK {
+		p.body = body
+	}
+}
+
+func (p *peakHeap) save() error {
+	if p == nil || p.body == "" {
+		return nil
+	}
+	p.m.r.logf("%s: heap in use at most %.1f MB during the first full sync", p.d.name, p.high/1e6)
+	if err := os.MkdirAll(p.m.r.o.HeapProfileDir, 0o755); err != nil {
+		return err
+	}
+	name := fmt.Sprintf("heap-%d-%sseries.txt", len(p.m.cluster.Services), p.d.profileTag)
+	if err := os.WriteFile(filepath.Join(p.m.r.o.HeapProfileDir, name), []byte(p.series.String()), 0o644); err != nil {
+		return err
+	}
+	return p.m.writeProfile(p.d, "peak", p.body)
 }
