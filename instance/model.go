@@ -708,35 +708,21 @@ func (e *endpoint) availableFor(mode topologyMode, nodeName, zone string) bool {
 	return true
 }
 
-// categorize splits one port's endpoints into the cluster and local sets.
+// categorize splits one port's endpoints into the cluster and local sets, each in an
+// array of its length: the models keep them for every Service port (grown by append, a
+// 10-endpoint list took room for 16).
 func categorize(eps []*endpoint, node NodeInfo) (cluster, local []tables.Endpoint, has bool) {
 	zone := node.zone()
 	mode := modeFromHints(eps, node.Name, zone)
-	for _, e := range eps {
-		if e.ready && e.availableFor(mode, node.Name, zone) {
-			cluster = append(cluster, e.Endpoint)
-		}
-	}
+	cluster = pickEndpoints(eps, func(e *endpoint) bool { return e.ready && e.availableFor(mode, node.Name, zone) })
 	if len(cluster) == 0 {
 		// No ready endpoint anywhere (topology never empties the set): keep connections
 		// working through endpoints that are draining, ignoring topology.
-		for _, e := range eps {
-			if e.servingTerminating() {
-				cluster = append(cluster, e.Endpoint)
-			}
-		}
+		cluster = pickEndpoints(eps, (*endpoint).servingTerminating)
 	}
-	for _, e := range eps {
-		if e.local && e.ready {
-			local = append(local, e.Endpoint)
-		}
-	}
+	local = pickEndpoints(eps, func(e *endpoint) bool { return e.local && e.ready })
 	if len(local) == 0 {
-		for _, e := range eps {
-			if e.local && e.servingTerminating() {
-				local = append(local, e.Endpoint)
-			}
-		}
+		local = pickEndpoints(eps, func(e *endpoint) bool { return e.local && e.servingTerminating() })
 	}
 	for _, e := range eps {
 		if e.ready || e.servingTerminating() {
@@ -745,6 +731,27 @@ func categorize(eps []*endpoint, node NodeInfo) (cluster, local []tables.Endpoin
 		}
 	}
 	return cluster, local, has
+}
+
+// pickEndpoints returns the endpoints of eps that keep accepts, in an array of their
+// number (nil: none).
+func pickEndpoints(eps []*endpoint, keep func(*endpoint) bool) []tables.Endpoint {
+	n := 0
+	for _, e := range eps {
+		if keep(e) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]tables.Endpoint, 0, n)
+	for _, e := range eps {
+		if keep(e) {
+			out = append(out, e.Endpoint)
+		}
+	}
+	return out
 }
 
 // sortedSlices returns the non-nil slices ordered by name, so Problems and duplicate

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -1205,6 +1206,30 @@ func TestParsePrefix(t *testing.T) {
 		}
 		if !ok || got.String() != tc.want {
 			t.Errorf("parsePrefix(%q) = %v, %v; want %s", tc.in, got, ok, tc.want)
+		}
+	}
+}
+
+// TestBuildEndpointListsHaveNoSpareRoom: the models keep every Service port's endpoint
+// lists for as long as the Service exists, so each is an array of its length (grown by
+// append, ten endpoints took room for sixteen).
+func TestBuildEndpointListsHaveNoSpareRoom(t *testing.T) {
+	for _, n := range []int{1, 3, 10, 17} {
+		var list []discoveryv1.Endpoint
+		for i := range n {
+			node := "node-b"
+			if i%2 == 0 {
+				node = thisNodeName
+			}
+			list = append(list, ep(fmt.Sprintf("10.0.0.%d", i+1), node))
+		}
+		m := Build(service(), []*discoveryv1.EndpointSlice{v4Slice("web-1", list...)}, thisNode())
+		for _, sp := range m.Ports[tables.IPv4] {
+			for name, eps := range map[string][]tables.Endpoint{"cluster": sp.ClusterEndpoints, "local": sp.LocalEndpoints} {
+				if len(eps) == 0 || cap(eps) != len(eps) {
+					t.Errorf("%d endpoints: %s endpoints %d with room for %d, want some and no spare room", n, name, len(eps), cap(eps))
+				}
+			}
 		}
 	}
 }

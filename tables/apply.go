@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -193,18 +192,11 @@ func (a *NFTApplier) writeElements(ops *opWriter, del bool, ids []string) {
 	}
 }
 
-// idSet is the set part of an element id.
-func idSet(id string) string {
-	set, _, _ := strings.Cut(id, "|")
-	return set
-}
-
 // multiElement returns one knftables element that stands for the elements of ids, all
-// of one set, built straight from the ids (which hold the key and value parts already
-// joined by " . "): going through element structs made most of a full sync's garbage.
-// knftables writes `add element <family> <table> <set> { KEY : VALUE }` (no value for
-// delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value vn adds all n in one
-// command.
+// of one set, written straight from the ids: going through element structs made most of
+// a full sync's garbage. knftables writes `add element <family> <table> <set> { KEY :
+// VALUE }` (no value for delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value
+// vn adds all n in one command.
 func multiElement(ids []string, del bool) *knftables.Element {
 	el := elementFromID(ids[len(ids)-1]).object()
 	if len(ids) == 1 {
@@ -212,22 +204,15 @@ func multiElement(ids []string, del bool) *knftables.Element {
 	}
 	size := 0
 	for _, id := range ids {
-		size += len(id) + 2
+		size += 3 * len(id) // text is longer than the binary id: a first guess
 	}
-	var b strings.Builder
-	b.Grow(size)
+	b := make([]byte, 0, size)
 	for i, id := range ids {
-		_, rest, _ := strings.Cut(id, "|")
-		key, value, _ := strings.Cut(rest, "|")
 		if i > 0 {
-			b.WriteString(", ")
+			b = append(b, ", "...)
 		}
-		b.WriteString(key)
-		if value != "" && !del && i < len(ids)-1 {
-			b.WriteString(" : ")
-			b.WriteString(value)
-		}
+		b = appendIDText(b, id, !del && i < len(ids)-1)
 	}
-	el.Key = []string{b.String()}
+	el.Key = []string{string(b)}
 	return el
 }

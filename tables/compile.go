@@ -19,49 +19,6 @@ type element struct {
 	value []string
 }
 
-// id identifies the element with its value, so a changed value is a delete plus an add.
-func (e element) id() string {
-	n := len(e.set) + 2
-	for _, k := range e.key {
-		n += len(k) + 3
-	}
-	for _, v := range e.value {
-		n += len(v) + 3
-	}
-	var b strings.Builder
-	b.Grow(n)
-	b.WriteString(e.set)
-	b.WriteByte('|')
-	for i, k := range e.key {
-		if i > 0 {
-			b.WriteString(" . ")
-		}
-		b.WriteString(k)
-	}
-	b.WriteByte('|')
-	for i, v := range e.value {
-		if i > 0 {
-			b.WriteString(" . ")
-		}
-		b.WriteString(v)
-	}
-	return b.String()
-}
-
-// elementFromID is the element whose id is id: the id holds the set, the key and the
-// value (present exactly for map elements), and no key or value part contains "|" or
-// " . " (addresses, protocols, numbers, verdicts).
-func elementFromID(id string) element {
-	set, rest, _ := strings.Cut(id, "|")
-	key, value, _ := strings.Cut(rest, "|")
-	e := element{set: set, key: strings.Split(key, " . ")}
-	if value != "" {
-		e.isMap = true
-		e.value = strings.Split(value, " . ")
-	}
-	return e
-}
-
 func (e element) object() *knftables.Element {
 	el := &knftables.Element{Key: e.key, Value: e.value}
 	if e.isMap {

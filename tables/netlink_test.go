@@ -321,7 +321,7 @@ func TestNetlinkMessages(t *testing.T) {
 	ids := func(set string, n int) []string {
 		out := make([]string, n)
 		for i := range out {
-			out[i] = fmt.Sprintf("%s|10.0.0.%d|", set, i)
+			out[i] = element{set: set, key: []string{fmt.Sprintf("10.0.0.%d", i)}}.id()
 		}
 		return out
 	}
@@ -416,9 +416,10 @@ func TestNetlinkWriterSocketLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	add := func(i int) *Diff {
-		return &Diff{AddElements: []string{fmt.Sprintf("%s|10.9.0.%d . 10.9.0.%d", setHairpin, i, i)}}
+		ip := fmt.Sprintf("10.9.0.%d", i)
+		return &Diff{AddElements: []string{element{set: setHairpin, key: []string{ip, ip}}.id()}}
 	}
-	missing := &Diff{DeleteElements: []string{setHairpin + "|10.99.0.1 . 10.99.0.1"}}
+	missing := &Diff{DeleteElements: []string{element{set: setHairpin, key: []string{"10.99.0.1", "10.99.0.1"}}.id()}}
 	steps := []struct {
 		name    string
 		do      func() error

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -707,8 +708,7 @@ func TestRestartOverExistingTable(t *testing.T) {
 
 // TestElementIDsRoundTrip: the Syncer keeps only element ids and rebuilds elements from
 // them when it writes; every element the features compile to (maps with verdicts and
-// concatenations, sets, affinity) must come back exactly, which holds while no part
-// contains the separators "|" or " . ".
+// concatenations, sets, affinity) must come back exactly, in both families.
 func TestElementIDsRoundTrip(t *testing.T) {
 	for _, fam := range []Family{IPv4, IPv6} {
 		cfg := testConfig(fam)
@@ -725,15 +725,15 @@ func TestElementIDsRoundTrip(t *testing.T) {
 					n++
 					e := elementFromID(id)
 					if got := e.id(); got != id {
-						t.Errorf("%s: element id %q came back as %q", fam, id, got)
+						t.Errorf("%s: element id %s came back as %s", fam, idString(id), idString(got))
 					}
 					for _, part := range slices.Concat([]string{e.set}, e.key, e.value) {
-						if part == "" || strings.Contains(part, "|") || strings.Contains(part, " . ") {
-							t.Errorf("%s: element %q has a part %q that cannot round-trip", fam, id, part)
+						if part == "" {
+							t.Errorf("%s: element %s has an empty part", fam, idString(id))
 						}
 					}
 					if e.isMap != (len(e.value) > 0) {
-						t.Errorf("%s: element %q: map %v with value %q", fam, id, e.isMap, e.value)
+						t.Errorf("%s: element %s: map %v with value %q", fam, idString(id), e.isMap, e.value)
 					}
 				}
 			}
@@ -741,6 +741,50 @@ func TestElementIDsRoundTrip(t *testing.T) {
 		if n < 50 {
 			t.Errorf("%s: only %d elements checked", fam, n)
 		}
+	}
+}
+
+// TestElementIDFields: each part of an element comes back from its id as the very text
+// it was, whatever its form: only canonical addresses and numbers are stored as binary.
+func TestElementIDFields(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		e    element
+	}{
+		{"endpoint map element", element{set: endpointsMap(mapEndpoints, TCP), isMap: true,
+			key: []string{"10.96.0.1", "80", "3"}, value: []string{"10.244.0.9", "8080"}}},
+		{"verdict", element{set: mapServiceIPs, isMap: true, key: []string{"fd00::1", "udp", "65535"}, value: []string{"goto pick-10"}}},
+		{"set of an unknown name", element{set: "some-set", key: []string{"1.2.3.4", "1.2.3.4"}}},
+		{"non-canonical text stays text", element{set: setFirewallAllow,
+			key: []string{"010.0.0.1", "FD00::1", "::ffff:1.2.3.4", "fe80::1%eth0", "08", "65536", "-1", "+2", "10.0.0.0/8", "0"}}},
+		{"long text", element{set: mapNoEndpoints, isMap: true, key: []string{strings.Repeat("x", 300)}, value: []string{"drop"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := tc.e.id()
+			if got := elementFromID(id); !reflect.DeepEqual(got, tc.e) {
+				t.Errorf("element %+v came back as %+v", tc.e, got)
+			}
+			if got := idSet(id); got != tc.e.set {
+				t.Errorf("set %q came back as %q", tc.e.set, got)
+			}
+			want := strings.Join(tc.e.key, " . ")
+			if tc.e.isMap {
+				want += " : " + strings.Join(tc.e.value, " . ")
+			}
+			if got := string(appendIDText(nil, id, true)); got != want {
+				t.Errorf("text %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestElementIDSize: the ledger keeps an id for each of the table's elements; an
+// endpoint map element's fits a 24-byte allocation (its text took 64).
+func TestElementIDSize(t *testing.T) {
+	e := element{set: endpointsMap(mapClusterEndpoints, SCTP), isMap: true,
+		key: []string{"10.100.200.250", "65535", "255"}, value: []string{"10.244.255.254", "65535"}}
+	if n := len(e.id()); n > 24 {
+		t.Errorf("an endpoint element's id takes %d bytes, want at most 24", n)
 	}
 }
 
@@ -779,15 +823,15 @@ func TestEntryListedTwiceInOnePort(t *testing.T) {
 	for _, ee := range comp.entries {
 		for _, id := range ee.ids {
 			if seen[id] {
-				t.Errorf("element %q written twice (entry %s)", id, ee.entry)
+				t.Errorf("element %s written twice (entry %s)", idString(id), ee.entry)
 			}
 			seen[id] = true
 		}
 	}
 	cip := entry{p.ClusterIP, p.Protocol, p.Port}.String()
 	for _, id := range elementsOf(comp.entries, cip) {
-		if strings.HasPrefix(id, setExternalMasq+"|") {
-			t.Errorf("the cluster IP entry got the external treatment: %q", id)
+		if idSet(id) == setExternalMasq {
+			t.Errorf("the cluster IP entry got the external treatment: %s", idString(id))
 		}
 	}
 	if len(comp.entries) != 2 {
