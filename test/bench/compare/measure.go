@@ -309,8 +309,11 @@ func (p *peakHeap) save() error {
 	if err := os.MkdirAll(p.m.r.o.HeapProfileDir, 0o755); err != nil {
 		return err
 	}
-	name := fmt.Sprintf("heap-%d-%sseries.txt", len(p.m.cluster.Services), p.d.profileTag)
-	if err := os.WriteFile(filepath.Join(p.m.r.o.HeapProfileDir, name), []byte(p.series.String()), 0o644); err != nil {
+	name := fmt.Sprintf("heap-%d-", len(p.m.cluster.Services))
+	if p.d.profileTag != "" {
+		name += p.d.profileTag + "-"
+	}
+	if err := os.WriteFile(filepath.Join(p.m.r.o.HeapProfileDir, name+"series.txt"), []byte(p.series.String()), 0o644); err != nil {
 		return err
 	}
 	return p.m.writeProfile(p.d, "peak", p.body)
