@@ -23,9 +23,10 @@ import (
 type Tracker struct {
 	node     NodeInfo
 	services map[types.NamespacedName]*corev1.Service
-	// slices holds EndpointSlices by the Service they belong to, then by slice name.
-	// Slices of a Service not seen yet are kept, so it gets its endpoints on arrival.
-	slices map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
+	// slices holds EndpointSlices by the Service they belong to, in a list (a Service
+	// has one or a few: a map each was 3 MB at 10,000 Services). Slices of a Service not
+	// seen yet are kept, so it gets its endpoints on arrival.
+	slices map[types.NamespacedName][]*discoveryv1.EndpointSlice
 	// sliceOwner maps a slice's namespace/name to the Service it is filed under, so a
 	// delete (whose object may be a stale tombstone) or a relabel finds the old entry.
 	sliceOwner map[types.NamespacedName]types.NamespacedName
@@ -46,7 +47,7 @@ type Tracker struct {
 func NewTracker(node NodeInfo) *Tracker {
 	t := &Tracker{
 		services:   map[types.NamespacedName]*corev1.Service{},
-		slices:     map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
+		slices:     map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
 		sliceOwner: map[types.NamespacedName]types.NamespacedName{},
 		dirty:      map[types.NamespacedName]struct{}{},
 		now:        time.Now,
@@ -110,8 +111,8 @@ func (t *Tracker) DeleteService(name types.NamespacedName) {
 // longer exist if the Service returned.
 func (t *Tracker) ForgetService(name types.NamespacedName) {
 	t.DeleteService(name)
-	for slice := range t.slices[name] {
-		delete(t.sliceOwner, types.NamespacedName{Namespace: name.Namespace, Name: slice})
+	for _, slice := range t.slices[name] {
+		delete(t.sliceOwner, types.NamespacedName{Namespace: name.Namespace, Name: slice.Name})
 	}
 	delete(t.slices, name)
 }
@@ -130,13 +131,13 @@ func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
 	if !labelled {
 		return
 	}
-	bySlice := t.slices[owner]
-	if bySlice == nil {
-		bySlice = map[string]*discoveryv1.EndpointSlice{}
-		t.slices[owner] = bySlice
+	var prev *discoveryv1.EndpointSlice
+	list := t.slices[owner]
+	if i := sliceIndex(list, slice.Name); i >= 0 {
+		prev, list[i] = list[i], slice
+	} else {
+		t.slices[owner] = append(list, slice)
 	}
-	prev := bySlice[slice.Name]
-	bySlice[slice.Name] = slice
 	t.sliceOwner[key] = owner
 	if prev != nil && sameVersion(prev.ResourceVersion, slice.ResourceVersion) {
 		return
@@ -211,11 +212,22 @@ func (t *Tracker) removeSlice(key types.NamespacedName) {
 		return
 	}
 	delete(t.sliceOwner, key)
-	delete(t.slices[owner], key.Name)
-	if len(t.slices[owner]) == 0 {
+	list := t.slices[owner]
+	if i := sliceIndex(list, key.Name); i >= 0 {
+		list = slices.Delete(list, i, i+1) // Snapshots hold copies
+
+	}
+	if len(list) == 0 {
 		delete(t.slices, owner)
+	} else {
+		t.slices[owner] = list
 	}
 	t.markDirty(owner)
+}
+
+// sliceIndex is the index of the slice named name in list, -1 if none.
+func sliceIndex(list []*discoveryv1.EndpointSlice, name string) int {
+	return slices.IndexFunc(list, func(s *discoveryv1.EndpointSlice) bool { return s.Name == name })
 }
 
 // SetNode updates what the Tracker knows about this node. Every Service is marked dirty
@@ -257,7 +269,7 @@ func (t *Tracker) Snapshot(names []types.NamespacedName) *Snapshot {
 	for _, name := range names {
 		if svc := t.services[name]; svc != nil {
 			// Build orders slices by name itself; the map order does not leak.
-			s.inputs[name] = inputs{svc: svc, slices: slices.Collect(maps.Values(t.slices[name]))}
+			s.inputs[name] = inputs{svc: svc, slices: slices.Clone(t.slices[name])}
 		}
 	}
 	return s
