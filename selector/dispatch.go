@@ -98,10 +98,28 @@ type shadowState struct {
 	gen        int
 	// svc is the version last given to the shadow instance, to give again with a slice.
 	svc *corev1.Service
-	// watched: a goroutine waits for the first sync that programs it. One is enough (any
-	// later version is programmed by the same sync or a later one), and one per update
-	// would pile up while the instance cannot sync.
+	// watched: the first sync that programs it is waited for (a shadow's by a goroutine,
+	// an owner's through pending). One wait is enough (any later version is programmed by
+	// the same sync or a later one), and one per update would pile up while the instance
+	// cannot sync.
 	watched bool
+	// pending is the channel an owner's instance closes when it has programmed the
+	// Service, looked at when asked (done): a goroutine waiting on it for every Service
+	// of a starting node was 10,000 goroutines and their stacks until the first sync.
+	pending <-chan struct{}
+}
+
+// done reports whether the owner's instance has programmed the Service. Called with
+// the Dispatcher's mu held.
+func (st *shadowState) done() bool {
+	if !st.programmed && st.pending != nil {
+		select {
+		case <-st.pending:
+			st.programmed, st.pending = true, nil
+		default:
+		}
+	}
+	return st.programmed
 }
 
 // watch tells whether the caller is to start the goroutine that waits for the state's
@@ -267,7 +285,9 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 			d.armShadow(svc, name, shadow, guarded, watchShadow, programmed)
 		}
 		if inst == dec.Instance && watchOwner {
-			go d.ownerProgrammed(ownerSynced, programmed)
+			d.mu.Lock()
+			ownerSynced.pending = programmed
+			d.mu.Unlock()
 		}
 	}
 	if old.owner != dec.Instance && d.events.Handover != nil {
@@ -368,14 +388,6 @@ func (d *Dispatcher) sliceReachedShadow(name types.NamespacedName, given []strin
 	go d.shadowProgrammed(name, st, gen, d.sinks[st.instance].UpdateService(svc))
 }
 
-// ownerProgrammed marks an owner's programming of a Service once its instance synced it.
-func (d *Dispatcher) ownerProgrammed(st *shadowState, programmed <-chan struct{}) {
-	<-programmed
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	st.programmed = true
-}
-
 // OwnerProgrammed returns the instance that owns a Service by its label ("" if none
 // local) and whether it has programmed the Service since it became the owner: the
 // evidence a rollback to another local proxy waits on before the shadow goes.
@@ -383,7 +395,7 @@ func (d *Dispatcher) OwnerProgrammed(name types.NamespacedName) (owner string, p
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	own := d.owners[name]
-	return own.owner, own.owner != "" && own.synced != nil && own.synced.programmed
+	return own.owner, own.owner != "" && own.synced != nil && own.synced.done()
 }
 
 // release tells the old owners to drop a Service once every new owner has it, unless the

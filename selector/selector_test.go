@@ -656,3 +656,29 @@ func TestDispatchShadowWaitsForSlices(t *testing.T) {
 		return slices.Contains(f.d.Shadows()["team-a"], other)
 	})
 }
+
+// TestDispatchNoGoroutinePerOwnedService: a starting node hands every Service to its
+// owner before the owner's first sync; waiting for each one's programming must not take
+// a goroutine (and its stack) per Service, and each still counts as programmed after
+// the sync.
+func TestDispatchNoGoroutinePerOwnedService(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	before := runtime.NumGoroutine()
+	const n = 1000
+	for i := range n {
+		f.d.ServiceChanged(service("a1", fmt.Sprintf("web-%d", i), "team-b"))
+	}
+	if grew := runtime.NumGoroutine() - before; grew > 5 {
+		t.Errorf("%d Services waiting for their owner's first sync left %d more goroutines", n, grew)
+	}
+	for i := range n {
+		name := types.NamespacedName{Namespace: "a1", Name: fmt.Sprintf("web-%d", i)}
+		if owner, programmed := f.d.OwnerProgrammed(name); owner != "team-b" || programmed {
+			t.Fatalf("%s: OwnerProgrammed = %q, %v before any sync", name, owner, programmed)
+		}
+		f.sinks["team-b"].program(name)
+		if _, programmed := f.d.OwnerProgrammed(name); !programmed {
+			t.Fatalf("%s: not programmed after its owner's sync", name)
+		}
+	}
+}
