@@ -290,7 +290,10 @@ func (p *peakHeap) observe(ctx context.Context, sc Scrape) {
 	}
 	heap, ok := sc.Gauge("go_memstats_heap_alloc_bytes", Series{})
 	rss, _ := sc.Gauge("process_resident_memory_bytes", Series{})
-	fmt.Fprintf(&p.series, "%.2f s\theap %.1f MB\tRSS %.1f MB\n", time.Since(p.start).Seconds(), heap/1e6, rss/1e6)
+	stacks, _ := sc.Gauge("go_memstats_stack_inuse_bytes", Series{})
+	goroutines, _ := sc.Gauge("go_goroutines", Series{})
+	fmt.Fprintf(&p.series, "%.2f s\theap %.1f MB\tRSS %.1f MB\tstacks %.1f MB\tgoroutines %.0f\n",
+		time.Since(p.start).Seconds(), heap/1e6, rss/1e6, stacks/1e6, goroutines)
 	if !ok || heap < p.high*1.1 {
 		return
 	}
