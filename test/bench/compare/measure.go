@@ -290,10 +290,15 @@ func (p *peakHeap) observe(ctx context.Context, sc Scrape) {
 	}
 	heap, ok := sc.Gauge("go_memstats_heap_alloc_bytes", Series{})
 	rss, _ := sc.Gauge("process_resident_memory_bytes", Series{})
-	stacks, _ := sc.Gauge("go_memstats_stack_inuse_bytes", Series{})
+	fmt.Fprintf(&p.series, "%.2f s\theap %.1f MB\tRSS %.1f MB", time.Since(p.start).Seconds(), heap/1e6, rss/1e6)
+	for _, g := range []struct{ name, metric string }{{"spans in use", "go_memstats_heap_inuse_bytes"},
+		{"idle", "go_memstats_heap_idle_bytes"}, {"released", "go_memstats_heap_released_bytes"},
+		{"stacks", "go_memstats_stack_inuse_bytes"}} {
+		v, _ := sc.Gauge(g.metric, Series{})
+		fmt.Fprintf(&p.series, "\t%s %.1f MB", g.name, v/1e6)
+	}
 	goroutines, _ := sc.Gauge("go_goroutines", Series{})
-	fmt.Fprintf(&p.series, "%.2f s\theap %.1f MB\tRSS %.1f MB\tstacks %.1f MB\tgoroutines %.0f\n",
-		time.Since(p.start).Seconds(), heap/1e6, rss/1e6, stacks/1e6, goroutines)
+	fmt.Fprintf(&p.series, "\tgoroutines %.0f\n", goroutines)
 	if !ok || heap < p.high*1.1 {
 		return
 	}
