@@ -46,6 +46,11 @@ type Options struct {
 	Scales []int
 	// Endpoints per Service (one EndpointSlice each).
 	Endpoints int
+	// IPv6Percent of the generated Services are IPv6 (single-stack): both proxies then
+	// program both families, and each change is read in its Service's family.
+	IPv6Percent int
+	// Clients is the number of parallel requests creating the objects.
+	Clients int
 	// Samples is the number of one-endpoint changes measured per proxy.
 	Samples int
 	// MinSyncPeriod is both proxies' minimum time between syncs (kube-proxy's default
@@ -125,6 +130,8 @@ func parseOptions(args []string) (Options, error) {
 	fs := flag.NewFlagSet("shardproxy-bench-compare", flag.ContinueOnError)
 	scales := fs.String("scales", "1000,10000", "comma-separated numbers of Services")
 	fs.IntVar(&o.Endpoints, "endpoints", 10, "endpoints per Service")
+	fs.IntVar(&o.IPv6Percent, "ipv6-percent", 0, "share of the generated Services that are IPv6, 0-100")
+	fs.IntVar(&o.Clients, "clients", 16, "parallel requests creating, labelling and deleting the objects")
 	fs.IntVar(&o.Samples, "samples", 7, "one-endpoint changes measured per proxy")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "both proxies' minimum sync period")
 	fs.DurationVar(&o.SyncTimeout, "sync-timeout", 10*time.Minute, "longest wait for a first sync or one change")
@@ -160,8 +167,11 @@ func parseOptions(args []string) (Options, error) {
 	if o.ServePercent < 0 || o.ServePercent > 100 {
 		return o, fmt.Errorf("-serve-percent %d: want 0..100", o.ServePercent)
 	}
-	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 {
-		return o, errors.New("-endpoints, -samples and -min-sync-period must be positive")
+	if o.IPv6Percent < 0 || o.IPv6Percent > 100 {
+		return o, fmt.Errorf("-ipv6-percent %d: want 0..100", o.IPv6Percent)
+	}
+	if o.Endpoints < 1 || o.Samples < 1 || o.MinSyncPeriod <= 0 || o.Clients < 1 {
+		return o, errors.New("-endpoints, -samples, -min-sync-period and -clients must be positive")
 	}
 	if o.ChurnDuration < 0 || (o.ChurnDuration > 0 && o.ChurnRate <= 0) {
 		return o, errors.New("-churn-duration must not be negative, and -churn-rate must be positive with a churn phase")
@@ -202,7 +212,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		defer os.RemoveAll(filepath.Dir(bin))
 		r.also = append(r.also, bin)
 	}
-	rep := &Report{Started: time.Now(), Endpoints: o.Endpoints, Samples: o.Samples,
+	rep := &Report{Started: time.Now(), Endpoints: o.Endpoints, IPv6Percent: o.IPv6Percent, Samples: o.Samples,
 		MinSyncPeriod: o.MinSyncPeriod.String(), Machine: bench.DescribeMachine()}
 	for _, n := range o.Scales {
 		res, err := r.scale(ctx, n)
@@ -243,10 +253,6 @@ func buildShardproxy(repo string) (string, error) {
 	return bin, nil
 }
 
-// nodePortRange is wide enough for every generated NodePort and health-check port at
-// 30,000 Services (the default 2,768 ports is not).
-const nodePortRange = "30000-64999"
-
 // The instance shardproxy runs: the default one, or with Options.ServePercent one
 // serving gen.ServedProxyName in gen.Namespace.
 const (
@@ -255,7 +261,7 @@ const (
 )
 
 // shardproxyInstances is the one instance shardproxy runs: local detection over the
-// generated pod range, as kube-proxy's --cluster-cidr, and the generated load-balancer
+// generated pod ranges, as kube-proxy's --cluster-cidr, and the generated load-balancer
 // IPs accepted, as kube-proxy serves them.
 func shardproxyInstances(minSync time.Duration, served bool) string {
 	selects := "default: true"
@@ -267,9 +273,9 @@ func shardproxyInstances(minSync time.Duration, served bool) string {
   %s
   slot: 0
   minSyncPeriod: %s
-  detectLocal: {mode: ClusterCIDR, clusterCIDRs: [%s]}
-  tenant: {namespaces: [%s], loadBalancerCIDRs: [%s]}
-`, instanceName(served), selects, minSync, gen.PodCIDR, gen.Namespace, gen.LoadBalancerRange)
+  detectLocal: {mode: ClusterCIDR, clusterCIDRs: [%s, %s]}
+  tenant: {namespaces: [%s], loadBalancerCIDRs: [%s, %s]}
+`, instanceName(served), selects, minSync, gen.PodCIDR, gen.PodCIDR6, gen.Namespace, gen.LoadBalancerRange, gen.LoadBalancerRange6)
 }
 
 func instanceName(served bool) string {
@@ -295,7 +301,8 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		Instances:          shardproxyInstances(r.o.MinSyncPeriod, false),
 		ExtraConfig:        "enableProfiling: true",
 		NoLabelMirror:      true,
-		ExtraAPIServerArgs: []string{"--service-node-port-range=" + nodePortRange},
+		ServiceCIDRs:       gen.ServiceCIDRs,
+		ExtraAPIServerArgs: []string{"--service-node-port-range=" + gen.NodePortRange},
 		Logf:               r.logf,
 	})
 	if e != nil {
@@ -309,9 +316,9 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 		return nil, err
 	}
 	res := &ScaleResult{Services: n, Endpoints: n * r.o.Endpoints, ServePercent: r.o.ServePercent}
-	c := gen.Generate(n, r.o.Endpoints)
+	c := gen.GenerateFamilies(n, r.o.Endpoints, r.o.IPv6Percent)
 	start := time.Now()
-	if err := load(ctx, client, c); err != nil {
+	if err := load(ctx, client, c, r.o.Clients); err != nil {
 		return res, err
 	}
 	res.CreateSeconds = time.Since(start).Seconds()
@@ -386,7 +393,7 @@ func (m *measurer) measureOurs(ctx context.Context, res *ScaleResult) error {
 func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *daemon) error {
 	start := time.Now()
 	m.served = m.cluster.LabelServed(m.r.o.ServePercent)
-	if err := relabel(ctx, m.client, m.cluster); err != nil {
+	if err := relabel(ctx, m.client, m.cluster, m.r.o.Clients); err != nil {
 		return err
 	}
 	m.r.logf("labelled %d of %d Services %s, the rest %s, in %.1fs", len(m.served), len(m.cluster.Services),
@@ -404,7 +411,7 @@ func (m *measurer) measureServed(ctx context.Context, res *ScaleResult, ours *da
 	res.Served = &served
 
 	start = time.Now()
-	if err := deleteUnserved(ctx, m.client, m.cluster, m.served); err != nil {
+	if err := deleteUnserved(ctx, m.client, m.cluster, m.served, m.r.o.Clients); err != nil {
 		return err
 	}
 	m.r.logf("deleted the %d Services not served in %.1fs", len(m.cluster.Services)-len(m.served), time.Since(start).Seconds())
@@ -470,7 +477,7 @@ func kubeProxyArgs(e *env.Env, minSync time.Duration) []string {
 		"--proxy-mode=nftables",
 		"--kubeconfig=" + e.CP.Kubeconfig,
 		"--hostname-override=" + env.NodeName,
-		"--cluster-cidr=" + gen.PodCIDR.String(),
+		"--cluster-cidr=" + gen.PodCIDR.String() + "," + gen.PodCIDR6.String(),
 		fmt.Sprintf("--healthz-bind-address=0.0.0.0:%d", env.KubeProxyHealthzPort),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", env.KubeProxyMetricsPort),
 		"--nodeport-addresses=primary",
@@ -495,12 +502,12 @@ func fastClient(e *env.Env) (kubernetes.Interface, error) {
 // load creates the generated Services (with their load-balancer status) and
 // EndpointSlices, with NodePorts left to the apiserver, and endpoints of the
 // generator's own node on node-1.
-func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) error {
+func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, clients int) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gen.Namespace}}
 	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	return parallel(ctx, len(c.Services), 16, func(i int) error {
+	return parallel(ctx, len(c.Services), clients, func(i int) error {
 		svc := c.Services[i].DeepCopy()
 		svc.ResourceVersion = ""
 		status := svc.Status
@@ -531,8 +538,8 @@ func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) erro
 
 // relabel writes each Service's and slice's service-proxy-name label as c holds it
 // (gen.Cluster.LabelServed), as the EndpointSlice controller would copy it to the slice.
-func relabel(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) error {
-	return parallel(ctx, len(c.Services), 16, func(i int) error {
+func relabel(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, clients int) error {
+	return parallel(ctx, len(c.Services), clients, func(i int) error {
 		name := c.Services[i].Labels[gen.LabelServiceProxyName]
 		patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%q}}}`, gen.LabelServiceProxyName, name)
 		if _, err := client.CoreV1().Services(gen.Namespace).Patch(ctx, c.Services[i].Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
@@ -546,12 +553,12 @@ func relabel(ctx context.Context, client kubernetes.Interface, c *gen.Cluster) e
 }
 
 // deleteUnserved deletes the Services (and slices) of c not in served.
-func deleteUnserved(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, served []int) error {
+func deleteUnserved(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, served []int, clients int) error {
 	keep := make(map[int]bool, len(served))
 	for _, i := range served {
 		keep[i] = true
 	}
-	return parallel(ctx, len(c.Services), 16, func(i int) error {
+	return parallel(ctx, len(c.Services), clients, func(i int) error {
 		if keep[i] {
 			return nil
 		}
@@ -606,6 +613,17 @@ feed:
 		<-done
 	}
 	return context.Cause(ctx)
+}
+
+// percentile returns the p-th percentile of v by the nearest-rank method (0 when
+// empty).
+func percentile(v []float64, p int) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	rank := (p*len(s) + 99) / 100 // ceil(p/100 · n), 1-based
+	return s[max(rank, 1)-1]
 }
 
 // median returns the median of v (0 when empty).

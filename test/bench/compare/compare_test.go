@@ -3,6 +3,7 @@ package compare
 import (
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,44 @@ func TestMedianAndRatios(t *testing.T) {
 	}
 }
 
+// TestPercentile: the nearest rank, whatever the order of the samples.
+func TestPercentile(t *testing.T) {
+	ten := []float64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1}
+	for _, tc := range []struct {
+		in   []float64
+		p    int
+		want float64
+	}{{nil, 90, 0}, {[]float64{7}, 90, 7}, {ten, 90, 9}, {ten, 50, 5}, {ten, 100, 10}, {ten, 1, 1}, {ten, 0, 1}} {
+		if got := percentile(tc.in, tc.p); got != tc.want {
+			t.Errorf("percentile(%v, %d) = %v, want %v", tc.in, tc.p, got, tc.want)
+		}
+	}
+}
+
+// TestFamilies: a cluster's changes are read in their Service's family, and the first
+// full sync waits for the families the cluster has.
+func TestFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		percent int
+		want    []string
+	}{{0, []string{ipv4}}, {50, []string{ipv4, ipv6}}, {100, []string{ipv6}}} {
+		m := &measurer{cluster: gen.GenerateFamilies(100, 1, tc.percent)}
+		if got := m.families(); !slices.Equal(got, tc.want) {
+			t.Errorf("%d%% IPv6: families %v, want %v", tc.percent, got, tc.want)
+		}
+		for i := range m.cluster.Services {
+			want := string(m.cluster.Services[i].Spec.IPFamilies[0])
+			if got := m.family(i); got != want {
+				t.Errorf("%d%% IPv6: Service %d read in %s, want %s", tc.percent, i, got, want)
+			}
+		}
+	}
+	d := &daemon{series: Series{"proxy_instance": "default", "ip_family": ipv4}}
+	if got := d.in(ipv6); got["ip_family"] != ipv6 || got["proxy_instance"] != "default" || d.series["ip_family"] != ipv4 {
+		t.Errorf("in(IPv6) = %v (series now %v)", got, d.series)
+	}
+}
+
 func TestParseOptions(t *testing.T) {
 	o, err := parseOptions([]string{"-scales", "100, 2000", "-samples", "3", "-also", "../a, ../b"})
 	if err != nil || len(o.Scales) != 2 || o.Scales[1] != 2000 || o.Samples != 3 || len(o.Also) != 2 || o.Also[1] != "../b" {
@@ -117,7 +156,11 @@ func TestParseOptions(t *testing.T) {
 	if o, err := parseOptions([]string{"-serve-percent", "10"}); err != nil || o.ServePercent != 10 {
 		t.Errorf("parseOptions(-serve-percent 10) = %+v, %v", o, err)
 	}
-	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}, {"-serve-percent", "-1"}, {"-serve-percent", "101"}} {
+	if o, err := parseOptions([]string{"-ipv6-percent", "50", "-clients", "64"}); err != nil || o.IPv6Percent != 50 || o.Clients != 64 {
+		t.Errorf("parseOptions(-ipv6-percent 50 -clients 64) = %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}, {"-serve-percent", "-1"}, {"-serve-percent", "101"},
+		{"-ipv6-percent", "-1"}, {"-ipv6-percent", "101"}, {"-clients", "0"}} {
 		if _, err := parseOptions(bad); err == nil {
 			t.Errorf("parseOptions(%v) accepted", bad)
 		}

@@ -3,6 +3,7 @@ package compare
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,9 +20,17 @@ import (
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 )
 
+// The values of the ip_family label.
+const (
+	ipv4 = "IPv4"
+	ipv6 = "IPv6"
+)
+
 // daemon is one proxy process under measurement.
 type daemon struct {
-	name       string
+	name string
+	// series selects the proxy's series (kube-proxy's IPv4 ones; for shardproxy, its
+	// instance's); in picks another family's.
 	series     Series
 	metricsURL string
 	// heapURL serves the daemon's Go heap profile ("": none).
@@ -32,6 +41,13 @@ type daemon struct {
 	stop       func() error
 	pid        func() int
 	logTail    func() string
+}
+
+// in returns d's series of IP family fam.
+func (d *daemon) in(fam string) Series {
+	s := maps.Clone(d.series)
+	s["ip_family"] = fam
+	return s
 }
 
 // measurer runs the same measurements against each proxy of one environment.
@@ -72,18 +88,10 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	}
 
 	peak := m.newPeakHeap(d)
-	sc, err := m.waitFor(ctx, d, "the first full sync", func(sc Scrape) bool {
-		peak.observe(ctx, sc)
-		_, synced := sc.Gauge(metricLastSync, d.series)
-		return synced && sc.Histogram(metricFullSync, d.series).Count >= 1
-	})
+	err := m.firstFullSync(ctx, d, started, peak, &res)
 	if err != nil {
 		return fail(err)
 	}
-	full := sc.Histogram(metricFullSync, d.series)
-	res.FirstFullSyncSeconds = full.Sum / float64(full.Count)
-	last, _ := sc.Gauge(metricLastSync, d.series)
-	res.StartToSyncedSeconds = last - float64(started.UnixNano())/1e9
 	if res.FirstSyncPeakRSSMB, err = peakRSSMB(d.pid()); err != nil {
 		return fail(err)
 	}
@@ -106,14 +114,16 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 		if err := m.changeEndpoint(ctx, svc); err != nil {
 			return fail(err)
 		}
+		// The change is programmed, and timed, in its Service's family.
+		series := d.in(m.family(svc))
 		after, err := m.waitFor(ctx, d, fmt.Sprintf("the change of %s", gen.ServiceName(svc)), func(sc Scrape) bool {
-			return sc.Histogram(metricProgramming, d.series).Count > before.Histogram(metricProgramming, d.series).Count
+			return sc.Histogram(metricProgramming, series).Count > before.Histogram(metricProgramming, series).Count
 		})
 		if err != nil {
 			return fail(err)
 		}
-		partial := after.Histogram(metricPartialSync, d.series).Sub(before.Histogram(metricPartialSync, d.series))
-		prog := after.Histogram(metricProgramming, d.series).Sub(before.Histogram(metricProgramming, d.series))
+		partial := after.Histogram(metricPartialSync, series).Sub(before.Histogram(metricPartialSync, series))
+		prog := after.Histogram(metricProgramming, series).Sub(before.Histogram(metricProgramming, series))
 		if partial.Count == 0 {
 			// A periodic full sync took the change; it is not a partial sync sample.
 			m.r.logf("%s: sample %d was programmed by a full sync; not counted as a partial sync", d.name, i)
@@ -121,10 +131,12 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 			res.PartialSyncSeconds = append(res.PartialSyncSeconds, partial.Mean())
 		}
 		res.ProgrammingSeconds = append(res.ProgrammingSeconds, prog.Mean())
-		m.r.logf("%s: sample %d: partial sync %.1fms, network programming %.1fms", d.name, i, partial.Mean()*1e3, prog.Mean()*1e3)
+		m.r.logf("%s: sample %d (%s): partial sync %.1fms, network programming %.1fms", d.name, i, m.family(svc), partial.Mean()*1e3, prog.Mean()*1e3)
 	}
 	res.PartialSyncMedianSeconds = median(res.PartialSyncSeconds)
+	res.PartialSyncP90Seconds = percentile(res.PartialSyncSeconds, 90)
 	res.ProgrammingMedianSeconds = median(res.ProgrammingSeconds)
+	res.ProgrammingP90Seconds = percentile(res.ProgrammingSeconds, 90)
 	if m.r.o.ChurnDuration > 0 {
 		c, err := m.churn(ctx, d)
 		if err != nil {
@@ -140,6 +152,52 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 	// adds the current RSS): a later read can be below an earlier one.
 	res.PeakRSSMB = max(res.PeakRSSMB, res.FirstSyncPeakRSSMB)
 	return res, nil
+}
+
+// firstFullSync waits for d's first full sync of every family the cluster has (peak
+// watching the heap meanwhile), and records its duration (the slowest family's: they are synced side by side) and the
+// time from start until the last family had synced.
+func (m *measurer) firstFullSync(ctx context.Context, d *daemon, started time.Time, peak *peakHeap, res *ProxyResult) error {
+	fams := m.families()
+	sc, err := m.waitFor(ctx, d, "the first full sync", func(sc Scrape) bool {
+		peak.observe(ctx, sc)
+		for _, fam := range fams {
+			_, synced := sc.Gauge(metricLastSync, d.in(fam))
+			if !synced || sc.Histogram(metricFullSync, d.in(fam)).Count < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	for _, fam := range fams {
+		res.FirstFullSyncSeconds = max(res.FirstFullSyncSeconds, sc.Histogram(metricFullSync, d.in(fam)).Mean())
+		last, _ := sc.Gauge(metricLastSync, d.in(fam))
+		res.StartToSyncedSeconds = max(res.StartToSyncedSeconds, last-float64(started.UnixNano())/1e9)
+	}
+	return nil
+}
+
+// families are the IP families of the generated Services, as the ip_family label
+// spells them.
+func (m *measurer) families() []string {
+	switch m.cluster.IPv6Percent {
+	case 0:
+		return []string{ipv4}
+	case 100:
+		return []string{ipv6}
+	}
+	return []string{ipv4, ipv6}
+}
+
+// family is the IP family of Service i.
+func (m *measurer) family(i int) string {
+	if m.cluster.IsIPv6(i) {
+		return ipv6
+	}
+	return ipv4
 }
 
 // nextService picks the Service of the next change, spread over the whole cluster.

@@ -16,6 +16,7 @@ type Report struct {
 	Started       time.Time     `json:"started"`
 	Machine       bench.Machine `json:"machine"`
 	Endpoints     int           `json:"endpointsPerService"`
+	IPv6Percent   int           `json:"ipv6Percent"`
 	Samples       int           `json:"samples"`
 	MinSyncPeriod string        `json:"minSyncPeriod"`
 	Scales        []ScaleResult `json:"scales"`
@@ -53,9 +54,11 @@ type ProxyResult struct {
 	// PartialSyncSeconds is, per one-endpoint change, the partial sync that programmed it.
 	PartialSyncSeconds       []float64 `json:"partialSyncSeconds"`
 	PartialSyncMedianSeconds float64   `json:"partialSyncMedianSeconds"`
+	PartialSyncP90Seconds    float64   `json:"partialSyncP90Seconds"`
 	// ProgrammingSeconds is, per change, the network programming latency.
 	ProgrammingSeconds       []float64 `json:"networkProgrammingSeconds"`
 	ProgrammingMedianSeconds float64   `json:"networkProgrammingMedianSeconds"`
+	ProgrammingP90Seconds    float64   `json:"networkProgrammingP90Seconds"`
 	PeakRSSMB                float64   `json:"peakRSSMB"`
 	// FirstSyncPeakRSSMB is the peak RSS until the first full sync had finished (the
 	// initial lists and that sync), read when it had.
@@ -110,8 +113,8 @@ func (r *Report) WriteJSON(path string) error { return bench.WriteJSON(path, r) 
 
 // PrintTable prints one block per scale: each figure for both proxies and the ratio.
 func PrintTable(w io.Writer, r *Report) {
-	fmt.Fprintf(w, "bench-compare: %d cores, kernel %s, %s; %d endpoints per Service, one EndpointSlice each; min sync period %s; %d one-endpoint changes per proxy\n",
-		r.Machine.Cores, r.Machine.Kernel, r.Machine.NFT, r.Endpoints, r.MinSyncPeriod, r.Samples)
+	fmt.Fprintf(w, "bench-compare: %d cores, kernel %s, %s; %d endpoints per Service, one EndpointSlice each, %d%% of the Services IPv6; min sync period %s; %d one-endpoint changes per proxy\n",
+		r.Machine.Cores, r.Machine.Kernel, r.Machine.NFT, r.Endpoints, r.IPv6Percent, r.MinSyncPeriod, r.Samples)
 	for _, s := range r.Scales {
 		fmt.Fprintf(w, "\n%d Services × %d endpoints (objects created in %.1fs)\n", s.Services, s.Endpoints/max(s.Services, 1), s.CreateSeconds)
 		if s.Served != nil {
@@ -141,7 +144,9 @@ func PrintTable(w io.Writer, r *Report) {
 		row("first full sync", "ms", 1e3, func(p ProxyResult) float64 { return p.FirstFullSyncSeconds })
 		row("start to synced", "ms", 1e3, func(p ProxyResult) float64 { return p.StartToSyncedSeconds })
 		row("partial sync, median", "ms", 1e3, func(p ProxyResult) float64 { return p.PartialSyncMedianSeconds })
+		row("partial sync, p90", "ms", 1e3, func(p ProxyResult) float64 { return p.PartialSyncP90Seconds })
 		row("network programming, median", "ms", 1e3, func(p ProxyResult) float64 { return p.ProgrammingMedianSeconds })
+		row("network programming, p90", "ms", 1e3, func(p ProxyResult) float64 { return p.ProgrammingP90Seconds })
 		row("peak RSS", "MB", 1, func(p ProxyResult) float64 { return p.PeakRSSMB })
 		row("peak RSS by the first full sync", "MB", 1, func(p ProxyResult) float64 { return p.FirstSyncPeakRSSMB })
 		if s.Upstream.Churn != nil || s.Shardproxy.Churn != nil {

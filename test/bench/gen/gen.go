@@ -41,7 +41,13 @@ var (
 	EndpointBase6     = netip.MustParseAddr("fd00:100:64::1")
 	PodCIDR6          = netip.MustParsePrefix("fd00:100:64::/64")
 	LoadBalancerBase6 = netip.MustParseAddr("fd00:198:18::1")
-	SourceRanges6     = []string{"2001:db8::/48", "2001:db8:1::/48"}
+	// LoadBalancerRange6 covers every generated IPv6 load-balancer IP.
+	LoadBalancerRange6 = netip.MustParsePrefix("fd00:198:18::/64")
+	// ServiceCIDRs cover the cluster IPs of 100,000 Services (and more) in either family,
+	// IPv4 first, for an apiserver that must accept them (each as large as it allows:
+	// 2^20 addresses).
+	ServiceCIDRs  = []string{"10.96.0.0/12", "fd00:10:96::/108"}
+	SourceRanges6 = []string{"2001:db8::/48", "2001:db8:1::/48"}
 )
 
 const (
@@ -60,6 +66,8 @@ const (
 	// Services need about 37,000).
 	FirstNodePort = 30000
 	WrapNodePort  = 20000
+	// NodePortRange covers every NodePort handed out, for an apiserver allocating them.
+	NodePortRange = "20000-65535"
 )
 
 // PodCIDRs are the generated pods' ranges, IPv4 then IPv6.

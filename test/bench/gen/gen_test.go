@@ -180,3 +180,37 @@ func countMix(n int, m Mix) int {
 	}
 	return k
 }
+
+// TestAddressPlanHolds100k: the addresses of Service 99,999 (the last of issue 13's
+// largest scale), in either family, fall inside the ranges an apiserver and an instance
+// are given for them.
+func TestAddressPlanHolds100k(t *testing.T) {
+	inAny := func(addr string, cidrs []string) bool {
+		for _, c := range cidrs {
+			if netip.MustParsePrefix(c).Contains(netip.MustParseAddr(addr)) {
+				return true
+			}
+		}
+		return false
+	}
+	lb := []string{LoadBalancerRange.String(), LoadBalancerRange6.String()}
+	for _, tc := range []struct {
+		name    string
+		percent int
+	}{{"IPv4", 0}, {"IPv6", 100}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := GenerateFamilies(0, 1, tc.percent)
+			const last = 99_999 // a LoadBalancer Service (MixOf: 99 mod 100)
+			svc, _ := c.New(last)
+			if svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
+				t.Fatalf("Service %d is %s, want a LoadBalancer", last, svc.Spec.Type)
+			}
+			if !inAny(svc.Spec.ClusterIP, ServiceCIDRs) {
+				t.Errorf("cluster IP %s outside %v", svc.Spec.ClusterIP, ServiceCIDRs)
+			}
+			if ip := svc.Status.LoadBalancer.Ingress[0].IP; !inAny(ip, lb) {
+				t.Errorf("load-balancer IP %s outside %v", ip, lb)
+			}
+		})
+	}
+}

@@ -80,6 +80,10 @@ type Options struct {
 	NoLabelMirror bool
 	// SupervisorArgs are added to `shardproxy run`'s flags (e.g. a --vmodule).
 	SupervisorArgs []string
+	// ServiceCIDRs are the apiserver's service CIDRs, IPv4 first (default
+	// controlplane.DefaultServiceCIDRs; benchmarks with more Services than a /16 widen
+	// them).
+	ServiceCIDRs []string
 }
 
 // DefaultInstances are three instances: the default one and two teams. The teams serve
@@ -160,7 +164,7 @@ func Start(ctx context.Context, opts Options) (*Env, error) {
 	cp, stop, err := controlplane.StartProcess(ctx, controlplane.Options{
 		Netns: e.cpNS, Dial: tp.Dialer(e.cpNS),
 		BindAddress: "0.0.0.0", AdvertiseAddress: ControlPlaneIP,
-		ServiceCIDRs:       []string{"10.96.0.0/16", "fd00:96::/112"},
+		ServiceCIDRs:       opts.ServiceCIDRs,
 		ExtraAPIServerArgs: opts.ExtraAPIServerArgs,
 		Progress:           opts.Logf,
 	})
