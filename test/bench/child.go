@@ -107,6 +107,8 @@ func runChild(ctx context.Context, o *childOptions, out io.Writer) error {
 type benchInstance struct {
 	proxy *instance.Proxy
 	nfts  []*timedNFT
+	// direct are the families' netlink writers, timed.
+	direct []*timedApplier
 }
 
 // tableConfig is the node every child pretends to be: the test/netns node's addresses,
@@ -143,7 +145,13 @@ func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error
 		},
 		// As the supervisor does: partial syncs without new chains go over netlink.
 		Direct: func(cfg tables.Config) (tables.Applier, error) {
-			return tables.NewNetlinkWriter(cfg)
+			w, err := tables.NewNetlinkWriter(cfg)
+			if err != nil {
+				return nil, err
+			}
+			t := &timedApplier{Applier: w}
+			bi.direct = append(bi.direct, t)
+			return t, nil
 		},
 		ElementsPerCommand: tables.MaxElementsPerCommand,
 		LoadBalancing:      instance.LoadBalancing{Mode: lb},
@@ -164,17 +172,32 @@ type syncOnce struct {
 	ops      int
 	elements int // added + deleted
 	netlink  int // families whose partial sync went over netlink, not nft
-	txBytes  int
-	txs      []*knftables.Transaction
+	// netlinkTime is the time in the netlink writers' transactions (both families).
+	netlinkTime time.Duration
+	// user and sys are the process's CPU times during the sync (every thread: the
+	// runtime's too), gcs the garbage collections that ended in it.
+	user, sys time.Duration
+	gcs       uint64
+	txBytes   int
+	txs       []*knftables.Transaction
 }
 
 func (bi *benchInstance) sync(ctx context.Context, full bool) (syncOnce, error) {
 	for _, t := range bi.nfts {
 		t.take()
 	}
+	for _, t := range bi.direct {
+		t.take()
+	}
+	cpu0, gc0 := processCPU()
 	start := time.Now()
 	res, err := bi.proxy.Sync(ctx, full)
 	s := syncOnce{elapsed: time.Since(start)}
+	cpu1, gc1 := processCPU()
+	s.user, s.sys, s.gcs = cpu1.user-cpu0.user, cpu1.sys-cpu0.sys, gc1-gc0
+	for _, t := range bi.direct {
+		s.netlinkTime += t.take()
+	}
 	if err != nil {
 		return s, err
 	}
@@ -358,20 +381,30 @@ func pickServices(c *gen.Cluster, k, seed int, keep func(int) bool) []int {
 }
 
 func summarize(name string, runs []syncOnce) Partial {
-	var ms, nftMS []float64
+	var ms, nftMS, nlMS, userMS, sysMS []float64
 	var ops []int
 	netlink := 0
+	var gcs uint64
+	msOf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for _, r := range runs {
 		netlink += r.netlink
-		ms = append(ms, float64(r.elapsed.Microseconds())/1000)
-		nftMS = append(nftMS, float64(r.nft.Microseconds())/1000)
+		gcs += r.gcs
+		ms = append(ms, msOf(r.elapsed))
+		nftMS = append(nftMS, msOf(r.nft))
+		nlMS = append(nlMS, msOf(r.netlinkTime))
+		userMS = append(userMS, msOf(r.user))
+		sysMS = append(sysMS, msOf(r.sys))
 		ops = append(ops, r.ops)
 	}
-	slices.Sort(ms)
-	slices.Sort(nftMS)
+	for _, v := range [][]float64{ms, nftMS, nlMS, userMS, sysMS} {
+		slices.Sort(v)
+	}
 	slices.Sort(ops)
-	return Partial{Name: name, Samples: len(runs), MedianMS: ms[len(ms)/2], P90MS: ms[len(ms)*9/10],
-		MaxMS: ms[len(ms)-1], NFTMedianMS: nftMS[len(nftMS)/2], Operations: ops[len(ops)/2], NetlinkSyncs: netlink}
+	mid := len(ms) / 2
+	return Partial{Name: name, Samples: len(runs), MedianMS: ms[mid], P90MS: ms[len(ms)*9/10],
+		MaxMS: ms[len(ms)-1], NFTMedianMS: nftMS[mid], NetlinkMedianMS: nlMS[mid],
+		UserMedianMS: userMS[mid], SysMedianMS: sysMS[mid], GCs: gcs,
+		Operations: ops[len(ops)/2], NetlinkSyncs: netlink}
 }
 
 // childMulti runs o.instances instances, Service i on instance i mod o.instances, and

@@ -88,3 +88,40 @@ func (t *timedNFT) take() (busy time.Duration, calls int, last *knftables.Transa
 	t.busy, t.calls, t.last, t.streamed = 0, 0, nil, 0
 	return busy, calls, last, streamed
 }
+
+// timedApplier is a tables.Applier (the netlink writer of partial syncs) that measures
+// how long its transactions take, encoding, the round trip and the kernel's commit,
+// so a partial sync splits into the kernel's part and our own Go code.
+type timedApplier struct {
+	tables.Applier
+
+	mu   sync.Mutex
+	busy time.Duration
+}
+
+// Apply applies d through the wrapped Applier, timed.
+func (t *timedApplier) Apply(ctx context.Context, d *tables.Diff) error {
+	start := time.Now()
+	err := t.Applier.Apply(ctx, d)
+	t.mu.Lock()
+	t.busy += time.Since(start)
+	t.mu.Unlock()
+	return err
+}
+
+// take returns the time spent since the last take.
+func (t *timedApplier) take() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := t.busy
+	t.busy = 0
+	return b
+}
+
+// Close closes the wrapped Applier if it holds anything (the netlink socket).
+func (t *timedApplier) Close() error {
+	if c, ok := t.Applier.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}

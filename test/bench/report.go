@@ -138,7 +138,7 @@ func PrintTable(w io.Writer, rep *Report) {
 			s.Floor.Seconds, s.FullOverFloor, s.Full.Operations, s.Full.Elements, float64(s.Full.TxBytes)/(1<<20), s.Resync.Seconds)
 	}
 
-	section("Partial syncs: median ms [p90] (median ms in nft), operations, family syncs over netlink")
+	section("Partial syncs: median ms [p90] (median ms in nft / in netlink transactions; median CPU ms user+sys), operations, family syncs over netlink, GCs")
 	if len(rep.Scales) > 0 {
 		var hdr []string
 		for _, p := range rep.Scales[0].Partial {
@@ -149,7 +149,8 @@ func PrintTable(w io.Writer, rep *Report) {
 	for _, s := range rep.Scales {
 		var cells []string
 		for _, p := range s.Partial {
-			cells = append(cells, fmt.Sprintf("%.1f [%.1f] (%.1f), %d ops, %d/%d nl", p.MedianMS, p.P90MS, p.NFTMedianMS, p.Operations, p.NetlinkSyncs, 2*p.Samples))
+			cells = append(cells, fmt.Sprintf("%.2f [%.2f] (%.2f / %.2f; %.2f+%.2f), %d ops, %d/%d nl, %d gc", p.MedianMS, p.P90MS, p.NFTMedianMS,
+				p.NetlinkMedianMS, p.UserMedianMS, p.SysMedianMS, p.Operations, p.NetlinkSyncs, 2*p.Samples, p.GCs))
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t\n", s.Services, s.Mode, strings.Join(cells, "\t"))
 	}

@@ -74,6 +74,15 @@ type Partial struct {
 	P90MS       float64 `json:"p90Ms"`
 	MaxMS       float64 `json:"maxMs"`
 	NFTMedianMS float64 `json:"nftMedianMs"`
+	// NetlinkMedianMS is the median time in the netlink writers' transactions (encoding,
+	// the round trip, the kernel's commit).
+	NetlinkMedianMS float64 `json:"netlinkMedianMs"`
+	// UserMedianMS and SysMedianMS are the medians of the process's user and system CPU
+	// time during a sync (every thread, so the runtime's background work too); GCs
+	// counts the garbage collections that finished during the samples.
+	UserMedianMS float64 `json:"userMedianMs"`
+	SysMedianMS  float64 `json:"sysMedianMs"`
+	GCs          uint64  `json:"gcs"`
 	// Operations is the median number of transaction operations.
 	Operations int `json:"operations"`
 	// NetlinkSyncs counts the family syncs (two per sample) written over netlink

@@ -491,12 +491,45 @@ func kubeProxyArgs(e *env.Env, minSync time.Duration) []string {
 	}
 }
 
-// fastClient is an admin client without client-side throttling, for creating tens of
+// fastClient is an admin client without client-side throttling, speaking protobuf (the
+// apiserver decodes it for a fraction of JSON's CPU), for creating up to hundreds of
 // thousands of objects.
 func fastClient(e *env.Env) (kubernetes.Interface, error) {
 	cfg := e.CP.RESTConfig()
 	cfg.QPS, cfg.Burst = 5000, 10000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return kubernetes.NewForConfig(cfg)
+}
+
+// retried runs do until it succeeds, fails for good, or has failed transiently (the
+// apiserver timed out or was too busy, as it is when the machine is loaded while tens
+// of thousands of objects are created) attempts times.
+func retried(ctx context.Context, do func() error) error {
+	return retriedEvery(ctx, time.Second, do)
+}
+
+// retriedEvery is retried with pauses of pause, 2·pause, … between attempts.
+func retriedEvery(ctx context.Context, pause time.Duration, do func() error) error {
+	const attempts = 5
+	var err error
+	for i := range attempts {
+		if err = do(); err == nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(i+1) * pause):
+		}
+	}
+	return fmt.Errorf("after %d attempts: %w", attempts, err)
+}
+
+// transient says whether a request may succeed when sent again.
+func transient(err error) bool {
+	return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsConflict(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err)
 }
 
 // load creates the generated Services (with their load-balancer status) and
@@ -508,32 +541,64 @@ func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, clie
 		return err
 	}
 	return parallel(ctx, len(c.Services), clients, func(i int) error {
-		svc := c.Services[i].DeepCopy()
-		svc.ResourceVersion = ""
-		status := svc.Status
-		svc.Status = corev1.ServiceStatus{}
-		svc.Spec.HealthCheckNodePort = 0
-		for k := range svc.Spec.Ports {
-			svc.Spec.Ports[k].NodePort = 0
-		}
-		created, err := client.CoreV1().Services(gen.Namespace).Create(ctx, svc, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("creating Service %s: %w", svc.Name, err)
-		}
-		if len(status.LoadBalancer.Ingress) > 0 {
-			created.Status = status
-			if _, err := client.CoreV1().Services(gen.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-				return fmt.Errorf("setting Service %s's load-balancer status: %w", svc.Name, err)
-			}
+		if err := createService(ctx, client, c.Services[i]); err != nil {
+			return err
 		}
 		slice := c.Slices[i].DeepCopy()
 		slice.ResourceVersion = ""
 		onThisNode(slice.Endpoints)
-		if _, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		err := retried(ctx, func() error {
+			_, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) { // an earlier attempt that timed out had created it
+				return nil
+			}
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
 		}
 		return nil
 	})
+}
+
+// createService creates svc, NodePorts left to the apiserver, then sets its
+// load-balancer status, each step retried while the apiserver is too busy.
+func createService(ctx context.Context, client kubernetes.Interface, gsvc *corev1.Service) error {
+	svc := gsvc.DeepCopy()
+	svc.ResourceVersion = ""
+	status := svc.Status
+	svc.Status = corev1.ServiceStatus{}
+	svc.Spec.HealthCheckNodePort = 0
+	for k := range svc.Spec.Ports {
+		svc.Spec.Ports[k].NodePort = 0
+	}
+	services := client.CoreV1().Services(gen.Namespace)
+	err := retried(ctx, func() error {
+		_, err := services.Create(ctx, svc, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) { // an earlier attempt that timed out had created it
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("creating Service %s: %w", svc.Name, err)
+	}
+	if len(status.LoadBalancer.Ingress) == 0 {
+		return nil
+	}
+	err = retried(ctx, func() error {
+		cur, err := services.Get(ctx, svc.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status = status
+		_, err = services.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("setting Service %s's load-balancer status: %w", svc.Name, err)
+	}
+	return nil
 }
 
 // relabel writes each Service's and slice's service-proxy-name label as c holds it

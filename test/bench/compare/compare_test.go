@@ -1,12 +1,16 @@
 package compare
 
 import (
+	"context"
 	"math"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
@@ -107,6 +111,39 @@ func TestMedianAndRatios(t *testing.T) {
 	PrintTable(&b, &Report{Endpoints: 10, Scales: []ScaleResult{s}})
 	if !strings.Contains(b.String(), "shardproxy@/work/main") || !regexp.MustCompile(`240\.0 +0\.500`).MatchString(b.String()) {
 		t.Errorf("table lacks the -also build's column (peak RSS 240 MB, 0.5 of upstream):\n%s", b.String())
+	}
+}
+
+// TestRetried: requests the apiserver timed out or was too busy for are sent again, up
+// to five times; others fail at once.
+func TestRetried(t *testing.T) {
+	gr := schema.GroupResource{Resource: "services"}
+	timeout := apierrors.NewTimeoutError("request did not complete within requested timeout", 0)
+	for _, tc := range []struct {
+		name      string
+		errs      []error // returned by the attempts in turn; nil after the list
+		wantCalls int
+		wantErr   bool
+	}{
+		{"succeeds at once", nil, 1, false},
+		{"a timeout, then success", []error{timeout}, 2, false},
+		{"too busy and a conflict, then success", []error{apierrors.NewTooManyRequests("busy", 1), apierrors.NewConflict(gr, "svc", nil)}, 3, false},
+		{"not transient", []error{apierrors.NewBadRequest("no")}, 1, true},
+		{"always timing out", []error{timeout, timeout, timeout, timeout, timeout, timeout}, 5, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			err := retriedEvery(context.Background(), time.Millisecond, func() error {
+				calls++
+				if calls <= len(tc.errs) {
+					return tc.errs[calls-1]
+				}
+				return nil
+			})
+			if calls != tc.wantCalls || (err != nil) != tc.wantErr {
+				t.Errorf("%d calls, error %v; want %d calls, error %v", calls, err, tc.wantCalls, tc.wantErr)
+			}
+		})
 	}
 }
 
