@@ -246,6 +246,51 @@ func pick(fam Family, v4, v6 string) netip.Addr {
 	return netip.MustParseAddr(v4)
 }
 
+// consecutiveClients is count addresses from first on.
+func consecutiveClients(first netip.Addr, count int) []netip.Addr {
+	out := make([]netip.Addr, count)
+	for i := range out {
+		out[i], first = first, first.Next()
+	}
+	return out
+}
+
+// podClients is per pods on each of nodes /24s (IPv6: /120s), numbered from .2, the
+// /24s chosen at random.
+func podClients(fam Family, nodes, per int) func(*rand.Rand) []netip.Addr {
+	return func(rng *rand.Rand) []netip.Addr {
+		var out []netip.Addr
+		for _, n := range rng.Perm(4096)[:nodes] {
+			first := netip.AddrFrom4([4]byte{10, byte(240 + n>>8), byte(n), 2})
+			if fam == IPv6 {
+				first = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 13: byte(n >> 8), 14: byte(n), 15: 2})
+			}
+			out = append(out, consecutiveClients(first, per)...)
+		}
+		return out
+	}
+}
+
+// randomV4Clients is 1,000 random IPv4 unicast addresses.
+func randomV4Clients(rng *rand.Rand) []netip.Addr {
+	var out []netip.Addr
+	for range 1000 {
+		out = append(out, netip.AddrFrom4([4]byte{byte(rng.Intn(223) + 1), byte(rng.Intn(256)), byte(rng.Intn(256)), byte(rng.Intn(256))}))
+	}
+	return out
+}
+
+// clientsInARow is count consecutive addresses from first, in another /16 (IPv6:
+// /112) each time.
+func clientsInARow(first netip.Addr, count int) func(*rand.Rand) []netip.Addr {
+	return func(rng *rand.Rand) []netip.Addr {
+		b := first.AsSlice()
+		b[len(b)-3] = byte(rng.Intn(256))
+		a, _ := netip.AddrFromSlice(b)
+		return consecutiveClients(a, count)
+	}
+}
+
 // TestConsistentHashEvenness measures the evenness of issue 14 in simulation, through
 // the kernel's jhash (tracer.JHashMod) and the 256-slot tables of ten endpoints, over
 // many endpoint sets: the rotated slot (rotatedSlot, what the rules compute) against a
@@ -256,43 +301,6 @@ func pick(fam Family, v4, v6 string) netip.Addr {
 // clients numbered in a row spread within a few percent, and clients of many prefixes
 // (pods on many nodes) spread like the hash or a little better, never worse on average.
 func TestConsistentHashEvenness(t *testing.T) {
-	consecutive := func(first netip.Addr, count int) []netip.Addr {
-		out := make([]netip.Addr, count)
-		for i := range out {
-			out[i], first = first, first.Next()
-		}
-		return out
-	}
-	// pods: per pods on each of nodes /24s (IPv6: /120s), numbered from .2, the /24s
-	// chosen at random.
-	pods := func(fam Family, nodes, per int) func(*rand.Rand) []netip.Addr {
-		return func(rng *rand.Rand) []netip.Addr {
-			var out []netip.Addr
-			for _, n := range rng.Perm(4096)[:nodes] {
-				first := netip.AddrFrom4([4]byte{10, byte(240 + n>>8), byte(n), 2})
-				if fam == IPv6 {
-					first = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 13: byte(n >> 8), 14: byte(n), 15: 2})
-				}
-				out = append(out, consecutive(first, per)...)
-			}
-			return out
-		}
-	}
-	randomV4 := func(rng *rand.Rand) []netip.Addr {
-		var out []netip.Addr
-		for range 1000 {
-			out = append(out, netip.AddrFrom4([4]byte{byte(rng.Intn(223) + 1), byte(rng.Intn(256)), byte(rng.Intn(256)), byte(rng.Intn(256))}))
-		}
-		return out
-	}
-	inARow := func(first netip.Addr, count int) func(*rand.Rand) []netip.Addr {
-		return func(rng *rand.Rand) []netip.Addr {
-			b := first.AsSlice()
-			b[len(b)-3] = byte(rng.Intn(256)) // another /16 (IPv6: /112) each time
-			a, _ := netip.AddrFromSlice(b)
-			return consecutive(a, count)
-		}
-	}
 	const trials = 200
 	for _, tc := range []struct {
 		name    string
@@ -301,14 +309,14 @@ func TestConsistentHashEvenness(t *testing.T) {
 		// its mean worst deviation is at most the hash's (plus 0.5 points of noise).
 		every bool
 	}{
-		{"1,000 clients in a row (IPv4)", inARow(netip.MustParseAddr("198.18.0.1"), 1000), true},
-		{"1,000 clients in a row (IPv6)", inARow(netip.MustParseAddr("fd00:198:18::1"), 1000), true},
-		{"10,000 clients in a row (IPv4)", inARow(netip.MustParseAddr("198.18.0.1"), 10_000), true},
-		{"960 pods, .2-.31 of 32 /24s", pods(IPv4, 32, 30), false},
-		{"960 pods, .2-.31 of 32 /120s (IPv6)", pods(IPv6, 32, 30), false},
-		{"1,000 pods, .2-.21 of 50 /24s", pods(IPv4, 50, 20), false},
-		{"1,000 pods, .2-.11 of 100 /24s", pods(IPv4, 100, 10), false},
-		{"1,000 random IPv4 clients", randomV4, false},
+		{"1,000 clients in a row (IPv4)", clientsInARow(netip.MustParseAddr("198.18.0.1"), 1000), true},
+		{"1,000 clients in a row (IPv6)", clientsInARow(netip.MustParseAddr("fd00:198:18::1"), 1000), true},
+		{"10,000 clients in a row (IPv4)", clientsInARow(netip.MustParseAddr("198.18.0.1"), 10_000), true},
+		{"960 pods, .2-.31 of 32 /24s", podClients(IPv4, 32, 30), false},
+		{"960 pods, .2-.31 of 32 /120s (IPv6)", podClients(IPv6, 32, 30), false},
+		{"1,000 pods, .2-.21 of 50 /24s", podClients(IPv4, 50, 20), false},
+		{"1,000 pods, .2-.11 of 100 /24s", podClients(IPv4, 100, 10), false},
+		{"1,000 random IPv4 clients", randomV4Clients, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewSource(3))

@@ -16,15 +16,18 @@ import (
 
 // TestGoldenModes pins the rule shapes of each load-balancing mode (tables/README.md,
 // "Load-balancing modes").
+// modePod and modeRemote are the endpoints of modePort: one on this node, one not.
+var modePod, modeRemote = ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)
+
+// modePort is a NodePort Service port in mode m with modePod and modeRemote.
+func modePort(m LBMode) *ServicePort {
+	return sp("web", 80, withEndpoints([]Endpoint{modePod, modeRemote}, []Endpoint{modePod}), func(p *ServicePort) {
+		p.LoadBalancing = m
+		p.NodePort = 30080
+	})
+}
+
 func TestGoldenModes(t *testing.T) {
-	pod := ep("10.244.1.2", 8080)
-	remote := ep("10.244.2.2", 8080)
-	two := func(m LBMode) *ServicePort {
-		return sp("web", 80, withEndpoints([]Endpoint{pod, remote}, []Endpoint{pod}), func(p *ServicePort) {
-			p.LoadBalancing = m
-			p.NodePort = 30080
-		})
-	}
 	common := `
 		set cluster-ips 172.30.0.10
 		set external-masq 192.168.100.1 . tcp . 30080
@@ -34,7 +37,7 @@ func TestGoldenModes(t *testing.T) {
 		map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080
 		map endpoints-tcp 192.168.100.1 . 30080 . 0 : 10.244.1.2 . 8080
 		map endpoints-tcp 192.168.100.1 . 30080 . 1 : 10.244.2.2 . 8080`
-	rrPort := two(LBRoundRobin)
+	rrPort := modePort(LBRoundRobin)
 	rr := roundRobinPrefix + portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, LBRoundRobin) + "-2"
 	cases := []struct {
 		name string
@@ -62,7 +65,7 @@ func TestGoldenModes(t *testing.T) {
 		},
 		{
 			name: "sourceHash: shared pick chains over a hash of the client address",
-			port: two(LBSourceHash),
+			port: modePort(LBSourceHash),
 			want: common + `
 				map service-ips 172.30.0.10 . tcp . 80 : goto pick-sh-2
 				map service-ips 192.168.100.1 . tcp . 30080 : goto pick-sh-2
@@ -73,7 +76,7 @@ func TestGoldenModes(t *testing.T) {
 		},
 		{
 			name: "consistentHash with one endpoint: a table of one slot",
-			port: sp("one", 80, withEndpoints([]Endpoint{remote}, nil), func(p *ServicePort) { p.LoadBalancing = LBConsistentHash }),
+			port: sp("one", 80, withEndpoints([]Endpoint{modeRemote}, nil), func(p *ServicePort) { p.LoadBalancing = LBConsistentHash }),
 			want: `
 				set cluster-ips 172.30.0.10
 				set hairpin 10.244.2.2 . 10.244.2.2
@@ -96,70 +99,79 @@ func TestGoldenModes(t *testing.T) {
 		})
 	}
 
-	t.Run("consistentHash: the cluster IP entry holds the port's table in ch-slots, the NodePort shares it", func(t *testing.T) {
-		s, fake := newFake(t, testConfig(IPv4))
-		fullSync(t, s, services(two(LBConsistentHash)))
-		table := consistentTable([]Endpoint{pod, remote})
-		var want []string
-		for slot, e := range table {
-			want = append(want, fmt.Sprintf("%d . 172.30.0.10 . tcp . 80 : %s . 8080", slot, []Endpoint{pod, remote}[e].IP))
-		}
-		if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, mapConsistentSlots))); diff != "" {
-			t.Errorf("ch-slots (-want +got):\n%s", diff)
-		}
-		if got := dumpElements(fake, "endpoints-tcp"); got != "" {
-			t.Errorf("endpoints-tcp holds %q; want nothing (the table is in ch-slots)", got)
-		}
-		if diff := cmp.Diff(golden(`
-			map cluster-ip-of 192.168.100.1 . tcp . 30080 : 172.30.0.10
-			map cluster-port-of 192.168.100.1 . tcp . 30080 : 80
-			map service-ips 172.30.0.10 . tcp . 80 : goto pick-ch-256
-			map service-ips 192.168.100.1 . tcp . 30080 : goto pick-ch-cip-256`),
-			golden(mapLines(fake, "cluster-ip-of", "cluster-port-of", "service-ips"))); diff != "" {
-			t.Errorf("dispatch (-want +got):\n%s", diff)
-		}
-		dispatch := make([]string, rotations)
-		for k := range dispatch {
-			dispatch[k] = fmt.Sprintf("%d : goto ch-rotation-%d", k, k)
-		}
-		want = []string{"jhash ip saddr & 255.255.255.0 mod 128 seed 0x1f2e3d4c vmap { " + strings.Join(dispatch, " , ") + " }"}
-		if diff := cmp.Diff(want, chainRules(fake, "pick-ch-256")); diff != "" {
-			t.Errorf("pick-ch-256 rules (-want +got):\n%s", diff)
-		}
-		want = nil
-		for _, proto := range []string{"tcp", "udp", "sctp"} {
-			want = append(want, "meta l4proto "+proto+" ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of "+
-				proto+" dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto pick-ch-256")
-		}
-		if diff := cmp.Diff(want, chainRules(fake, "pick-ch-cip-256")); diff != "" {
-			t.Errorf("pick-ch-cip-256 rules (-want +got):\n%s", diff)
-		}
-	})
+}
 
-	t.Run("consistentHash over more than 256 endpoints: jhash of the whole address over endpoints-<proto>", func(t *testing.T) {
-		var eps []Endpoint
-		for i := range 300 {
-			eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", 1+i/200, 2+i%200), 8080))
-		}
-		s, fake := newFake(t, testConfig(IPv4))
-		fullSync(t, s, services(sp("big", 80, withEndpoints(eps, nil), func(p *ServicePort) {
-			p.LoadBalancing = LBConsistentHash
-			p.NodePort = 30080
-		})))
-		if got := strings.Count(dumpElements(fake, "endpoints-tcp"), "\n") + 1; got != 512 {
-			t.Errorf("endpoints-tcp holds %d elements; want the 512 slots of the cluster IP's table", got)
-		}
-		if got := chainRules(fake, "pick-ch-512"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 512 seed 0x1f2e3d4c map @endpoints-tcp") {
-			t.Errorf("pick-ch-512 rules: %q", got)
-		}
-		if got := chainRules(fake, "pick-ch-cip-512"); len(got) != 3 || !strings.HasSuffix(got[0], "goto pick-ch-512") {
-			t.Errorf("pick-ch-cip-512 rules: %q", got)
-		}
-	})
+// TestGoldenConsistentHashSharedTable: the cluster IP entry holds the port's table in
+// ch-slots, and the NodePort shares it through pick-ch-cip-256.
+func TestGoldenConsistentHashSharedTable(t *testing.T) {
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(modePort(LBConsistentHash)))
+	table := consistentTable([]Endpoint{modePod, modeRemote})
+	var want []string
+	for slot, e := range table {
+		want = append(want, fmt.Sprintf("%d . 172.30.0.10 . tcp . 80 : %s . 8080", slot, []Endpoint{modePod, modeRemote}[e].IP))
+	}
+	if diff := cmp.Diff(golden(strings.Join(want, "\n")), golden(dumpElements(fake, mapConsistentSlots))); diff != "" {
+		t.Errorf("ch-slots (-want +got):\n%s", diff)
+	}
+	if got := dumpElements(fake, "endpoints-tcp"); got != "" {
+		t.Errorf("endpoints-tcp holds %q; want nothing (the table is in ch-slots)", got)
+	}
+	if diff := cmp.Diff(golden(`
+		map cluster-ip-of 192.168.100.1 . tcp . 30080 : 172.30.0.10
+		map cluster-port-of 192.168.100.1 . tcp . 30080 : 80
+		map service-ips 172.30.0.10 . tcp . 80 : goto pick-ch-256
+		map service-ips 192.168.100.1 . tcp . 30080 : goto pick-ch-cip-256`),
+		golden(mapLines(fake, "cluster-ip-of", "cluster-port-of", "service-ips"))); diff != "" {
+		t.Errorf("dispatch (-want +got):\n%s", diff)
+	}
+	dispatch := make([]string, rotations)
+	for k := range dispatch {
+		dispatch[k] = fmt.Sprintf("%d : goto ch-rotation-%d", k, k)
+	}
+	want = []string{"jhash ip saddr & 255.255.255.0 mod 128 seed 0x1f2e3d4c vmap { " + strings.Join(dispatch, " , ") + " }"}
+	if diff := cmp.Diff(want, chainRules(fake, "pick-ch-256")); diff != "" {
+		t.Errorf("pick-ch-256 rules (-want +got):\n%s", diff)
+	}
+	want = nil
+	for _, proto := range []string{"tcp", "udp", "sctp"} {
+		want = append(want, "meta l4proto "+proto+" ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of "+
+			proto+" dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto pick-ch-256")
+	}
+	if diff := cmp.Diff(want, chainRules(fake, "pick-ch-cip-256")); diff != "" {
+		t.Errorf("pick-ch-cip-256 rules (-want +got):\n%s", diff)
+	}
+}
 
+// TestGoldenConsistentHashManyEndpoints: over more than 256 endpoints consistentHash takes
+// jhash of the whole address over endpoints-<proto>.
+func TestGoldenConsistentHashManyEndpoints(t *testing.T) {
+	var eps []Endpoint
+	for i := range 300 {
+		eps = append(eps, ep(fmt.Sprintf("10.244.%d.%d", 1+i/200, 2+i%200), 8080))
+	}
+	s, fake := newFake(t, testConfig(IPv4))
+	fullSync(t, s, services(sp("big", 80, withEndpoints(eps, nil), func(p *ServicePort) {
+		p.LoadBalancing = LBConsistentHash
+		p.NodePort = 30080
+	})))
+	if got := strings.Count(dumpElements(fake, "endpoints-tcp"), "\n") + 1; got != 512 {
+		t.Errorf("endpoints-tcp holds %d elements; want the 512 slots of the cluster IP's table", got)
+	}
+	if got := chainRules(fake, "pick-ch-512"); len(got) != 3 || !strings.Contains(got[0], "jhash ip saddr mod 512 seed 0x1f2e3d4c map @endpoints-tcp") {
+		t.Errorf("pick-ch-512 rules: %q", got)
+	}
+	if got := chainRules(fake, "pick-ch-cip-512"); len(got) != 3 || !strings.HasSuffix(got[0], "goto pick-ch-512") {
+		t.Errorf("pick-ch-cip-512 rules: %q", got)
+	}
+}
+
+// TestGoldenAffinityBeforeMode: ClientIP affinity comes first, then the mode places new
+// clients.
+func TestGoldenAffinityBeforeMode(t *testing.T) {
 	for _, m := range []LBMode{LBRoundRobin, LBSourceHash, LBConsistentHash} {
 		t.Run("ClientIP affinity first, then "+string(m)+" for new clients", func(t *testing.T) {
-			p := two(m)
+			p := modePort(m)
 			p.AffinityTimeout = 300 * time.Second
 			s, fake := newFake(t, testConfig(IPv4))
 			fullSync(t, s, services(p))
