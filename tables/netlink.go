@@ -346,7 +346,7 @@ func (sc setSchema) encode(el *knftables.Element, del bool) (nftables.SetElement
 		if err != nil {
 			return out, fmt.Errorf("element %q: %w", el.Key, err)
 		}
-		out.Key = append(out.Key, b...)
+		out.Key = append(out.Key, alone(f, b, len(sc.key))...)
 	}
 	out.KeyEnd = end
 	if del || len(sc.value) == 0 {
@@ -368,14 +368,30 @@ func (sc setSchema) encode(el *knftables.Element, del bool) (nftables.SetElement
 		if err != nil {
 			return out, fmt.Errorf("element %q value: %w", el.Key, err)
 		}
-		out.Val = append(out.Val, b...)
+		out.Val = append(out.Val, alone(f, b, len(sc.value))...)
 	}
 	return out, nil
 }
 
+// alone trims b, field f encoded by encodeField, to f's own length when it is the only
+// field of its key or value (of parts): nft pads the fields of a concatenation to 4
+// bytes, but a lone field keeps its length, which the kernel checks against the set's
+// (a lone inet_service value, cluster-port-of's, is 2 bytes; 4 was refused: EINVAL).
+func alone(f field, b []byte, parts int) []byte {
+	if parts != 1 {
+		return b
+	}
+	switch f {
+	case fieldPort:
+		return b[:2]
+	case fieldProto, fieldByte:
+		return b[:1]
+	}
+	return b
+}
+
 // encodeField encodes one part, padded to 4 bytes as nft pads every field of a
-// concatenation (and a single field is at least a 32-bit register anyway, except for
-// the sizes below, which only ever appear concatenated here).
+// concatenation (alone trims the padding of a field that is not concatenated).
 func encodeField(f field, s string) ([]byte, error) {
 	switch f {
 	case fieldIPv4, fieldIPv6:

@@ -100,6 +100,10 @@ func TestEncodeElements(t *testing.T) {
 			nftables.SetElement{Key: append([]byte{172, 30, 0, 1, 0, 80, 0, 0}, index1...), Val: []byte{10, 244, 0, 7, 0x1f, 0x90, 0, 0}}},
 		{"source range", schemas4, &knftables.Element{Set: setFirewallAllow, Key: []string{"192.168.1.1", "tcp", "80", "10.1.0.0/16"}},
 			nftables.SetElement{Key: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0, 80, 0, 0, 10, 1, 0, 0}, KeyEnd: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0, 80, 0, 0, 10, 1, 255, 255}}},
+		{"consistentHash entry to its port: a lone inet_service is 2 bytes", schemas4, &knftables.Element{Map: mapClusterPortOf, Key: []string{"192.168.1.1", "tcp", "30080"}, Value: []string{"80"}},
+			nftables.SetElement{Key: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0x75, 0x80, 0, 0}, Val: []byte{0, 80}}},
+		{"consistentHash entry to its cluster IP", schemas4, &knftables.Element{Map: mapClusterIPOf, Key: []string{"192.168.1.1", "tcp", "30080"}, Value: []string{"172.30.0.1"}},
+			nftables.SetElement{Key: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0x75, 0x80, 0, 0}, Val: []byte{172, 30, 0, 1}}},
 		{"hairpin v6", schemas6, &knftables.Element{Set: setHairpin, Key: []string{"fd00::1", "fd00::1"}},
 			nftables.SetElement{Key: append(netip.MustParseAddr("fd00::1").AsSlice(), netip.MustParseAddr("fd00::1").AsSlice()...)}},
 		{"source range v6", schemas6, &knftables.Element{Set: setFirewallAllow, Key: []string{"fd00::1", "tcp", "80", "fd01::/127"}},
@@ -462,5 +466,41 @@ func TestNetlinkWriterSocketLifecycle(t *testing.T) {
 				t.Fatalf("%s: hairpin elements %q, want %v", st.name, got, st.want)
 			}
 		}
+	}
+}
+
+// TestNetlinkAddsConsistentHashNodePort: a consistentHash NodePort Service added by a
+// partial sync, while another keeps the shared pick chains, goes over netlink (no rule
+// text) with its NodePort's cluster-ip-of and cluster-port-of elements, and the table
+// is then what nft writes. cluster-port-of's value, a lone inet_service, was once sent
+// padded to 4 bytes, which the kernel refused (EINVAL): every such Service fell back
+// to a full sync.
+func TestNetlinkAddsConsistentHashNodePort(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	cfg := testConfig(IPv4)
+	nsNft, nsNetlink := newNetns(t), newNetns(t)
+	byNft, byNetlink := kernelSyncer(t, nsNft, cfg), netlinkSyncer(t, nsNetlink, cfg)
+	nodePortCH := func(i int) *ServicePort {
+		p := genPort(i, 3)
+		p.NodePort, p.AffinityTimeout, p.LoadBalancing = uint16(30000+i), 0, LBConsistentHash
+		return p
+	}
+	first := map[ServiceName][]*ServicePort{{"gen", "svc-1"}: {nodePortCH(1)}}
+	added := map[ServiceName][]*ServicePort{{"gen", "svc-2"}: {nodePortCH(2)}}
+	for _, s := range []*Syncer{byNft, byNetlink} {
+		if _, err := s.Full(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		stats, err := s.Partial(ctx, added)
+		if err != nil {
+			t.Fatalf("adding a consistentHash NodePort Service: %v", err)
+		}
+		if s == byNetlink && !stats.Direct {
+			t.Fatal("the partial sync did not go over netlink: the test proves nothing")
+		}
+	}
+	if diff := cmp.Diff(kernelContent(t, nsNft, IPv4, cfg.TableName()), kernelContent(t, nsNetlink, IPv4, cfg.TableName())); diff != "" {
+		t.Errorf("tables differ (-nft +netlink):\n%s", diff)
 	}
 }
