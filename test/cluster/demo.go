@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -145,26 +144,8 @@ func (d *Demo) createNamespace(ctx context.Context, ns string) error {
 // createDeployment creates Deployment name of replicas agnhost netexec pods labelled
 // app=name, answering HTTP and UDP on the demo's target port.
 func (c *Cluster) createDeployment(ctx context.Context, ns, name, image string, replicas int32) error {
-	labels := map[string]string{"app": name}
 	port := strconv.Itoa(demo.TargetPort)
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					TerminationGracePeriodSeconds: new(int64(1)),
-					Containers: []corev1.Container{{
-						Name: "agnhost", Image: image, ImagePullPolicy: corev1.PullNever,
-						Args:           []string{"netexec", "--http-port=" + port, "--udp-port=" + port},
-						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/hostname", Port: intstr.FromInt32(demo.TargetPort)}}, PeriodSeconds: 1},
-					}},
-				},
-			},
-		},
-	}
+	dep := agnhostDeployment(name, image, replicas, demo.TargetPort, "--http-port="+port, "--udp-port="+port)
 	_, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{})
 	return err
 }

@@ -32,28 +32,11 @@ func (c *Cluster) DeployWeb(ctx context.Context, ns, image, proxyName string, re
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, err
 	}
-	labels := map[string]string{"app": "web"}
-	d := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					TerminationGracePeriodSeconds: new(int64(1)),
-					Containers: []corev1.Container{{
-						Name: "web", Image: image, ImagePullPolicy: corev1.PullNever,
-						Args:           []string{"netexec", "--http-port=8080"},
-						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/hostname", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
-					}},
-				},
-			},
-		},
-	}
+	d := agnhostDeployment("web", image, replicas, 8080, "--http-port=8080")
 	if _, err := c.Client.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
+	labels := d.Spec.Selector.MatchLabels
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: corev1.ServiceSpec{
@@ -73,6 +56,30 @@ func (c *Cluster) DeployWeb(ctx context.Context, ns, image, proxyName string, re
 		return nil, err
 	}
 	return &Web{Namespace: ns, ClusterIP: created.Spec.ClusterIP, NodePort: created.Spec.Ports[0].NodePort}, nil
+}
+
+// agnhostDeployment is Deployment name of replicas agnhost netexec pods labelled
+// app=name, with netexec's flags, ready once GET /hostname answers on httpPort.
+func agnhostDeployment(name, image string, replicas, httpPort int32, flags ...string) *appsv1.Deployment {
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: new(int64(1)),
+					Containers: []corev1.Container{{
+						Name: "agnhost", Image: image, ImagePullPolicy: corev1.PullNever,
+						Args:           append([]string{"netexec"}, flags...),
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/hostname", Port: intstr.FromInt32(httpPort)}}, PeriodSeconds: 1},
+					}},
+				},
+			},
+		},
+	}
 }
 
 // Counter counts a client loop's requests.
