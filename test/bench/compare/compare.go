@@ -51,6 +51,10 @@ type Options struct {
 	IPv6Percent int
 	// Clients is the number of parallel requests creating the objects.
 	Clients int
+	// Seed is how the objects get into the cluster: "api" creates them through the
+	// apiserver, "etcd" writes them into etcd (seedEtcd), for scales whose creation
+	// through the apiserver of a busy machine would take hours.
+	Seed string
 	// Samples is the number of one-endpoint changes measured per proxy.
 	Samples int
 	// MinSyncPeriod is both proxies' minimum time between syncs (kube-proxy's default
@@ -132,6 +136,7 @@ func parseOptions(args []string) (Options, error) {
 	fs.IntVar(&o.Endpoints, "endpoints", 10, "endpoints per Service")
 	fs.IntVar(&o.IPv6Percent, "ipv6-percent", 0, "share of the generated Services that are IPv6, 0-100")
 	fs.IntVar(&o.Clients, "clients", 16, "parallel requests creating, labelling and deleting the objects")
+	fs.StringVar(&o.Seed, "seed", "api", `how the objects are created: "api" (through the apiserver) or "etcd" (written into etcd, served by the apiserver from its watch; measured changes still go through the apiserver)`)
 	fs.IntVar(&o.Samples, "samples", 7, "one-endpoint changes measured per proxy")
 	fs.DurationVar(&o.MinSyncPeriod, "min-sync-period", time.Second, "both proxies' minimum sync period")
 	fs.DurationVar(&o.SyncTimeout, "sync-timeout", 10*time.Minute, "longest wait for a first sync or one change")
@@ -166,6 +171,9 @@ func parseOptions(args []string) (Options, error) {
 	}
 	if o.ServePercent < 0 || o.ServePercent > 100 {
 		return o, fmt.Errorf("-serve-percent %d: want 0..100", o.ServePercent)
+	}
+	if o.Seed != "api" && o.Seed != "etcd" {
+		return o, fmt.Errorf("-seed %q: want api or etcd", o.Seed)
 	}
 	if o.IPv6Percent < 0 || o.IPv6Percent > 100 {
 		return o, fmt.Errorf("-ipv6-percent %d: want 0..100", o.IPv6Percent)
@@ -318,7 +326,7 @@ func (r *runner) scale(ctx context.Context, n int) (*ScaleResult, error) {
 	res := &ScaleResult{Services: n, Endpoints: n * r.o.Endpoints, ServePercent: r.o.ServePercent}
 	c := gen.GenerateFamilies(n, r.o.Endpoints, r.o.IPv6Percent)
 	start := time.Now()
-	if err := load(ctx, client, c, r.o.Clients); err != nil {
+	if err := r.create(ctx, e, client, c); err != nil {
 		return res, err
 	}
 	res.CreateSeconds = time.Since(start).Seconds()
@@ -352,6 +360,24 @@ const (
 	servedName     = "shardproxy, share served"
 	servedOnlyName = "shardproxy, share only"
 )
+
+// create puts c's objects into the cluster as Options.Seed says.
+func (r *runner) create(ctx context.Context, e *env.Env, client kubernetes.Interface, c *gen.Cluster) error {
+	if r.o.Seed == "api" {
+		return load(ctx, client, c, r.o.Clients)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gen.Namespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	if err := seedEtcd(ctx, newEtcdSeeder(e.CP.RESTConfig().Dial), c, r.o.Clients); err != nil {
+		return err
+	}
+	r.logf("wrote %d Services and EndpointSlices into etcd; waiting for the apiserver to serve them", len(c.Services))
+	wctx, cancel := context.WithTimeout(ctx, r.o.SyncTimeout)
+	defer cancel()
+	return waitServed(wctx, client, len(c.Services))
+}
 
 // upstreamDaemon is kube-proxy on the node of e.
 func upstreamDaemon(e *env.Env, binary string, minSync time.Duration) *daemon {

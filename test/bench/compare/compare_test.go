@@ -197,7 +197,7 @@ func TestParseOptions(t *testing.T) {
 		t.Errorf("parseOptions(-ipv6-percent 50 -clients 64) = %+v, %v", o, err)
 	}
 	for _, bad := range [][]string{{"-scales", "10,x"}, {"-scales", "0"}, {"-samples", "0"}, {"-serve-percent", "-1"}, {"-serve-percent", "101"},
-		{"-ipv6-percent", "-1"}, {"-ipv6-percent", "101"}, {"-clients", "0"}} {
+		{"-ipv6-percent", "-1"}, {"-ipv6-percent", "101"}, {"-clients", "0"}, {"-seed", "disk"}} {
 		if _, err := parseOptions(bad); err == nil {
 			t.Errorf("parseOptions(%v) accepted", bad)
 		}
