@@ -127,7 +127,9 @@ bench:
 # (shardproxy's heap after its first sync), `-churn-duration 0` (no churn phase) or
 # `-also DIR,...` (other checkouts, e.g. main before a change, on the same objects) or
 # `-serve-percent 10` (then a node whose instance serves a labelled tenth of the
-# Services, in that cluster and in one holding only that tenth).
+# Services, in that cluster and in one holding only that tenth), `-ipv6-percent 50` (half
+# the Services IPv6: both families programmed) or `-seed etcd` (the objects written into
+# etcd, for 100,000 Services: the apiserver of a busy 2-core machine creates ~20 a second).
 BENCH_COMPARE_SCALES ?= 1000,10000
 BENCH_COMPARE_OUT    ?= _output/bench/compare.json
 BENCH_COMPARE_PLOT   ?= _output/bench/compare.svg
