@@ -19,14 +19,15 @@ import (
 // partial sync sends (issue 13: the partial sync at 100,000 Services against 1,000):
 // deleting one element of a map and adding another, in one netlink transaction on a
 // kept socket, in a table whose map holds `elements` elements beside `chains` empty
-// chains; the median of each table is reported. The sizes are those of make bench's one instance with 5 endpoints and half
-// of the Services IPv6: ~8,000 and ~800,000 elements per family at 1,000 and 100,000
-// Services, and the chains of its two tables, which the kernel's commit walks whatever
-// the transaction touched: 669 at 1,000 Services, 1,839 at 10,000 (counted with nft
-// list chains), ~13,500 at 100,000 (the fixed ones and the ClientIP-affinity chains of
-// 2% of the Services, 13 per Service). Needs root; not run by make test:
+// chains; the median of each table is reported. The sizes are those of make bench's one
+// instance with 5 endpoints and half of the Services IPv6: ~8,000 and ~800,000 elements
+// per family at 1,000 and 100,000 Services, and the chains of its two tables, which the
+// kernel's commit walks whatever the transaction touched: 669 at 1,000 Services and
+// 1,839 at 10,000 (nft list chains; 130 and 1,300 of them ClientIP-affinity chains, 6–7
+// for each of the 2% of Services with affinity), so ~13,500 at 100,000. Needs root; not
+// run by make test:
 //
-//	go test ./test/bench -run '^$' -bench KernelCommit -benchtime 2000x
+//	go test ./test/bench -run '^$' -bench KernelCommit -benchtime 4000x
 func BenchmarkKernelCommit(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root (a network namespace, nft)")
