@@ -215,7 +215,6 @@ func (t *Tracker) removeSlice(key types.NamespacedName) {
 	list := t.slices[owner]
 	if i := sliceIndex(list, key.Name); i >= 0 {
 		list = slices.Delete(list, i, i+1) // Snapshots hold copies
-
 	}
 	if len(list) == 0 {
 		delete(t.slices, owner)

@@ -115,6 +115,9 @@ func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 		ops.add(&knftables.Table{})
 		ops.delete(&knftables.Table{})
 	}
+	for _, ch := range d.FlushFirst {
+		ops.empty(&knftables.Chain{Name: ch})
+	}
 	if d.Skeleton != nil {
 		writeSkeleton(ops, d.Skeleton)
 	}

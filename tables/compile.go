@@ -722,6 +722,14 @@ func (c *compiler) rotates(cluster bool, slots int) bool {
 	return c.cfg.ConsistentHash && usesRotation(cluster, slots)
 }
 
+// leftoverRotation reports whether chain ch, found in the kernel, is a rotation chain
+// the skeleton does not have: any, in a table without consistentHash; one numbered
+// rotations or more (a version with more rotations wrote it).
+func (c *compiler) leftoverRotation(ch string) bool {
+	k, ok := parseRotationChain(ch)
+	return ok && (!c.cfg.ConsistentHash || k >= rotations)
+}
+
 // isDynamicChain reports whether a chain is a pick, affinity or round-robin chain (not
 // in the skeleton).
 func isDynamicChain(name string) bool {

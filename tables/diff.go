@@ -19,6 +19,11 @@ type Diff struct {
 	// Skeleton, if set, (re)creates the table and its fixed chains, sets and maps,
 	// emptied, with the fixed rules.
 	Skeleton *Skeleton
+	// FlushFirst are chains emptied before the skeleton is written (and deleted with
+	// DeleteChains): rotation chains an earlier run left (a table that allowed
+	// consistentHash, or one of a version with more rotations), whose rules bind the
+	// map of slots that the skeleton deletes and recreates or that is deleted last.
+	FlushFirst []string
 	// DeleteElements are ids of elements to delete (see elementFromID), sorted, so the
 	// elements of one set are next to each other.
 	DeleteElements []string
@@ -77,7 +82,7 @@ func (d *Diff) NeedsRuleText() bool {
 
 // Len is the number of operations the Diff makes, one per element.
 func (d *Diff) Len() int {
-	n := len(d.DeleteElements) + len(d.FlushChains) + len(d.AddSets) + len(d.AddElements) +
+	n := len(d.FlushFirst) + len(d.DeleteElements) + len(d.FlushChains) + len(d.AddSets) + len(d.AddElements) +
 		len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
 	if d.Recreate {
 		n += 2
@@ -217,12 +222,12 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 			if _, wanted := after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
-			// Rotation chains of a run that allowed consistentHash, and their map.
-			if strings.HasPrefix(ch, rotationPrefix) && !l.c.cfg.ConsistentHash {
-				d.FlushChains, rotationLeft = append(d.FlushChains, ch), true
+			if l.c.leftoverRotation(ch) {
+				d.FlushFirst, rotationLeft = append(d.FlushFirst, ch), true
 			}
 		}
-		if rotationLeft {
+		// Their map too, unless the skeleton recreates it.
+		if rotationLeft && !l.c.cfg.ConsistentHash {
 			d.DeleteMaps = append(d.DeleteMaps, mapConsistentSlots)
 		}
 		for _, st := range in.sets {
@@ -230,7 +235,7 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 				d.DeleteSets = append(d.DeleteSets, st)
 			}
 		}
-		d.DeleteChains = slices.Clone(d.FlushChains)
+		d.DeleteChains = slices.Concat(d.FlushChains, d.FlushFirst)
 	}
 	d.AddSets, d.WriteChains = l.c.portObjectChanges(portObjects{}, after, mayExist)
 	picks, err := l.c.pickChains(slices.Sorted(maps.Keys(l.pickRefs)), mayExist)

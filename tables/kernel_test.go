@@ -539,3 +539,85 @@ func TestRotationChainsFollowTheConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestRotationChainsOfAnEarlierVersion: a table written when every table had 256
+// rotation chains (before 128; each chain's rule binds ch-slots) takes one full sync,
+// the first, whether the instance still allows consistentHash (the skeleton recreates
+// ch-slots, so chains 128-255 are emptied first) or not (all of them and the map go).
+func TestRotationChainsOfAnEarlierVersion(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	for _, consistentHash := range []bool{true, false} {
+		t.Run(fmt.Sprintf("consistentHash %v", consistentHash), func(t *testing.T) {
+			ns := newNetns(t)
+			cfg := testConfig(IPv4)
+			nft := kernelNFT(t, ns, IPv4, cfg.TableName())
+			s, err := NewSyncer(cfg, nft)
+			if err != nil {
+				t.Fatal(err)
+			}
+			web := sp("web", 80, withEndpoints([]Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)}, nil),
+				func(p *ServicePort) { p.LoadBalancing = LBConsistentHash })
+			if _, err := s.Full(ctx, services(web)); err != nil {
+				t.Fatal(err)
+			}
+			writeRotationLayout(t, nft, s.c, 256)
+
+			cfg.ConsistentHash = consistentHash
+			if !consistentHash {
+				web.LoadBalancing = LBRandom
+			}
+			s, err = NewSyncer(cfg, nft)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Full(ctx, services(web)); err != nil {
+				t.Fatalf("the first full sync over the earlier layout: %v", err)
+			}
+			chains, err := nft.List(ctx, "chains")
+			if err != nil {
+				t.Fatal(err)
+			}
+			maps, err := nft.List(ctx, "maps")
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := 0
+			for _, ch := range chains {
+				if _, ok := parseRotationChain(ch); ok {
+					left++
+				}
+			}
+			want := 0
+			if consistentHash {
+				want = rotations
+			}
+			if left != want || slices.Contains(maps, mapConsistentSlots) != consistentHash {
+				t.Errorf("%d rotation chains (want %d), maps %v", left, want, maps)
+			}
+		})
+	}
+}
+
+// writeRotationLayout rewrites the rotation chains of the table as a version with n
+// rotations had them, in one transaction: ch-slots is recreated with all n chains
+// binding it (a rule added later could not use a typeof map).
+func writeRotationLayout(t *testing.T, nft knftables.Interface, c *compiler, n int) {
+	t.Helper()
+	tx := nft.NewTransaction()
+	for k := range rotations {
+		tx.Flush(&knftables.Chain{Name: rotationChain(k)})
+	}
+	m := c.skeleton(Priorities{}).Maps
+	i := slices.IndexFunc(m, func(m *knftables.Map) bool { return m.Name == mapConsistentSlots })
+	tx.Delete(&knftables.Map{Name: mapConsistentSlots})
+	tx.Add(m[i])
+	for k := range n {
+		tx.Add(&knftables.Chain{Name: rotationChain(k)})
+		tx.Add(&knftables.Rule{Chain: rotationChain(k), Rule: fmt.Sprintf("dnat %s to %s ^ 0x%x . %s map @%s",
+			c.ip, c.slotPayload, k, c.entryKey(), mapConsistentSlots)})
+	}
+	if err := nft.Run(context.Background(), tx); err != nil {
+		t.Fatalf("writing %d rotation chains: %v", n, err)
+	}
+}

@@ -14,8 +14,6 @@ import (
 	"github.com/shardproxy/shardproxy/tables/tracer"
 )
 
-// TestGoldenModes pins the rule shapes of each load-balancing mode (tables/README.md,
-// "Load-balancing modes").
 // modePod and modeRemote are the endpoints of modePort: one on this node, one not.
 var modePod, modeRemote = ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)
 
@@ -27,6 +25,8 @@ func modePort(m LBMode) *ServicePort {
 	})
 }
 
+// TestGoldenModes pins the rule shapes of each load-balancing mode (tables/README.md,
+// "Load-balancing modes").
 func TestGoldenModes(t *testing.T) {
 	common := `
 		set cluster-ips 172.30.0.10

@@ -179,6 +179,16 @@ func endpointsMap(base string, p Protocol) string { return base + "-" + string(p
 // rotationChain names the rotation chain of rotation k (0..rotations-1).
 func rotationChain(k int) string { return rotationPrefix + strconv.Itoa(k) }
 
+// parseRotationChain returns k of rotationChain(k), and whether name is one.
+func parseRotationChain(name string) (int, bool) {
+	s, ok := strings.CutPrefix(name, rotationPrefix)
+	if !ok {
+		return 0, false
+	}
+	k, err := strconv.Atoi(s)
+	return k, err == nil && k >= 0
+}
+
 // idChars is the length of portID and endpointID: 26 base32 characters, 130 bits of
 // sha256. Their inputs are chosen by users (a Service's namespace, name and port; the
 // endpoint addresses of a selectorless Service's EndpointSlices), so an ID must be long

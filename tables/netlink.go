@@ -91,7 +91,7 @@ func fitsNetlink(d *Diff) bool {
 // netlinkMessages counts the messages NetlinkWriter sends for d: one per set and
 // netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
 func netlinkMessages(d *Diff) int {
-	n := len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
+	n := len(d.FlushFirst) + len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
 		run := 0
 		for i, id := range ids {
@@ -132,6 +132,9 @@ func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
 
 // transact queues d's operations on conn and commits them as one transaction.
 func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
+	for _, ch := range d.FlushFirst {
+		conn.FlushChain(&nftables.Chain{Name: ch, Table: w.table})
+	}
 	if err := w.queueElements(conn, d.DeleteElements, true); err != nil {
 		return err
 	}
