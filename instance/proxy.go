@@ -786,6 +786,16 @@ func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
 	return maps.Clone(p.applied)
 }
 
+// AppliedModel returns the model last programmed for Service n (nil: none), without
+// copying the others as Applied does: the supervisor reads a few Services' after every
+// sync, and copying 100,000 models' map each time was most of its garbage. It does not
+// wait for a sync in progress.
+func (p *Proxy) AppliedModel(n types.NamespacedName) *ServiceModel {
+	p.appliedMu.Lock()
+	defer p.appliedMu.Unlock()
+	return p.applied[n]
+}
+
 func (p *Proxy) summarize(res *SyncResult) {
 	res.Services = len(p.applied)
 	res.Endpoints = p.total.endpoints

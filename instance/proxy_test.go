@@ -548,3 +548,39 @@ func TestSyncContainsPanicInFamilySync(t *testing.T) {
 		t.Fatalf("Sync error = %v, want the panic as an error", err)
 	}
 }
+
+// TestAppliedModel: one Service's programmed model is the one Applied holds, read
+// without copying the others (the supervisor reads a few after every sync), nil for a
+// Service not programmed, and gone with the Service.
+func TestAppliedModel(t *testing.T) {
+	p, _ := newTestProxy(t, nil)
+	sync := func(full bool) {
+		t.Helper()
+		if _, err := p.Sync(context.Background(), full); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.UpdateService(service())
+	p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.0.5", thisNodeName)))
+	sync(true)
+	unknown := types.NamespacedName{Namespace: "ns", Name: "none"}
+	for _, tc := range []struct {
+		name types.NamespacedName
+		want *ServiceModel
+	}{{webName, p.Applied()[webName]}, {unknown, nil}} {
+		if got := p.AppliedModel(tc.name); got != tc.want {
+			t.Errorf("AppliedModel(%s) = %p, want %p", tc.name, got, tc.want)
+		}
+	}
+	if p.AppliedModel(webName) == nil {
+		t.Fatal("ns/web not programmed")
+	}
+	if allocs := testing.AllocsPerRun(100, func() { p.AppliedModel(webName) }); allocs != 0 {
+		t.Errorf("AppliedModel allocates %v times, want 0 (no copy)", allocs)
+	}
+	p.DeleteService(webName)
+	sync(false)
+	if m := p.AppliedModel(webName); m != nil {
+		t.Errorf("AppliedModel(ns/web) after its deletion = %+v", m)
+	}
+}

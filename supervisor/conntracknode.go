@@ -26,11 +26,9 @@ func (n conntrackNode) EndpointSlicesOf(name types.NamespacedName) []*discoveryv
 
 // ServedElsewhere returns, for each of names another local instance than inst programs
 // now, by label or as a migration shadow, that instance's programmed model (nil if it
-// has not programmed it yet). Each instance's programmed models are read once per call,
-// since reading them copies the whole set.
+// has not programmed it yet), read per Service.
 func (n conntrackNode) ServedElsewhere(inst string, names []types.NamespacedName) map[types.NamespacedName]*instance.ServiceModel {
 	out := map[types.NamespacedName]*instance.ServiceModel{}
-	applied := map[string]map[types.NamespacedName]*instance.ServiceModel{}
 	for _, name := range names {
 		owner, known := n.services.serviceOwner(name)
 		if !known {
@@ -50,12 +48,7 @@ func (n conntrackNode) ServedElsewhere(inst string, names []types.NamespacedName
 		}
 		out[name] = nil
 		for _, other := range others {
-			models, ok := applied[other]
-			if !ok {
-				models = n.services.appliedBy(other)
-				applied[other] = models
-			}
-			if m := models[name]; m != nil {
+			if m := n.services.appliedModel(other, name); m != nil {
 				out[name] = m
 				break
 			}

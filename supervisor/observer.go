@@ -46,8 +46,9 @@ type localServices interface {
 	serviceOwner(name types.NamespacedName) (owner string, known bool)
 	// serviceShadows lists, per instance, the Services it programs as migration shadows.
 	serviceShadows() map[string][]types.NamespacedName
-	// appliedBy is what inst has programmed (nil: no such instance).
-	appliedBy(inst string) map[types.NamespacedName]*instance.ServiceModel
+	// appliedModel is what inst has programmed for name (nil: nothing, or no such
+	// instance).
+	appliedModel(inst string, name types.NamespacedName) *instance.ServiceModel
 	// endpointSlicesOf lists a Service's EndpointSlices as the watch holds them now.
 	endpointSlicesOf(namespace, service string) []*discoveryv1.EndpointSlice
 }
@@ -75,9 +76,9 @@ func (s *Supervisor) serviceShadows() map[string][]types.NamespacedName {
 	return s.dispatcher.Shadows()
 }
 
-func (s *Supervisor) appliedBy(inst string) map[types.NamespacedName]*instance.ServiceModel {
+func (s *Supervisor) appliedModel(inst string, name types.NamespacedName) *instance.ServiceModel {
 	if p := s.instances[inst]; p != nil {
-		return p.Applied()
+		return p.AppliedModel(name)
 	}
 	return nil
 }
@@ -191,11 +192,10 @@ func (o *observer) healthChecks(inst string, ports map[types.NamespacedName]int3
 	if len(owned) == 0 {
 		return nil
 	}
-	applied := o.services.appliedBy(inst)
 	out := make(map[types.NamespacedName]healthcheck.HealthCheck, len(owned))
 	for name, port := range owned {
 		hc := healthcheck.HealthCheck{Port: port, IPv4: true, IPv6: true}
-		if m := applied[name]; m != nil {
+		if m := o.services.appliedModel(inst, name); m != nil {
 			_, hc.IPv4 = m.Ports[tables.IPv4]
 			_, hc.IPv6 = m.Ports[tables.IPv6]
 		}
