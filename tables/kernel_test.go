@@ -385,34 +385,54 @@ func inNetns(t *testing.T, ns string, fn func()) {
 // TestTableExistsOverNetlink: with knftables.UseNetlink (as the supervisor opens its
 // tables) listing goes over netlink, which answers a missing table with an empty list
 // or ENOENT rather than nft's "not found"; a first full sync into a fresh namespace, a
-// table deleted from outside and the sync that rebuilds it must all still be seen.
+// table deleted from outside and the sync that rebuilds it must all still be seen, also
+// when a NetlinkWriter asks the kernel for the base chain alone.
 func TestTableExistsOverNetlink(t *testing.T) {
 	requireRoot(t)
 	ns := newNetns(t)
 	inNetns(t, ns, func() {
 		ctx := context.Background()
-		for _, fam := range []Family{IPv4, IPv6} {
+		for _, tc := range []struct {
+			fam    Family
+			direct bool
+		}{{IPv4, false}, {IPv6, false}, {IPv4, true}, {IPv6, true}} {
+			fam := tc.fam
 			cfg := testConfig(fam)
-			nft, err := knftables.New(KnftFamily(fam), cfg.TableName(), knftables.UseNetlink)
+			// A fresh start: the case before rebuilt this family's table.
+			_ = exec.Command("nft", "delete", "table", string(KnftFamily(fam)), cfg.TableName()).Run()
+			knft, err := knftables.New(KnftFamily(fam), cfg.TableName(), knftables.UseNetlink)
 			if err != nil {
 				t.Fatalf("knftables.New: %v", err)
 			}
+			nft := &listCounter{Interface: knft}
 			s, err := NewSyncer(cfg, nft)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.direct {
+				w, err := NewNetlinkWriter(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.SetDirect(w)
+				defer w.Close()
 			}
 			check := func(when string, want bool) {
 				t.Helper()
 				got, err := s.TableExists(ctx)
 				if err != nil || got != want {
-					t.Errorf("%s %s: TableExists = %v, %v; want %v", fam, when, got, err, want)
+					t.Errorf("%s (writer asks: %v) %s: TableExists = %v, %v; want %v", fam, tc.direct, when, got, err, want)
 				}
 			}
 			check("before any sync", false)
 			if _, err := s.Full(ctx, featureServices(fam)); err != nil {
 				t.Fatalf("%s first full sync into a fresh namespace: %v", fam, err)
 			}
+			nft.lists = 0
 			check("after the full sync", true)
+			if tc.direct && nft.lists != 0 {
+				t.Errorf("%s: TableExists listed chains %d times; the writer should have asked for the base chain alone", fam, nft.lists)
+			}
 			if out, err := exec.Command("nft", "delete", "table", string(KnftFamily(fam)), cfg.TableName()).CombinedOutput(); err != nil {
 				t.Fatalf("deleting the table from outside: %v: %s", err, out)
 			}
@@ -423,6 +443,17 @@ func TestTableExistsOverNetlink(t *testing.T) {
 			check("after the rebuild", true)
 		}
 	})
+}
+
+// listCounter counts List calls.
+type listCounter struct {
+	knftables.Interface
+	lists int
+}
+
+func (l *listCounter) List(ctx context.Context, objectType string) ([]string, error) {
+	l.lists++
+	return l.Interface.List(ctx, objectType)
 }
 
 // TestRunScriptIsAllOrNothing: a streamed script runs whole or not at all, in the real

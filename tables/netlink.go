@@ -159,6 +159,27 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	return nil
 }
 
+// HasChain asks the kernel for the one chain name of the writer's table, on the
+// writer's socket, and returns nil if it is there. Any error, "not found" included
+// (google/nftables v0.3.0 reports it as text), leaves the answer to the caller.
+func (w *NetlinkWriter) HasChain(name string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn == nil {
+		conn, err := nftables.New(w.opts...)
+		if err != nil {
+			return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
+		}
+		w.conn = conn
+	}
+	if _, err := w.conn.ListChain(w.table, name); err != nil {
+		// A failed request may leave a reply behind for the next transaction to read.
+		w.closeLocked()
+		return fmt.Errorf("chain %s of table %s: %w", name, w.table.Name, err)
+	}
+	return nil
+}
+
 // Close closes the writer's netlink socket, if open; a later Apply opens a new one.
 func (w *NetlinkWriter) Close() error {
 	w.mu.Lock()
