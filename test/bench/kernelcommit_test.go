@@ -24,7 +24,8 @@ import (
 // per family at 1,000 and 100,000 Services, and the chains of its two tables, which the
 // kernel's commit walks whatever the transaction touched: 669 at 1,000 Services and
 // 1,839 at 10,000 (nft list chains; 130 and 1,300 of them ClientIP-affinity chains, 6–7
-// for each of the 2% of Services with affinity), so ~13,500 at 100,000. Needs root; not
+// for each of the 2% of Services with affinity, and 512 rotation chains, which tables
+// without consistentHash no longer have), so ~13,500 at 100,000. Needs root; not
 // run by make test:
 //
 //	go test ./test/bench -run '^$' -bench KernelCommit -benchtime 4000x
