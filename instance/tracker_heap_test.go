@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestTrackerHeapPerService bounds the heap a Tracker keeps per Service of one
@@ -22,25 +24,17 @@ func TestTrackerHeapPerService(t *testing.T) {
 		eps[i] = v4Slice(fmt.Sprintf("svc-%d-abcde", i), ep("10.0.0.1", thisNodeName))
 		eps[i].Labels[discoveryv1.LabelServiceName] = svcs[i].Name
 	}
-	before := liveHeap()
+	before := testutil.LiveHeap()
 	tr := NewTracker(thisNode())
 	for i := range n {
 		tr.UpdateService(svcs[i])
 		tr.UpdateEndpointSlice(eps[i])
 	}
 	tr.TakeDirty()
-	perService := float64(liveHeap()-before) / n
+	perService := float64(testutil.LiveHeap()-before) / n
 	runtime.KeepAlive(tr)
 	t.Logf("tracker: %.0f bytes of heap per Service", perService)
 	if perService > maxBytes {
 		t.Errorf("the tracker keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
 	}
-}
-
-// liveHeap is the heap in use after a collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

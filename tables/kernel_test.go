@@ -543,20 +543,7 @@ func TestRotationChainsFollowTheConfig(t *testing.T) {
 				if _, err := s.Full(ctx, services(web)); err != nil {
 					t.Fatalf("step %d: full sync: %v", i, err)
 				}
-				chains, err := nft.List(ctx, "chains")
-				if err != nil {
-					t.Fatal(err)
-				}
-				maps, err := nft.List(ctx, "maps")
-				if err != nil {
-					t.Fatal(err)
-				}
-				rotationChains := 0
-				for _, ch := range chains {
-					if strings.HasPrefix(ch, rotationPrefix) {
-						rotationChains++
-					}
-				}
+				rotationChains, chains, maps := rotationState(t, nft)
 				want := 0
 				if step.consistentHash {
 					want = rotations
@@ -605,20 +592,7 @@ func TestRotationChainsOfAnEarlierVersion(t *testing.T) {
 			if _, err := s.Full(ctx, services(web)); err != nil {
 				t.Fatalf("the first full sync over the earlier layout: %v", err)
 			}
-			chains, err := nft.List(ctx, "chains")
-			if err != nil {
-				t.Fatal(err)
-			}
-			maps, err := nft.List(ctx, "maps")
-			if err != nil {
-				t.Fatal(err)
-			}
-			left := 0
-			for _, ch := range chains {
-				if _, ok := parseRotationChain(ch); ok {
-					left++
-				}
-			}
+			left, _, maps := rotationState(t, nft)
 			want := 0
 			if consistentHash {
 				want = rotations
@@ -651,4 +625,24 @@ func writeRotationLayout(t *testing.T, nft knftables.Interface, c *compiler, n i
 	if err := nft.Run(context.Background(), tx); err != nil {
 		t.Fatalf("writing %d rotation chains: %v", n, err)
 	}
+}
+
+// rotationState lists the table's chains and maps, and counts its rotation chains.
+func rotationState(t *testing.T, nft knftables.Interface) (rotationChains int, chains, maps []string) {
+	t.Helper()
+	ctx := context.Background()
+	chains, err := nft.List(ctx, "chains")
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps, err = nft.List(ctx, "maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chains {
+		if _, ok := parseRotationChain(ch); ok {
+			rotationChains++
+		}
+	}
+	return rotationChains, chains, maps
 }

@@ -3,6 +3,8 @@ package tables
 import (
 	"runtime"
 	"testing"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestLedgerHeapPerService bounds the heap a Syncer's ledger keeps per Service after a
@@ -20,21 +22,13 @@ func TestLedgerHeapPerService(t *testing.T) {
 		p := genPort(i, 10)
 		ports[ServiceName{Namespace: p.Name.Namespace, Name: p.Name.Name}] = []*ServicePort{p}
 	}
-	before := liveHeap()
+	before := testutil.LiveHeap()
 	l := newLedger(c, 0)
 	l.replace(newChangeLog(false), ports)
-	perService := float64(liveHeap()-before) / n
+	perService := float64(testutil.LiveHeap()-before) / n
 	runtime.KeepAlive(l)
 	t.Logf("ledger: %.0f bytes of heap per Service", perService)
 	if perService > maxBytes {
 		t.Errorf("ledger keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
 	}
-}
-
-// liveHeap is the heap in use after a collection.
-func liveHeap() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }

@@ -115,12 +115,8 @@ func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.conn == nil {
-		conn, err := nftables.New(w.opts...)
-		if err != nil {
-			return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
-		}
-		w.conn = conn
+	if err := w.openLocked(); err != nil {
+		return err
 	}
 	if err := w.transact(w.conn, d); err != nil {
 		// Queued messages or unread replies would corrupt the next transaction.
@@ -165,18 +161,27 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 func (w *NetlinkWriter) HasChain(name string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.conn == nil {
-		conn, err := nftables.New(w.opts...)
-		if err != nil {
-			return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
-		}
-		w.conn = conn
+	if err := w.openLocked(); err != nil {
+		return err
 	}
 	if _, err := w.conn.ListChain(w.table, name); err != nil {
 		// A failed request may leave a reply behind for the next transaction to read.
 		w.closeLocked()
 		return fmt.Errorf("chain %s of table %s: %w", name, w.table.Name, err)
 	}
+	return nil
+}
+
+// openLocked opens the lasting connection unless it is open; mu must be held.
+func (w *NetlinkWriter) openLocked() error {
+	if w.conn != nil {
+		return nil
+	}
+	conn, err := nftables.New(w.opts...)
+	if err != nil {
+		return fmt.Errorf("netlink connection for table %s: %w", w.table.Name, err)
+	}
+	w.conn = conn
 	return nil
 }
 

@@ -1,6 +1,6 @@
 // Package testutil holds the helpers the tests of several packages share: polling for a
 // condition, a clock moved by hand, the skip of real-kernel tests, network namespaces
-// and a file copy. It is an ordinary package, imported by _test files (and by the test
+// and a file copy, the live heap. It is an ordinary package, imported by _test files (and by the test
 // topology in test/netns), never by the binary.
 package testutil
 

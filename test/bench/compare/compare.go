@@ -573,15 +573,23 @@ func load(ctx context.Context, client kubernetes.Interface, c *gen.Cluster, clie
 		slice := c.Slices[i].DeepCopy()
 		slice.ResourceVersion = ""
 		onThisNode(slice.Endpoints)
-		err := retried(ctx, func() error {
+		err := createRetried(ctx, func() error {
 			_, err := client.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) { // an earlier attempt that timed out had created it
-				return nil
-			}
 			return err
 		})
 		if err != nil {
 			return fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
+		}
+		return nil
+	})
+}
+
+// createRetried runs create, retried while the apiserver is too busy; an object that
+// already exists counts as created (an earlier attempt that timed out had created it).
+func createRetried(ctx context.Context, create func() error) error {
+	return retried(ctx, func() error {
+		if err := create(); !apierrors.IsAlreadyExists(err) {
+			return err
 		}
 		return nil
 	})
@@ -599,11 +607,8 @@ func createService(ctx context.Context, client kubernetes.Interface, gsvc *corev
 		svc.Spec.Ports[k].NodePort = 0
 	}
 	services := client.CoreV1().Services(gen.Namespace)
-	err := retried(ctx, func() error {
+	err := createRetried(ctx, func() error {
 		_, err := services.Create(ctx, svc, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) { // an earlier attempt that timed out had created it
-			return nil
-		}
 		return err
 	})
 	if err != nil {

@@ -305,18 +305,23 @@ func (m *measurer) heapProfile(ctx context.Context, d *daemon) error {
 // writeProfile writes one of d's profiles into Options.HeapProfileDir as
 // heap-N[-tag][-kind].pprof.
 func (m *measurer) writeProfile(d *daemon, kind, body string) error {
+	path := m.heapFile(d, kind, ".pprof")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		return err
+	}
+	m.r.logf("%s: heap profile in %s", d.name, path)
+	return nil
+}
+
+// heapFile is the path in Options.HeapProfileDir of d's file heap-N[-tag][-kind]ext.
+func (m *measurer) heapFile(d *daemon, kind, ext string) string {
 	name := fmt.Sprintf("heap-%d", len(m.cluster.Services))
 	for _, part := range []string{d.profileTag, kind} {
 		if part != "" {
 			name += "-" + part
 		}
 	}
-	path := filepath.Join(m.r.o.HeapProfileDir, name+".pprof")
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-		return err
-	}
-	m.r.logf("%s: heap profile in %s", d.name, path)
-	return nil
+	return filepath.Join(m.r.o.HeapProfileDir, name+ext)
 }
 
 // peakHeap keeps a daemon's heap profile from the top of its first full sync: each time
@@ -375,11 +380,7 @@ func (p *peakHeap) save() error {
 	if err := os.MkdirAll(p.m.r.o.HeapProfileDir, 0o755); err != nil {
 		return err
 	}
-	name := fmt.Sprintf("heap-%d-", len(p.m.cluster.Services))
-	if p.d.profileTag != "" {
-		name += p.d.profileTag + "-"
-	}
-	if err := os.WriteFile(filepath.Join(p.m.r.o.HeapProfileDir, name+"series.txt"), []byte(p.series.String()), 0o644); err != nil {
+	if err := os.WriteFile(p.m.heapFile(p.d, "series", ".txt"), []byte(p.series.String()), 0o644); err != nil {
 		return err
 	}
 	return p.m.writeProfile(p.d, "peak", p.body)
