@@ -211,8 +211,24 @@ func (d *Dispatcher) redispatch(svcs []*corev1.Service) {
 	}
 }
 
+// serviceChanged routes svc to this node's instances, hands it over from the ones
+// that no longer serve it once the new ones programmed it, and arms the waits for its
+// owner's and shadow's first programming.
 func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	dec := d.routeLocal(name, svc)
+	want := dec.Owners()
+	c := d.claim(name, dec, want)
+	added := d.deliver(svc, name, dec, want, c)
+	if c.old.owner != dec.Instance && d.events.Handover != nil {
+		d.events.Handover(name, c.old.owner, dec.Instance)
+	}
+	d.letGo(name, c.old.all, want, added)
+}
+
+// routeLocal routes svc, leaving out instances this node does not run, and reports a
+// rejection.
+func (d *Dispatcher) routeLocal(name types.NamespacedName, svc *corev1.Service) Decision {
 	dec := d.router.Route(svc)
 	if dec.Instance != "" && d.sinks[dec.Instance] == nil {
 		dec.Instance = ""
@@ -223,39 +239,56 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 	if d.report(name, "", dec.Rejected) && d.events.Rejected != nil {
 		d.events.Rejected(svc, dec.Rejected)
 	}
-	want := dec.Owners()
+	return dec
+}
 
+// claimed is what claim recorded for a Service: its ownership before, and the states
+// that wait for its owner's and its shadow's first programming (watch*: that this
+// update is the one to arm them).
+type claimed struct {
+	old                     ownership
+	ownerSynced, shadow     *shadowState
+	watchOwner, watchShadow bool
+}
+
+// claim records the Service's new owners (want) and shadow, and queues its
+// EndpointSlices for the instances that newly serve it.
+func (d *Dispatcher) claim(name types.NamespacedName, dec Decision, want []string) claimed {
 	d.mu.Lock()
-	old := d.owners[name]
+	defer d.mu.Unlock()
+	c := claimed{old: d.owners[name]}
 	if len(want) == 0 {
 		delete(d.owners, name)
 	} else {
-		synced := old.synced
-		if dec.Instance == "" || dec.Instance != old.owner || synced == nil {
+		synced := c.old.synced
+		if dec.Instance == "" || dec.Instance != c.old.owner || synced == nil {
 			synced = &shadowState{instance: dec.Instance}
 		}
 		d.owners[name] = ownership{owner: dec.Instance, all: want, synced: synced}
 	}
-	ownerSynced := d.owners[name].synced
-	watchOwner := ownerSynced != nil && ownerSynced.watch()
+	c.ownerSynced = d.owners[name].synced
+	c.watchOwner = c.ownerSynced != nil && c.ownerSynced.watch()
 	for _, inst := range want {
-		if !slices.Contains(old.all, inst) {
+		if !slices.Contains(c.old.all, inst) {
 			d.queueSlices(name, inst)
 		}
 	}
-	var shadow *shadowState
-	watchShadow := false
 	if dec.Shadow != "" {
-		if shadow = d.shadows[name]; shadow == nil || shadow.instance != dec.Shadow {
-			shadow = &shadowState{instance: dec.Shadow}
-			d.shadows[name] = shadow
+		if c.shadow = d.shadows[name]; c.shadow == nil || c.shadow.instance != dec.Shadow {
+			c.shadow = &shadowState{instance: dec.Shadow}
+			d.shadows[name] = c.shadow
 		}
-		watchShadow = shadow.watch()
+		c.watchShadow = c.shadow.watch()
 	} else {
 		delete(d.shadows, name)
 	}
-	d.mu.Unlock()
+	return c
+}
 
+// deliver gives svc, guarded for each, to the instances of want, an instance new to it
+// its EndpointSlices first, and returns the channels that close once the new ones
+// programmed it.
+func (d *Dispatcher) deliver(svc *corev1.Service, name types.NamespacedName, dec Decision, want []string, c claimed) []<-chan struct{} {
 	var added []<-chan struct{}
 	arbitrated, refusals := withoutRefused(svc, d.addresses.refused(svc))
 	for _, inst := range want {
@@ -265,7 +298,7 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 			d.events.Guarded(svc, inst, problems)
 		}
 		sink := d.sinks[inst]
-		isNew := !slices.Contains(old.all, inst)
+		isNew := !slices.Contains(c.old.all, inst)
 		if isNew {
 			// The EndpointSlices go first: the instance may sync between any two calls,
 			// and the channel UpdateService returns closes at the first sync after it.
@@ -282,19 +315,22 @@ func (d *Dispatcher) serviceChanged(svc *corev1.Service) {
 			added = append(added, programmed)
 		}
 		if inst == dec.Shadow {
-			d.armShadow(svc, name, shadow, guarded, watchShadow, programmed)
+			d.armShadow(svc, name, c.shadow, guarded, c.watchShadow, programmed)
 		}
-		if inst == dec.Instance && watchOwner {
+		if inst == dec.Instance && c.watchOwner {
 			d.mu.Lock()
-			ownerSynced.pending = programmed
+			c.ownerSynced.pending = programmed
 			d.mu.Unlock()
 		}
 	}
-	if old.owner != dec.Instance && d.events.Handover != nil {
-		d.events.Handover(name, old.owner, dec.Instance)
-	}
+	return added
+}
+
+// letGo removes the Service from the instances of had that no longer serve it: at once
+// when no instance takes it over, else once the new ones programmed it (added).
+func (d *Dispatcher) letGo(name types.NamespacedName, had, want []string, added []<-chan struct{}) {
 	var removed []string
-	for _, inst := range old.all {
+	for _, inst := range had {
 		if !slices.Contains(want, inst) {
 			removed = append(removed, inst)
 		}
