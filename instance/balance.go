@@ -25,6 +25,14 @@ type LoadBalancing struct {
 	Allowed []tables.LBMode
 }
 
+// TableConfig is cfg with the table settings these load-balancing settings decide:
+// the rotation chains where a Service may be consistentHash, which needs them to
+// spread clients evenly (tables.Config.ConsistentHash).
+func (lb LoadBalancing) TableConfig(cfg tables.Config) tables.Config {
+	cfg.ConsistentHash = lb.MayUse(tables.LBConsistentHash)
+	return cfg
+}
+
 // MayUse reports whether a Service of the instance may end up in mode m: the
 // instance's mode (random for "") or one its Services may ask for.
 func (lb LoadBalancing) MayUse(m tables.LBMode) bool {

@@ -187,8 +187,7 @@ func New(opts Options) (*Proxy, error) {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = klog.Background()
 	}
-	// A consistentHash Service needs the tables' rotation chains to spread evenly.
-	opts.Tables.ConsistentHash = opts.Tables.ConsistentHash || opts.LoadBalancing.MayUse(tables.LBConsistentHash)
+	opts.Tables = opts.LoadBalancing.TableConfig(opts.Tables)
 	p := &Proxy{
 		opts:       opts,
 		logger:     opts.Logger.WithValues("instance", opts.Name),

@@ -34,6 +34,7 @@ func Render(cfg *config.Config, instanceName string, services []*corev1.Service,
 	base := tableConfigs{cfg: cfg, interfaceAddrs: hostAddrs, logger: klog.Background()}.forInstance(spec, node)
 	info := nodeInfo(cfg.NodeName, node)
 	lb := loadBalancing(spec)
+	base = lb.TableConfig(base)
 
 	bySvc := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	for _, sl := range slices {

@@ -31,8 +31,6 @@ func (t tableConfigs) forInstance(spec config.Instance, node *corev1.Node) table
 		Slot:          *spec.Slot,
 		MasqueradeBit: *t.cfg.MasqueradeBit,
 		MasqueradeAll: spec.MasqueradeAll,
-		// The rotation chains only where a Service may be consistentHash.
-		ConsistentHash: loadBalancing(spec).MayUse(tables.LBConsistentHash),
 	}
 	t.applyNode(spec, node, &cfg)
 	return cfg

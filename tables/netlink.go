@@ -375,7 +375,7 @@ func (sc setSchema) encode(el *knftables.Element, del bool) (nftables.SetElement
 		if err != nil {
 			return out, fmt.Errorf("element %q: %w", el.Key, err)
 		}
-		out.Key = append(out.Key, alone(f, b, len(sc.key))...)
+		out.Key = append(out.Key, inConcat(b, len(sc.key))...)
 	}
 	out.KeyEnd = end
 	if del || len(sc.value) == 0 {
@@ -397,30 +397,24 @@ func (sc setSchema) encode(el *knftables.Element, del bool) (nftables.SetElement
 		if err != nil {
 			return out, fmt.Errorf("element %q value: %w", el.Key, err)
 		}
-		out.Val = append(out.Val, alone(f, b, len(sc.value))...)
+		out.Val = append(out.Val, inConcat(b, len(sc.value))...)
 	}
 	return out, nil
 }
 
-// alone trims b, field f encoded by encodeField, to f's own length when it is the only
-// field of its key or value (of parts): nft pads the fields of a concatenation to 4
-// bytes, but a lone field keeps its length, which the kernel checks against the set's
-// (a lone inet_service value, cluster-port-of's, is 2 bytes; 4 was refused: EINVAL).
-func alone(f field, b []byte, parts int) []byte {
-	if parts != 1 {
-		return b
-	}
-	switch f {
-	case fieldPort:
-		return b[:2]
-	case fieldProto, fieldByte:
-		return b[:1]
+// inConcat is field b as it stands among parts fields: nft pads each field of a
+// concatenation to 4 bytes, while a lone field keeps its own length, which the kernel
+// checks against the set's (a lone inet_service value, cluster-port-of's, is 2 bytes;
+// sent padded to 4 it was refused with EINVAL).
+func inConcat(b []byte, parts int) []byte {
+	if parts > 1 {
+		return pad(b)
 	}
 	return b
 }
 
-// encodeField encodes one part, padded to 4 bytes as nft pads every field of a
-// concatenation (alone trims the padding of a field that is not concatenated).
+// encodeField encodes one part in its own length (inConcat pads it in a
+// concatenation).
 func encodeField(f field, s string) ([]byte, error) {
 	switch f {
 	case fieldIPv4, fieldIPv6:
@@ -437,13 +431,13 @@ func encodeField(f field, s string) ([]byte, error) {
 		if !ok {
 			return nil, fmt.Errorf("unknown protocol %q", s)
 		}
-		return pad([]byte{p}), nil
+		return []byte{p}, nil
 	case fieldPort:
 		n, err := strconv.ParseUint(s, 10, 16)
 		if err != nil {
 			return nil, fmt.Errorf("port %q: %w", s, err)
 		}
-		return pad(binary.BigEndian.AppendUint16(nil, uint16(n))), nil
+		return binary.BigEndian.AppendUint16(nil, uint16(n)), nil
 	case fieldIndex:
 		n, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
@@ -455,7 +449,7 @@ func encodeField(f field, s string) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("byte %q: %w", s, err)
 		}
-		return pad([]byte{byte(n)}), nil
+		return []byte{byte(n)}, nil
 	}
 	return nil, fmt.Errorf("field kind %d cannot be encoded as data", f)
 }

@@ -187,13 +187,8 @@ func (s *etcdSeeder) nodePortAllocation(c *gen.Cluster) (keyValue, error) {
 	}
 	bits := new(big.Int)
 	for _, svc := range c.Services {
-		for _, p := range svc.Spec.Ports {
-			if p.NodePort != 0 {
-				bits.SetBit(bits, int(p.NodePort)-base, 1)
-			}
-		}
-		if svc.Spec.HealthCheckNodePort != 0 {
-			bits.SetBit(bits, int(svc.Spec.HealthCheckNodePort)-base, 1)
+		for _, p := range gen.NodePorts(svc) {
+			bits.SetBit(bits, int(p)-base, 1)
 		}
 	}
 	ra := &corev1.RangeAllocation{

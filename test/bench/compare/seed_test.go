@@ -80,14 +80,7 @@ func TestSeedObjects(t *testing.T) {
 	bits := new(big.Int).SetBytes(ra.Data)
 	want := 0
 	for _, svc := range c.Services {
-		ports := []int32{svc.Spec.HealthCheckNodePort}
-		for _, p := range svc.Spec.Ports {
-			ports = append(ports, p.NodePort)
-		}
-		for _, p := range ports {
-			if p == 0 {
-				continue
-			}
+		for _, p := range gen.NodePorts(svc) {
 			want++
 			if bits.Bit(int(p)-20000) != 1 {
 				t.Errorf("NodePort %d of %s not in the allocation", p, svc.Name)

@@ -142,6 +142,20 @@ func GenerateFamilies(n, m, ipv6Percent int) *Cluster {
 	return c
 }
 
+// NodePorts lists the NodePorts svc holds: its ports' and its health check's.
+func NodePorts(svc *corev1.Service) []int32 {
+	var out []int32
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort != 0 {
+			out = append(out, p.NodePort)
+		}
+	}
+	if svc.Spec.HealthCheckNodePort != 0 {
+		out = append(out, svc.Spec.HealthCheckNodePort)
+	}
+	return out
+}
+
 // ServiceName is the name of Service i.
 func ServiceName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 

@@ -95,14 +95,7 @@ func TestNodePortsAreDistinctAt100k(t *testing.T) {
 	c := GenerateFamilies(100_000, 1, 50)
 	seen := map[int32]string{}
 	for _, svc := range c.Services {
-		ports := []int32{svc.Spec.HealthCheckNodePort}
-		for _, p := range svc.Spec.Ports {
-			ports = append(ports, p.NodePort)
-		}
-		for _, p := range ports {
-			if p == 0 {
-				continue
-			}
+		for _, p := range NodePorts(svc) {
 			if p < WrapNodePort || p > 65535 {
 				t.Fatalf("%s: NodePort %d outside %d-65535", svc.Name, p, WrapNodePort)
 			}
