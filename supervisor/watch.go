@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -25,8 +27,14 @@ import (
 // labelHeadless marks EndpointSlices of headless Services: no proxy rules come from them.
 const labelHeadless = "service.kubernetes.io/headless"
 
-// byServiceIndex indexes EndpointSlices by "namespace/service".
+// byServiceIndex indexes EndpointSlices by a bucket of their Service (serviceBucket).
 const byServiceIndex = "by-service"
+
+// serviceBuckets is how many buckets byServiceIndex spreads the Services over. The
+// index keeps a set per value: one per Service was ~300 bytes of heap a Service (a Go
+// map for the one or two slices of most Services); a bucket's set holds ~8 slices a
+// bucket at 30,000 Services, ~25 at 100,000, which SlicesOf sorts out by label.
+const serviceBuckets = 4096
 
 // NodeHandler hears about this node's Node object.
 type NodeHandler func(node *corev1.Node, deleted bool)
@@ -66,7 +74,7 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, op
 	for _, sel := range scope {
 		services := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-			informers.WithTransform(trimForCache))
+			informers.WithTransform(shared.trimService))
 		slices := informers.NewSharedInformerFactoryWithOptions(client, 0,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) }),
 			informers.WithTransform(shared.trimSlice))
@@ -147,7 +155,20 @@ func sliceServiceIndex(obj any) ([]string, error) {
 	if !ok {
 		return nil, nil
 	}
-	return []string{name.String()}, nil
+	return []string{serviceBucket(name.Namespace, name.Name)}, nil
+}
+
+// serviceBucket is the byServiceIndex value of a Service's slices: FNV-1a of
+// namespace/name, modulo serviceBuckets.
+func serviceBucket(namespace, name string) string {
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for _, s := range []string{namespace, "/", name} {
+		for i := range len(s) {
+			h = (h ^ uint32(s[i])) * prime
+		}
+	}
+	return strconv.Itoa(int(h % serviceBuckets))
 }
 
 // lastApplied is the annotation `kubectl apply` keeps a whole copy of the object in.
@@ -182,19 +203,26 @@ func trimForCache(obj any) (any, error) {
 	return obj, nil
 }
 
-// endpointValues holds the values every EndpointSlice endpoint points to: the conditions
-// (true or false) and the node and zone names, which the API decodes into a pointer per
-// endpoint; shared, 100,000 endpoints keep a few dozen (README.md, "Performance").
-// Informer objects are read-only, so no one writes through them.
+// endpointValues holds the values the informers' objects repeat: the conditions (true
+// or false) and the node and zone names every EndpointSlice endpoint points to, the
+// slices' port names, protocols and numbers, and the short strings Services repeat
+// (namespace, type, policies, families). The API decodes each into an allocation of
+// its own per object; shared, 100,000 endpoints keep a few dozen (README.md,
+// "Performance"). Informer objects are read-only, so no one writes through them.
 type endpointValues struct {
 	yes, no *bool
 	mu      sync.Mutex
 	names   map[string]*string
+	strs    map[string]string
+	numbers map[int32]*int32
+	// families holds one spec.ipFamilies list per distinct list.
+	families map[string][]corev1.IPFamily
 }
 
 func newEndpointValues() *endpointValues {
 	yes, no := true, false
-	return &endpointValues{yes: &yes, no: &no, names: map[string]*string{}}
+	return &endpointValues{yes: &yes, no: &no, names: map[string]*string{}, strs: map[string]string{},
+		numbers: map[int32]*int32{}, families: map[string][]corev1.IPFamily{}}
 }
 
 // trimSlice is trimForCache for EndpointSlices, with shared endpoint values.
@@ -213,6 +241,15 @@ func (v *endpointValues) trimSlice(obj any) (any, error) {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	sl.Namespace = v.str(sl.Namespace)
+	sl.AddressType = discoveryv1.AddressType(v.str(string(sl.AddressType)))
+	for i := range sl.Ports {
+		p := &sl.Ports[i]
+		p.Name, p.AppProtocol, p.Port = v.name(p.Name), v.name(p.AppProtocol), v.number(p.Port)
+		if p.Protocol != nil {
+			p.Protocol = (*corev1.Protocol)(v.name((*string)(p.Protocol)))
+		}
+	}
 	for i := range sl.Endpoints {
 		ep := &sl.Endpoints[i]
 		c := &ep.Conditions
@@ -220,6 +257,50 @@ func (v *endpointValues) trimSlice(obj any) (any, error) {
 		ep.NodeName, ep.Zone = v.name(ep.NodeName), v.name(ep.Zone)
 	}
 	return sl, nil
+}
+
+// trimService is trimForCache for Services, with shared values.
+func (v *endpointValues) trimService(obj any) (any, error) {
+	obj, err := trimForCache(obj)
+	svc, ok := obj.(*corev1.Service)
+	if err != nil || !ok {
+		return obj, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	svc.Namespace = v.str(svc.Namespace)
+	spec := &svc.Spec
+	spec.Type = corev1.ServiceType(v.str(string(spec.Type)))
+	spec.SessionAffinity = corev1.ServiceAffinity(v.str(string(spec.SessionAffinity)))
+	spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(v.str(string(spec.ExternalTrafficPolicy)))
+	spec.IPFamilyPolicy = (*corev1.IPFamilyPolicy)(v.name((*string)(spec.IPFamilyPolicy)))
+	spec.InternalTrafficPolicy = (*corev1.ServiceInternalTrafficPolicy)(v.name((*string)(spec.InternalTrafficPolicy)))
+	spec.IPFamilies = v.ipFamilies(spec.IPFamilies)
+	if len(spec.ClusterIPs) > 0 && spec.ClusterIPs[0] == spec.ClusterIP {
+		spec.ClusterIP = spec.ClusterIPs[0] // decoded twice
+	}
+	for i := range spec.Ports {
+		p := &spec.Ports[i]
+		p.Name, p.Protocol = v.str(p.Name), corev1.Protocol(v.str(string(p.Protocol)))
+		p.AppProtocol = v.name(p.AppProtocol)
+	}
+	for i := range svc.Status.LoadBalancer.Ingress {
+		ing := &svc.Status.LoadBalancer.Ingress[i]
+		ing.IPMode = (*corev1.LoadBalancerIPMode)(v.name((*string)(ing.IPMode)))
+	}
+	return svc, nil
+}
+
+func (v *endpointValues) ipFamilies(fams []corev1.IPFamily) []corev1.IPFamily {
+	if len(fams) == 0 {
+		return fams
+	}
+	key := fmt.Sprint(fams)
+	if shared, ok := v.families[key]; ok {
+		return shared
+	}
+	v.families[key] = fams
+	return fams
 }
 
 func (v *endpointValues) bool(b *bool) *bool {
@@ -248,7 +329,33 @@ func (v *endpointValues) name(s *string) *string {
 	return s
 }
 
-// maxSharedNames bounds endpointValues' names: a cluster's nodes and zones, with room.
+func (v *endpointValues) str(s string) string {
+	if shared, ok := v.strs[s]; ok {
+		return shared
+	}
+	if len(v.strs) >= maxSharedNames {
+		clear(v.strs)
+	}
+	v.strs[s] = s
+	return s
+}
+
+func (v *endpointValues) number(n *int32) *int32 {
+	if n == nil {
+		return nil
+	}
+	if p, ok := v.numbers[*n]; ok {
+		return p
+	}
+	if len(v.numbers) >= maxSharedNames {
+		clear(v.numbers)
+	}
+	v.numbers[*n] = n
+	return n
+}
+
+// maxSharedNames bounds each of endpointValues' maps: a cluster's nodes, zones, port
+// names and numbers and namespaces, with room.
 const maxSharedNames = 20000
 
 // SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister): of a
@@ -256,8 +363,9 @@ const maxSharedNames = 20000
 func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSlice {
 	var out []*discoveryv1.EndpointSlice
 	seen := map[string]int{}
+	want := types.NamespacedName{Namespace: namespace, Name: service}
 	for _, inf := range w.slices {
-		objs, err := inf.GetIndexer().ByIndex(byServiceIndex, namespace+"/"+service)
+		objs, err := inf.GetIndexer().ByIndex(byServiceIndex, serviceBucket(namespace, service))
 		if err != nil {
 			continue
 		}
@@ -265,6 +373,9 @@ func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSli
 			sl, ok := o.(*discoveryv1.EndpointSlice)
 			if !ok {
 				continue
+			}
+			if name, _ := selector.ServiceOf(sl); name != want {
+				continue // another Service of the bucket
 			}
 			if i, dup := seen[sl.Name]; dup {
 				if resourceVersion(sl) > resourceVersion(out[i]) {

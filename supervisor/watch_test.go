@@ -3,6 +3,8 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // deliveredSink counts what the dispatcher hands an instance.
@@ -82,5 +86,90 @@ func TestStartWaitsForHandlers(t *testing.T) {
 	sink.mu.Unlock()
 	if services != n || slices != n {
 		t.Errorf("when Start returned, the instance had %d of %d Services and %d of %d EndpointSlices", services, n, slices, n)
+	}
+}
+
+// TestSlicesOfSharedBuckets: the slice index groups Services in buckets
+// (serviceBuckets); with more Services than buckets many share one, and SlicesOf still
+// lists exactly a Service's own slices: none of another Service of its bucket, none of
+// a same-named Service of another namespace, none without the Service label.
+func TestSlicesOfSharedBuckets(t *testing.T) {
+	const n = 2 * serviceBuckets
+	var objs []runtime.Object
+	slice := func(ns, name, svc string) *discoveryv1.EndpointSlice {
+		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			AddressType: discoveryv1.AddressTypeIPv4}
+		if svc != "" {
+			sl.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
+		}
+		return sl
+	}
+	for i := range n {
+		svc := fmt.Sprintf("svc-%d", i)
+		objs = append(objs, slice("a", svc+"-1", svc), slice("a", svc+"-2", svc), slice("b", svc+"-1", svc))
+	}
+	objs = append(objs, slice("a", "unlabelled", ""))
+	w, err := NewWatches(fake.NewClientset(objs...), "node-1", []string{""}, WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := w.Start(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	buckets := map[string]int{}
+	for i := range n {
+		svc := fmt.Sprintf("svc-%d", i)
+		buckets[serviceBucket("a", svc)]++
+		for _, tc := range []struct {
+			ns   string
+			want []string
+		}{{"a", []string{"a/" + svc + "-1", "a/" + svc + "-2"}}, {"b", []string{"b/" + svc + "-1"}}} {
+			var got []string
+			for _, sl := range w.SlicesOf(tc.ns, svc) {
+				got = append(got, sl.Namespace+"/"+sl.Name)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("SlicesOf(%s, %s) = %v, want %v", tc.ns, svc, got, tc.want)
+			}
+		}
+	}
+	if len(buckets) > serviceBuckets || len(buckets) < serviceBuckets/2 {
+		t.Errorf("%d Services fell into %d buckets, want at most %d and most of them used", n, len(buckets), serviceBuckets)
+	}
+}
+
+// TestSliceIndexHeap bounds the heap the slice index keeps per Service (one slice
+// each): a set per Service was ~300 bytes; a bucket's set costs a few dozen per member.
+func TestSliceIndexHeap(t *testing.T) {
+	const n, maxBytes = 30000, 80
+	var objs []*discoveryv1.EndpointSlice
+	for i := range n {
+		svc := fmt.Sprintf("svc-%05d", i)
+		objs = append(objs, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: svc + "-x",
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc}}})
+	}
+	fill := func(indexers cache.Indexers) cache.Indexer {
+		idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, indexers)
+		for _, o := range objs {
+			if err := idx.Add(o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return idx
+	}
+	before := testutil.LiveHeap()
+	plain := fill(cache.Indexers{})
+	mid := testutil.LiveHeap()
+	indexed := fill(cache.Indexers{byServiceIndex: sliceServiceIndex})
+	after := testutil.LiveHeap()
+	perService := float64(int64(after-mid)-int64(mid-before)) / n
+	goruntime.KeepAlive(plain)
+	goruntime.KeepAlive(indexed)
+	t.Logf("slice index: %.0f bytes of heap per Service", perService)
+	if perService > maxBytes {
+		t.Errorf("the slice index keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -153,5 +154,75 @@ func BenchmarkEndpointSliceHeap(b *testing.B) {
 			runtime.KeepAlive(kept)
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N*10), "heap-B/endpoint")
 		})
+	}
+}
+
+// TestSharedValuesOfObjects: Services and EndpointSlices keep every value trimming does
+// not drop, while the values they repeat (namespace, type, policies, families, port
+// names, protocols and numbers) point to one copy.
+func TestSharedValuesOfObjects(t *testing.T) {
+	newService := func(name string) *corev1.Service {
+		policy, itp := corev1.IPFamilyPolicySingleStack, corev1.ServiceInternalTrafficPolicyCluster
+		mode, app := corev1.LoadBalancerIPModeVIP, "http"
+		ip := "10.96.0." + name
+		return &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: string([]byte("team-a")), Name: name},
+			Spec: corev1.ServiceSpec{
+				Type: corev1.ServiceType([]byte("LoadBalancer")), ClusterIP: ip, ClusterIPs: []string{string([]byte(ip))},
+				IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol}, IPFamilyPolicy: &policy, InternalTrafficPolicy: &itp,
+				SessionAffinity: "None", ExternalTrafficPolicy: "Cluster",
+				Ports: []corev1.ServicePort{{Name: string([]byte("http")), Protocol: "TCP", Port: 80, AppProtocol: &app}},
+			},
+			Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "192.0.2.1", IPMode: &mode}}}},
+		}
+	}
+	newSlice := func(name string) *discoveryv1.EndpointSlice {
+		pn, proto, port := string([]byte("http")), corev1.ProtocolTCP, int32(8080)
+		sl := testSlice(name)
+		sl.Namespace = string([]byte("team-a"))
+		sl.AddressType = discoveryv1.AddressType([]byte("IPv4"))
+		sl.Ports = []discoveryv1.EndpointPort{{Name: &pn, Protocol: &proto, Port: &port}}
+		return sl
+	}
+	v := newEndpointValues()
+	var svcs []*corev1.Service
+	var sls []*discoveryv1.EndpointSlice
+	for _, name := range []string{"1", "2"} {
+		svc, sl := newService(name), newSlice(name)
+		wantSvc, wantSl := svc.DeepCopy(), sl.DeepCopy()
+		if _, err := v.trimService(svc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.trimSlice(sl); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(wantSvc, svc); diff != "" {
+			t.Errorf("Service values changed (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(wantSl, sl); diff != "" {
+			t.Errorf("EndpointSlice values changed (-want +got):\n%s", diff)
+		}
+		svcs, sls = append(svcs, svc), append(sls, sl)
+	}
+	a, b := svcs[0], svcs[1]
+	same := func(x, y string) bool { return unsafe.StringData(x) == unsafe.StringData(y) }
+	for what, shared := range map[string]bool{
+		"namespace":             same(a.Namespace, b.Namespace) && same(a.Namespace, sls[1].Namespace),
+		"type":                  same(string(a.Spec.Type), string(b.Spec.Type)),
+		"ipFamilies":            &a.Spec.IPFamilies[0] == &b.Spec.IPFamilies[0],
+		"ipFamilyPolicy":        a.Spec.IPFamilyPolicy == b.Spec.IPFamilyPolicy,
+		"internalTrafficPolicy": a.Spec.InternalTrafficPolicy == b.Spec.InternalTrafficPolicy,
+		"clusterIP":             same(a.Spec.ClusterIP, a.Spec.ClusterIPs[0]),
+		"port name":             same(a.Spec.Ports[0].Name, b.Spec.Ports[0].Name),
+		"appProtocol":           a.Spec.Ports[0].AppProtocol == b.Spec.Ports[0].AppProtocol,
+		"ipMode":                a.Status.LoadBalancer.Ingress[0].IPMode == b.Status.LoadBalancer.Ingress[0].IPMode,
+		"addressType":           same(string(sls[0].AddressType), string(sls[1].AddressType)),
+		"slice port name":       sls[0].Ports[0].Name == sls[1].Ports[0].Name,
+		"slice port protocol":   sls[0].Ports[0].Protocol == sls[1].Ports[0].Protocol,
+		"slice port number":     sls[0].Ports[0].Port == sls[1].Ports[0].Port,
+	} {
+		if !shared {
+			t.Errorf("%s is not shared", what)
+		}
 	}
 }
