@@ -48,7 +48,7 @@ type ledger struct {
 // portState is what one Service port put into the table.
 type portState struct {
 	name      *ServicePortName // with the port's protocol; entryOwner points to it
-	entryIDs  []entryElements // the entries it serves, with the ids of their elements
+	entryIDs  []entryElements  // the entries it serves, with the ids of their elements
 	sharedIDs []string
 	pick      []string // pick chains its elements jump to
 	objects   portObjects
