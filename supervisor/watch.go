@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -72,19 +74,22 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, op
 	w := &Watches{client: client, scope: scope, nodeName: nodeName}
 	shared := newEndpointValues()
 	for _, sel := range scope {
-		services := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }),
-			informers.WithTransform(shared.trimService))
-		slices := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) }),
-			informers.WithTransform(shared.trimSlice))
+		services := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(shared.trimService))
+		slices := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(shared.trimSlice))
 		w.factories = append(w.factories, services, slices)
-		w.services = append(w.services, services.Core().V1().Services().Informer())
-		sl := slices.Discovery().V1().EndpointSlices().Informer()
-		if err := sl.AddIndexers(cache.Indexers{byServiceIndex: sliceServiceIndex}); err != nil {
-			return nil, fmt.Errorf("indexing EndpointSlices: %w", err)
-		}
-		w.slices = append(w.slices, sl)
+		// Not the factories' own informers: those index every object by namespace, for
+		// listers no one here uses (a set of every key per namespace).
+		w.services = append(w.services, services.InformerFor(&corev1.Service{},
+			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+				return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
+					func(o *metav1.ListOptions) { o.LabelSelector = sel })
+			}))
+		w.slices = append(w.slices, slices.InformerFor(&discoveryv1.EndpointSlice{},
+			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+				return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync,
+					cache.Indexers{byServiceIndex: sliceServiceIndex},
+					func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) })
+			}))
 	}
 	w.nodeFactory = newNodeFactory(client, nodeName, opts.OtherNodes)
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"maps"
 	goruntime "runtime"
 	"slices"
 	"sync"
@@ -171,5 +172,23 @@ func TestSliceIndexHeap(t *testing.T) {
 	t.Logf("slice index: %.0f bytes of heap per Service", perService)
 	if perService > maxBytes {
 		t.Errorf("the slice index keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
+	}
+}
+
+// TestWatchIndexes: the Service and EndpointSlice informers keep no index but the
+// slices' by-Service one (client-go's factories add a by-namespace index of every key,
+// which no one here reads), whatever the scope.
+func TestWatchIndexes(t *testing.T) {
+	w, err := NewWatches(fake.NewClientset(), "node-1", []string{"a=b", "c=d"}, WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range w.scope {
+		if got := slices.Collect(maps.Keys(w.services[i].GetIndexer().GetIndexers())); len(got) != 0 {
+			t.Errorf("scope %d: Service indexes %v, want none", i, got)
+		}
+		if got := slices.Collect(maps.Keys(w.slices[i].GetIndexer().GetIndexers())); !slices.Equal(got, []string{byServiceIndex}) {
+			t.Errorf("scope %d: EndpointSlice indexes %v, want only %s", i, got, byServiceIndex)
+		}
 	}
 }
