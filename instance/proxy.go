@@ -73,6 +73,10 @@ type Options struct {
 	LoadBalancing LoadBalancing
 	// Observer hears about every sync; may be nil.
 	Observer Observer
+	// FullSync, if set, is called as a full sync starts, and the function it returns as
+	// that sync ends (the supervisor lowers the GC target meanwhile: the peak of the
+	// heap comes during full syncs).
+	FullSync func() (done func())
 	// Clock defaults to the real clock.
 	Clock Clock
 }
@@ -435,6 +439,9 @@ func (p *Proxy) Sync(ctx context.Context, forceFull bool) (*SyncResult, error) {
 	defer p.syncMu.Unlock()
 	start := p.opts.Clock.Now()
 	plan := p.takeChanges(start, forceFull)
+	if plan.full && p.opts.FullSync != nil {
+		defer p.opts.FullSync()()
+	}
 	answered := false
 	defer func() {
 		// Also on a panic: the supervisor restarts the instance, whose first sync

@@ -584,3 +584,43 @@ func TestAppliedModel(t *testing.T) {
 		t.Errorf("AppliedModel(ns/web) after its deletion = %+v", m)
 	}
 }
+
+// TestFullSyncHook: Options.FullSync hears each full sync start and end (a failed one
+// too), and no partial sync; the sync's work happens between the two.
+func TestFullSyncHook(t *testing.T) {
+	var events []string
+	p, nft := newTestProxy(t, nil, func(o *Options) {
+		o.FullSync = func() func() {
+			events = append(events, "start")
+			return func() { events = append(events, "end") }
+		}
+	})
+	ctx := context.Background()
+	p.UpdateService(service())
+	for _, step := range []struct {
+		name     string
+		endpoint string
+		fail     bool
+		want     []string
+	}{
+		{"first sync (full)", "10.244.1.5", false, []string{"start", "end"}},
+		{"partial sync", "10.244.1.6", false, nil},
+		{"failed partial sync", "10.244.1.7", true, nil},
+		{"full sync after the failure, failing", "10.244.1.8", true, []string{"start", "end"}},
+		{"full sync after the failure", "10.244.1.9", false, []string{"start", "end"}},
+	} {
+		events = nil
+		nft.fail.Store(step.fail)
+		p.UpdateEndpointSlice(v4Slice("web-1", ep(step.endpoint, thisNodeName)))
+		res, err := p.Sync(ctx, false)
+		if (err != nil) != step.fail {
+			t.Fatalf("%s: error %v", step.name, err)
+		}
+		if err == nil && res.Full != (step.want != nil) {
+			t.Fatalf("%s: full = %v", step.name, res.Full)
+		}
+		if !slices.Equal(events, step.want) {
+			t.Errorf("%s: hook events %v, want %v", step.name, events, step.want)
+		}
+	}
+}

@@ -39,6 +39,8 @@ type Deps struct {
 	Client kubernetes.Interface
 	// Version is shardproxy's version, for shardproxy_build_info; default: "unknown".
 	Version string
+	// FullSync is every instance's instance.Options.FullSync; may be nil.
+	FullSync func() (done func())
 	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)
 	// ElementsPerCommand is how many set elements one nft command carries; default, when
@@ -505,6 +507,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		LoadBalancing:      loadBalancing(spec),
 		Node:               nodeInfo(s.cfg.NodeName, node),
 		Observer:           s.newObserver(),
+		FullSync:           s.deps.FullSync,
 	})
 }
 

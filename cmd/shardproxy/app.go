@@ -228,13 +228,14 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv), Metrics: m})
+	gcPercent := tuneGC(os.Getenv, debug.SetGCPercent)
+	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv), Metrics: m,
+		FullSync: newGCTarget(gcPercent, debug.SetGCPercent)})
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	gcPercent := tuneGC(os.Getenv, debug.SetGCPercent)
 	logger.Info("Configuration loaded", "node", cfg.NodeName, "instances", len(cfg.Instances), "gcPercent", gcPercent)
 	return s.Run(ctx)
 }

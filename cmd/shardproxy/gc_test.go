@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestTuneGC(t *testing.T) {
 	for _, tc := range []struct {
@@ -22,5 +25,29 @@ func TestTuneGC(t *testing.T) {
 		if got != tc.want || set != tc.wantSet {
 			t.Errorf("GOGC=%q: tuneGC = %d, set %d; want %d, set %d", tc.gogc, got, set, tc.want, tc.wantSet)
 		}
+	}
+}
+
+// TestGCTargetDuringFullSyncs: the target is fullSyncGCPercent from the first full sync
+// that starts until the last that ends, however they overlap, and defaultGCPercent
+// otherwise; a done called twice counts once. With GOGC set there is no hook.
+func TestGCTargetDuringFullSyncs(t *testing.T) {
+	if newGCTarget(-1, func(int) int { return 0 }) != nil {
+		t.Error("a hook with GOGC set")
+	}
+	var set []int
+	fullSync := newGCTarget(defaultGCPercent, func(p int) int { set = append(set, p); return 0 })
+	a := fullSync()
+	b := fullSync()
+	a()
+	a()
+	if want := []int{fullSyncGCPercent}; !slices.Equal(set, want) {
+		t.Fatalf("with one of two full syncs done: set %v, want %v", set, want)
+	}
+	b()
+	c := fullSync()
+	c()
+	if want := []int{fullSyncGCPercent, defaultGCPercent, fullSyncGCPercent, defaultGCPercent}; !slices.Equal(set, want) {
+		t.Errorf("set %v, want %v", set, want)
 	}
 }
