@@ -33,6 +33,9 @@ type observer struct {
 	// observer. Nil: conntrack cleanup is disabled.
 	conntrack *conntrack.Sweeper
 	services  localServices
+	// fullSync is Deps.FullSync (may be nil): the conntrack cleanup after a full sync is
+	// part of its peak (it compares every Service's ports).
+	fullSync func() (done func())
 }
 
 var _ instance.Observer = &observer{}
@@ -58,7 +61,7 @@ func (s *Supervisor) newObserver() *observer {
 	return &observer{
 		health: s.health, metrics: s.metrics, svcHC: s.svcHC, changes: s.changes,
 		fullSyncs: &s.fullSyncs, recorder: s.deps.Recorder, logger: s.logger,
-		conntrack: s.conntrack, services: s,
+		conntrack: s.conntrack, services: s, fullSync: s.deps.FullSync,
 	}
 }
 
@@ -114,6 +117,9 @@ func (o *observer) SyncFailed(inst string, err error) {
 }
 
 func (o *observer) Synced(res *instance.SyncResult) {
+	if res.Full && o.fullSync != nil {
+		defer o.fullSync()()
+	}
 	inst := res.Instance
 	o.health.Updated(inst, ipFamilies(res.Stats)...)
 	o.health.SetInstanceError(inst, nil)

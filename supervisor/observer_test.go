@@ -2,9 +2,13 @@ package supervisor
 
 import (
 	"encoding/json"
+	"slices"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -58,4 +62,57 @@ func TestSyncSeriesPerFamily(t *testing.T) {
 			t.Errorf("%s = %q, want 0", series, got)
 		}
 	}
+}
+
+// oneInstanceYAML is a node with only a default instance.
+const oneInstanceYAML = `
+apiVersion: shardproxy.io/v1alpha1
+kind: SupervisorConfig
+nodeName: node-1
+instances:
+- name: default
+  default: true
+  slot: 0
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+`
+
+// TestFullSyncHookCoversConntrackCleanup: Deps.FullSync is held over a full sync and
+// the conntrack cleanup that follows it (which compares every Service's ports after a
+// first sync, at the memory peak), and every start is ended.
+func TestFullSyncHookCoversConntrackCleanup(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		windows [][2]int // conntrack calls at each hook's start and end
+		open    int
+	)
+	var f *fixture
+	calls := func() int { return len(f.ct.Calls()) }
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web"},
+		Spec: corev1.ServiceSpec{ClusterIP: "172.30.0.9", ClusterIPs: []string{"172.30.0.9"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+	f = startSupervisorWith(t, fixtureOptions{configYAML: oneInstanceYAML, objects: []runtime.Object{svc},
+		fullSync: func() func() {
+			mu.Lock()
+			defer mu.Unlock()
+			open++
+			i := len(windows)
+			windows = append(windows, [2]int{calls(), -1})
+			return func() {
+				mu.Lock()
+				defer mu.Unlock()
+				open--
+				windows[i][1] = calls()
+			}
+		}})
+	testutil.Eventually(t, waitTimeout, "a conntrack cleanup inside a full sync's hook", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(windows, func(w [2]int) bool { return w[1] > w[0] })
+	})
+	testutil.Eventually(t, waitTimeout, "every hook ended", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return open == 0
+	})
 }

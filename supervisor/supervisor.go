@@ -39,7 +39,8 @@ type Deps struct {
 	Client kubernetes.Interface
 	// Version is shardproxy's version, for shardproxy_build_info; default: "unknown".
 	Version string
-	// FullSync is every instance's instance.Options.FullSync; may be nil.
+	// FullSync is every instance's instance.Options.FullSync, also called around the
+	// work that follows a full sync (conntrack cleanup); may be nil.
 	FullSync func() (done func())
 	// NFT opens one table; default: knftables on the host (tables.NewNFT).
 	NFT func(fam tables.Family, table string) (knftables.Interface, error)

@@ -242,6 +242,9 @@ type fixtureOptions struct {
 	hangTable string
 	// minRestartStuckAfter sets Deps.MinRestartStuckAfter.
 	minRestartStuckAfter time.Duration
+	// fullSync sets Deps.FullSync; objects are in the API before the supervisor starts.
+	fullSync func() func()
+	objects  []runtime.Object
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -276,7 +279,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}}}}
 	}
-	objects := []runtime.Object{node}
+	objects := append([]runtime.Object{node}, opts.objects...)
 	if opts.serviceCIDRs != nil {
 		objects = append(objects, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
 			Spec: networkingv1.ServiceCIDRSpec{CIDRs: opts.serviceCIDRs}})
@@ -302,6 +305,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		Logger:               opts.logger,
 		HealthCheckListener:  opts.hcListener,
 		MinRestartStuckAfter: opts.minRestartStuckAfter,
+		FullSync:             opts.fullSync,
 	})
 	if err != nil {
 		t.Fatal(err)
