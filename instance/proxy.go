@@ -529,7 +529,11 @@ func (p *Proxy) buildModels(plan *syncPlan) {
 	plan.changed = p.changedModels(plan.snap, plan.dirty, npAddrs)
 	if plan.full {
 		plan.all = p.allModels(plan.snap, plan.changed, npAddrs)
+		plan.changed = nil // a full sync programs and records all
 	}
+	// The tables are built next, at the heap's peak: a full sync's snapshot (every
+	// Service's inputs) and dirty names are garbage by then.
+	plan.snap, plan.dirty = nil, nil
 }
 
 // nodePortAddrs counts the NodePort addresses of each family, as the compiler serves
@@ -587,7 +591,7 @@ func (p *Proxy) fullDue(start time.Time, forceFull bool) bool {
 // allModels returns the models of every Service of the snapshot that has one, reusing
 // those changedModels just built.
 func (p *Proxy) allModels(snap *Snapshot, changed map[types.NamespacedName]*ServiceModel, npAddrs map[tables.Family]int) map[types.NamespacedName]*ServiceModel {
-	all := map[types.NamespacedName]*ServiceModel{}
+	all := make(map[types.NamespacedName]*ServiceModel, len(snap.inputs))
 	for _, n := range snap.Services() {
 		m, built := changed[n]
 		if !built {
