@@ -695,6 +695,11 @@ func (p *Proxy) answerWaiters(waiting map[types.NamespacedName]*waiter) {
 			delete(p.waiting, n)
 		}
 	}
+	if len(p.waiting) == 0 {
+		// A map keeps the room of its largest size (at the first sync every Service
+		// waits), and takeChanges walks all of it: a new one, as in TakeDirty.
+		p.waiting = map[types.NamespacedName]*waiter{}
+	}
 }
 
 // recordFull records a full sync: res.Changed gets every Service whose model differs
