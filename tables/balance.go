@@ -138,13 +138,14 @@ func consistentTableOfSize(eps []Endpoint, size int) []int {
 // score ANDed with mask (all ones but in tests, which make ties happen).
 //
 // Going through all size×n pairs from the highest score down is the definition; it
-// needs only the pairs that decide something, so each slot keeps its own candidates
-// and a heap holds every open slot by its best candidate not yet turned down: the top
-// of the heap is the next pair of the global order that can still take effect. An
-// endpoint that is full turns down the slot, which moves on to its next candidate;
-// endpoints only ever fill up, so a pair turned down then would be turned down in the
-// global order too. A partial sync for one endpoint change rebuilds its port's table,
-// and sorting all 2,560 pairs of ten endpoints took most of that sync's Go time.
+// needs only the pairs that decide something. Each slot keeps its own candidates, and
+// its best one not yet turned down is its pick: the open slots' picks, sorted, then
+// merged with a heap of the picks of slots turned down, give the pairs in the global
+// order that can still take effect. An endpoint that is full turns down the slot, whose
+// next candidate goes to the heap; endpoints only ever fill up, so a pair turned down
+// then would be turned down in the global order too. A partial sync for one endpoint
+// change rebuilds its port's table, and sorting all 2,560 pairs of ten endpoints took
+// most of that sync's Go time.
 func greedyTable(eps []Endpoint, size int, mask uint64) []int {
 	n := len(eps)
 	table := make([]int, size)
@@ -152,49 +153,24 @@ func greedyTable(eps []Endpoint, size int, mask uint64) []int {
 		return table
 	}
 	order := endpointOrder(eps)
-	bases := make([]uint64, n)
-	for r, i := range order {
-		h := fnv.New64a()
-		h.Write([]byte(eps[i].String()))
-		bases[r] = h.Sum64()
-	}
-	g := &greedy{n: n, cands: make([]candidate, size*n), next: make([]int, size)}
-	for s := range size {
-		slot := mix64(uint64(s) + 1)
-		c := g.cands[s*n : (s+1)*n]
-		for r := range c {
-			c[r] = candidate{score: mix64(bases[r]^slot) & mask, rank: int32(r)}
-		}
-		g.selectBest(s)
-	}
-	g.heap = make([]int32, size)
-	for s := range g.heap {
-		g.heap[s] = int32(s)
-	}
-	for i := size/2 - 1; i >= 0; i-- {
-		g.down(i)
-	}
+	g := newGreedy(eps, order, size, mask)
 	taken := make([]int, n)
 	// quota slots each, and quota+1 for the first extra endpoints to reach quota: the
 	// extras go to endpoints whose next pairs score highest, rather than (as a second
 	// pass would) to whichever endpoints the leftover slots rank best, which moved more
 	// clients when the set changed (tables/README.md has both).
 	quota, extra := size/n, size%n
-	for len(g.heap) > 0 {
-		s := int(g.heap[0])
-		r := g.best(s).rank
+	for p, ok := g.next(); ok; p, ok = g.next() {
+		r := p.rank
 		if taken[r] > quota || (taken[r] == quota && extra == 0) {
-			g.next[s]++
-			g.selectBest(s)
-			g.down(0)
+			g.turnDown(p)
 			continue
 		}
 		if taken[r] == quota {
 			extra--
 		}
-		table[s] = order[r]
+		table[p.slot] = order[r]
 		taken[r]++
-		g.pop()
 	}
 	return table
 }
@@ -215,79 +191,122 @@ func endpointOrder(eps []Endpoint) []int {
 	return order
 }
 
-// candidate is an endpoint (by rank) and its score for one slot.
-type candidate struct {
+// pair is a slot, an endpoint (by rank) and their score.
+type pair struct {
 	score uint64
 	rank  int32
+	slot  int32
 }
 
 // before reports whether a comes before b in the order pairs are taken in: higher
-// score first, then lower rank.
-func (a candidate) before(b candidate) bool {
-	return a.score > b.score || (a.score == b.score && a.rank < b.rank)
+// score first, then lower rank, then lower slot.
+func (a pair) before(b pair) bool {
+	if a.score != b.score {
+		return a.score > b.score
+	}
+	if a.rank != b.rank {
+		return a.rank < b.rank
+	}
+	return a.slot < b.slot
 }
 
-// greedy is the state of greedyTable: each slot's candidates, and a heap of the open
-// slots.
+// greedy is the state of greedyTable: the open slots' first picks in order, and a heap
+// of the later picks of slots turned down. A slot's candidates are not kept: most slots
+// take their first pick, and scoring a slot's n pairs again when it is turned down is
+// cheaper than keeping (and collecting) size×n of them.
 type greedy struct {
-	n int
-	// cands[s*n:(s+1)*n] are slot s's candidates: the first next[s] were turned down,
-	// and the one at next[s] is the best of the others (selectBest).
-	cands []candidate
-	next  []int
-	// heap holds the open slots, the one whose best candidate comes first on top.
-	heap []int32
+	bases []uint64 // per endpoint rank, the hash of the endpoint
+	mask  uint64
+	// firsts are each slot's first pick, sorted; at is the next one to take.
+	firsts []pair
+	at     int
+	// later holds the picks of slots turned down, the first in order on top.
+	later []pair
 }
 
-func (g *greedy) best(s int) candidate { return g.cands[s*g.n+g.next[s]] }
+func newGreedy(eps []Endpoint, order []int, size int, mask uint64) *greedy {
+	g := &greedy{bases: make([]uint64, len(eps)), mask: mask, firsts: make([]pair, size)}
+	for r, i := range order {
+		h := fnv.New64a()
+		h.Write([]byte(eps[i].String()))
+		g.bases[r] = h.Sum64()
+	}
+	for s := range size {
+		g.firsts[s], _ = g.bestAfter(int32(s), nil)
+	}
+	slices.SortFunc(g.firsts, func(a, b pair) int {
+		if a.before(b) {
+			return -1
+		}
+		return 1 // no two pairs are equal: their slots differ
+	})
+	return g
+}
 
-// selectBest moves slot s's best remaining candidate to position next[s]. Most slots
-// take their first choice, so selecting on demand beats sorting each slot's list.
-func (g *greedy) selectBest(s int) {
-	c := g.cands[s*g.n : (s+1)*g.n]
-	b := g.next[s]
-	for i := b + 1; i < len(c); i++ {
-		if c[i].before(c[b]) {
-			b = i
+// bestAfter returns slot s's best pair among those after prev in the order (all, for
+// nil prev); false if none is left.
+func (g *greedy) bestAfter(s int32, prev *pair) (pair, bool) {
+	slot := mix64(uint64(s) + 1)
+	var best pair
+	found := false
+	for r, base := range g.bases {
+		c := pair{score: mix64(base^slot) & g.mask, rank: int32(r), slot: s}
+		if (prev == nil || prev.before(c)) && (!found || c.before(best)) {
+			best, found = c, true
 		}
 	}
-	c[g.next[s]], c[b] = c[b], c[g.next[s]]
+	return best, found
 }
 
-// less orders slots by their best candidates; equal pairs by slot, as the pairs of
-// one endpoint are in the global order.
-func (g *greedy) less(i, j int) bool {
-	a, b := int(g.heap[i]), int(g.heap[j])
-	ca, cb := g.best(a), g.best(b)
-	if ca != cb {
-		return ca.before(cb)
+// next returns the next pair of the global order that can still take effect.
+func (g *greedy) next() (pair, bool) {
+	switch {
+	case len(g.later) > 0 && (g.at == len(g.firsts) || g.later[0].before(g.firsts[g.at])):
+		p := g.later[0]
+		last := len(g.later) - 1
+		g.later[0] = g.later[last]
+		g.later = g.later[:last]
+		g.down(0)
+		return p, true
+	case g.at < len(g.firsts):
+		g.at++
+		return g.firsts[g.at-1], true
 	}
-	return a < b
+	return pair{}, false
+}
+
+// turnDown moves p's slot on to its next candidate. One is always left: the
+// endpoints' quotas add up to the slots.
+func (g *greedy) turnDown(p pair) {
+	next, _ := g.bestAfter(p.slot, &p)
+	g.later = append(g.later, next)
+	for i := len(g.later) - 1; i > 0; {
+		up := (i - 1) / 2
+		if !g.later[i].before(g.later[up]) {
+			break
+		}
+		g.later[i], g.later[up] = g.later[up], g.later[i]
+		i = up
+	}
 }
 
 func (g *greedy) down(i int) {
+	h := g.later
 	for {
 		l := 2*i + 1
-		if l >= len(g.heap) {
+		if l >= len(h) {
 			return
 		}
 		m := l
-		if r := l + 1; r < len(g.heap) && g.less(r, l) {
+		if r := l + 1; r < len(h) && h[r].before(h[l]) {
 			m = r
 		}
-		if !g.less(m, i) {
+		if !h[m].before(h[i]) {
 			return
 		}
-		g.heap[i], g.heap[m] = g.heap[m], g.heap[i]
+		h[i], h[m] = h[m], h[i]
 		i = m
 	}
-}
-
-func (g *greedy) pop() {
-	last := len(g.heap) - 1
-	g.heap[0] = g.heap[last]
-	g.heap = g.heap[:last]
-	g.down(0)
 }
 
 // mix64 is splitmix64's finalizer: a cheap bijection that spreads every input bit.

@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -433,5 +434,107 @@ func BenchmarkConsistentTable(b *testing.B) {
 	eps := endpointSet(3, 10)
 	for b.Loop() {
 		consistentTable(eps)
+	}
+}
+
+// TestSlotChanges: the elements a change of an entry's consistent-hash tables deletes
+// and adds are exactly those counting every element of every table gives (the way the
+// ledger counts all other elements), slot by slot in the common case of one table
+// before and one after, and in hand-overs within one change.
+func TestSlotChanges(t *testing.T) {
+	cfg := testConfig(IPv4)
+	c := newCompiler(&cfg)
+	key := []string{"10.96.0.1", "tcp", "80"}
+	eps := func(ips ...string) [][]string {
+		var out [][]string
+		for _, ip := range ips {
+			out = append(out, []string{ip, "8080"})
+		}
+		return out
+	}
+	table := func(strs [][]string, shift int) *slotTable {
+		slots := make([]int, ConsistentTableSlots)
+		for i := range slots {
+			slots[i] = (i + shift) % len(strs)
+		}
+		return newSlotTable(key, strs, slots)
+	}
+	a := table(eps("10.0.0.1", "10.0.0.2", "10.0.0.3"), 0)
+	aSame := table(eps("10.0.0.1", "10.0.0.2", "10.0.0.3"), 0)
+	// One endpoint replaced: the slots of 10.0.0.1 (slot 0 among them) move.
+	b := table(eps("10.0.0.9", "10.0.0.2", "10.0.0.3"), 0)
+	// The same endpoints in another order of vals: only where the endpoint differs.
+	bReordered := table(eps("10.0.0.2", "10.0.0.3", "10.0.0.9"), 2)
+	c2 := table(eps("10.0.0.4", "10.0.0.5"), 1)
+	for _, tc := range []struct {
+		name       string
+		went, came []*slotTable
+		wantDel    int
+	}{
+		{"added", nil, []*slotTable{a}, 0},
+		{"removed", []*slotTable{a}, nil, 256},
+		{"unchanged", []*slotTable{a}, []*slotTable{aSame}, 0},
+		{"one endpoint replaced", []*slotTable{a}, []*slotTable{b}, 86},
+		{"same endpoints, other indexes", []*slotTable{b}, []*slotTable{bReordered}, 0},
+		{"handed over twice", []*slotTable{a, b}, []*slotTable{b, c2}, 256},
+		{"taken and given back", []*slotTable{a, c2}, []*slotTable{c2, aSame}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			counts := map[string]int{}
+			for _, tb := range tc.went {
+				for _, id := range tb.appendIDs(nil, c.slotPrefix) {
+					counts[id]--
+				}
+			}
+			for _, tb := range tc.came {
+				for _, id := range tb.appendIDs(nil, c.slotPrefix) {
+					counts[id]++
+				}
+			}
+			var wantDel, wantAdd []string
+			for id, n := range counts {
+				if n < 0 {
+					wantDel = append(wantDel, id)
+				} else if n > 0 {
+					wantAdd = append(wantAdd, id)
+				}
+			}
+			del, add := slotChanges(c.slotPrefix, tc.went, tc.came)
+			for _, l := range [][]string{wantDel, wantAdd, del, add} {
+				slices.Sort(l)
+			}
+			if !slices.Equal(del, wantDel) || !slices.Equal(add, wantAdd) {
+				t.Errorf("deleted %d, added %d; want %d and %d", len(del), len(add), len(wantDel), len(wantAdd))
+			}
+			if len(del) != tc.wantDel {
+				t.Errorf("deleted %d elements, want %d", len(del), tc.wantDel)
+			}
+		})
+	}
+}
+
+// TestSlotTableIDs: a slotTable's elements are the ch-slots elements of the entry, as
+// element ids made from their text: slot . address . protocol . port : endpoint.
+func TestSlotTableIDs(t *testing.T) {
+	for _, fam := range []Family{IPv4, IPv6} {
+		cfg := testConfig(fam)
+		c := newCompiler(&cfg)
+		addr, ep1, ep2 := "10.96.0.1", "10.244.1.2", "10.244.3.4"
+		if fam == IPv6 {
+			addr, ep1, ep2 = "fd00:96::1", "fd00:244::1:2", "fd00:244::3:4"
+		}
+		key := []string{addr, "udp", "53"}
+		strs := [][]string{{ep1, "5353"}, {ep2, "53"}}
+		slots := make([]int, ConsistentTableSlots)
+		for i := range slots {
+			slots[i] = i % 3 % 2
+		}
+		got := newSlotTable(key, strs, slots).appendIDs(nil, c.slotPrefix)
+		for i, id := range got {
+			want := element{set: mapConsistentSlots, isMap: true, key: []string{strconv.Itoa(i), addr, "udp", "53"}, value: strs[slots[i]]}
+			if id != want.id() {
+				t.Errorf("%s slot %d: id %s, want %s", fam, i, idString(id), idString(want.id()))
+			}
+		}
 	}
 }

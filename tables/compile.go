@@ -63,10 +63,21 @@ type compiled struct {
 	objects portObjects
 }
 
-// entryElements are the ids of the elements that exist because of one entry.
+// entryElements are the ids of the elements that exist because of one entry, and its
+// consistent-hash table in ch-slots if it has one (those elements are not in ids).
 type entryElements struct {
 	entry string
 	ids   []string
+	slots *slotTable
+}
+
+// allIDs returns the ids of every element of the entry, its table's included
+// (prefix: the compiler's slotPrefix).
+func (e entryElements) allIDs(prefix []string) []string {
+	if e.slots == nil {
+		return e.ids
+	}
+	return e.slots.appendIDs(e.ids[:len(e.ids):len(e.ids)], prefix)
 }
 
 // elementsOf returns the ids of entry en's elements in entries (nil: none).
@@ -86,8 +97,10 @@ type compiler struct {
 	addrTyp string // "ipv4_addr" or "ipv6_addr"
 	nodeIPs []netip.Addr
 	npIPs   []netip.Addr
-	// slots are the slots of a rotation table as ch-slots keys: "0" to "255".
-	slots []string
+	// slots are the slots of a rotation table as ch-slots keys: "0" to "255"; slotPrefix
+	// the start of each one's element ids.
+	slots      []string
+	slotPrefix []string
 	// slotPayload is the raw payload of the client address's last byte: @nh,120,8
 	// (IPv4), @nh,184,8 (IPv6).
 	slotPayload string
@@ -106,6 +119,7 @@ func newCompiler(cfg *Config) *compiler {
 	for i := range c.slots {
 		c.slots[i] = strconv.Itoa(i)
 	}
+	c.slotPrefix = slotPrefixes(c.slots)
 	for _, a := range cfg.NodeIPs {
 		if cfg.Family.Contains(a) {
 			c.nodeIPs = append(c.nodeIPs, a)
@@ -207,6 +221,12 @@ func (pc *portCompiler) entryID(en entry) string {
 
 // add records an element that exists because of entry en.
 func (pc *portCompiler) add(en entry, e element) {
+	ee := pc.entryRecord(en)
+	ee.ids = append(ee.ids, e.id())
+}
+
+// entryRecord returns the record of en's elements, adding it on first use.
+func (pc *portCompiler) entryRecord(en entry) *entryElements {
 	id := pc.entryID(en)
 	entries := pc.out.entries
 	k := len(entries) - 1
@@ -217,7 +237,7 @@ func (pc *portCompiler) add(en entry, e element) {
 		pc.out.entries = append(entries, entryElements{entry: id})
 		k = len(entries)
 	}
-	pc.out.entries[k].ids = append(pc.out.entries[k].ids, e.id())
+	return &pc.out.entries[k]
 }
 
 func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string {
@@ -254,9 +274,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	strs := pc.endpointStrings(class, eps)
 	if slots != nil && pc.c.rotates(class == classCluster, len(slots)) {
-		for i, ep := range slots {
-			pc.add(en, element{set: mapConsistentSlots, isMap: true, key: []string{pc.c.slots[i], key[0], key[1], key[2]}, value: strs[ep]})
-		}
+		pc.entryRecord(en).slots = newSlotTable(key, strs, slots)
 		return
 	}
 	epSet := endpointsMap(epMap, en.proto)

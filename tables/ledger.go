@@ -84,6 +84,9 @@ type changeLog struct {
 	sharedBefore map[string]int
 	pickBefore   map[string]int
 	entryDelta   map[string]int
+	// slotsWent and slotsCame hold, per entry, the consistent-hash tables released and
+	// taken (their elements are counted as a whole: slotChanges).
+	slotsWent, slotsCame map[string][]*slotTable
 	// freed are entries whose owner let go of them; evicted are Services an older claim
 	// took an entry from, to be compiled again.
 	freed     map[string]bool
@@ -116,6 +119,7 @@ func newChangeLog(tracked bool) *changeLog {
 		before: map[ServiceName]portObjects{}, after: map[ServiceName]portObjects{}, touched: map[ServiceName]bool{}}
 	if tracked {
 		l.sharedBefore, l.pickBefore, l.entryDelta = map[string]int{}, map[string]int{}, map[string]int{}
+		l.slotsWent, l.slotsCame = map[string][]*slotTable{}, map[string][]*slotTable{}
 	}
 	return l
 }
@@ -170,6 +174,9 @@ func (l *ledger) release(log *changeLog, svc ServiceName) {
 			if log.tracked {
 				for _, id := range ee.ids {
 					log.entryDelta[id]--
+				}
+				if ee.slots != nil {
+					log.slotsWent[ee.entry] = append(log.slotsWent[ee.entry], ee.slots)
 				}
 			}
 		}
@@ -268,6 +275,9 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 			for _, id := range ee.ids {
 				log.entryDelta[id]++
 			}
+			if ee.slots != nil {
+				log.slotsCame[ee.entry] = append(log.slotsCame[ee.entry], ee.slots)
+			}
 		}
 	}
 	for _, id := range comp.shared {
@@ -347,6 +357,9 @@ func (l *ledger) elementIDs() []string {
 		for _, st := range ports {
 			for _, ee := range st.entryIDs {
 				n += len(ee.ids)
+				if ee.slots != nil {
+					n += len(ee.slots.slots)
+				}
 			}
 		}
 	}
@@ -358,6 +371,9 @@ func (l *ledger) elementIDs() []string {
 		for _, st := range ports {
 			for _, ee := range st.entryIDs {
 				ids = append(ids, ee.ids...)
+				if ee.slots != nil {
+					ids = ee.slots.appendIDs(ids, l.c.slotPrefix)
+				}
 			}
 		}
 	}

@@ -220,7 +220,7 @@ func (w *NetlinkWriter) queueElements(conn *nftables.Conn, ids []string, del boo
 		out := make([]nftables.SetElement, n)
 		for i, id := range ids[:n] {
 			var err error
-			if out[i], err = sc.encode(elementFromID(id).object(), del); err != nil {
+			if out[i], err = sc.encodeID(id, del); err != nil {
 				return fmt.Errorf("table %s set %s: %w", w.table.Name, name, err)
 			}
 		}
@@ -400,6 +400,96 @@ func (sc setSchema) encode(el *knftables.Element, del bool) (nftables.SetElement
 		out.Val = append(out.Val, inConcat(b, len(sc.value))...)
 	}
 	return out, nil
+}
+
+// encodeID is encode of the element whose id is id, read straight from the id's binary
+// fields (no text in between: a partial sync's elements are mostly addresses and
+// numbers, which the id holds as bytes already). Interval sets take the text path.
+func (sc setSchema) encodeID(id string, del bool) (nftables.SetElement, error) {
+	if sc.interval {
+		return sc.encode(elementFromID(id).object(), del)
+	}
+	var out nftables.SetElement
+	r := &idReader{id: id}
+	r.set()
+	var err error
+	if out.Key, err = r.encodePart(sc.key); err != nil {
+		return out, fmt.Errorf("element %s: key: %w", idString(id), err)
+	}
+	if del || len(sc.value) == 0 {
+		return out, nil
+	}
+	if !r.startValue() || !r.more() {
+		return out, fmt.Errorf("element %s: no value", idString(id))
+	}
+	if sc.value[0] == fieldVerdict {
+		out.VerdictData, err = parseVerdict(r.text())
+	} else {
+		out.Val, err = r.encodePart(sc.value)
+	}
+	if err != nil {
+		return out, fmt.Errorf("element %s: value: %w", idString(id), err)
+	}
+	return out, nil
+}
+
+// encodePart encodes the fields of the id's current part (key or value) as fields.
+func (r *idReader) encodePart(fields []field) ([]byte, error) {
+	var b []byte
+	for i, f := range fields {
+		if !r.more() {
+			return nil, fmt.Errorf("%d parts, want %d", i, len(fields))
+		}
+		start := len(b)
+		var err error
+		if b, err = r.appendEncoded(b, f); err != nil {
+			return nil, err
+		}
+		if len(fields) > 1 {
+			b = append(b[:start], pad(b[start:])...)
+		}
+	}
+	if r.more() {
+		return nil, fmt.Errorf("more than %d parts", len(fields))
+	}
+	return b, nil
+}
+
+// appendEncoded appends the next field encoded as f, in its own length.
+func (r *idReader) appendEncoded(b []byte, f field) ([]byte, error) {
+	id, tag := r.id, r.id[r.pos]
+	switch {
+	case tag == tagIPv4 && f == fieldIPv4:
+		r.pos += 1 + 4
+		return append(b, id[r.pos-4:r.pos]...), nil
+	case tag == tagIPv6 && f == fieldIPv6:
+		r.pos += 1 + 16
+		return append(b, id[r.pos-16:r.pos]...), nil
+	case tag == tagNumber && f == fieldPort:
+		r.pos += 1 + 2
+		return append(b, id[r.pos-2:r.pos]...), nil
+	case tag == tagNumber && f == fieldByte && id[r.pos+1] == 0:
+		r.pos += 1 + 2
+		return append(b, id[r.pos-1]), nil
+	case tag == tagNumber && f == fieldIndex:
+		r.pos += 1 + 2
+		return binary.NativeEndian.AppendUint32(b, uint32(id[r.pos-2])<<8|uint32(id[r.pos-1])), nil
+	}
+	v, err := encodeField(f, r.text())
+	return append(b, v...), err
+}
+
+// text reads the next field as text; a text field's is a part of the id, not a copy.
+func (r *idReader) text() string {
+	if r.id[r.pos] != tagText {
+		return r.field()
+	}
+	r.pos++
+	n, size := binary.Uvarint([]byte(r.id[r.pos:min(len(r.id), r.pos+binary.MaxVarintLen64)]))
+	r.pos += size
+	s := r.id[r.pos : r.pos+int(n)]
+	r.pos += int(n)
+	return s
 }
 
 // inConcat is field b as it stands among parts fields: nft pads each field of a

@@ -104,6 +104,8 @@ func TestEncodeElements(t *testing.T) {
 			nftables.SetElement{Key: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0x75, 0x80, 0, 0}, Val: []byte{0, 80}}},
 		{"consistentHash entry to its cluster IP", schemas4, &knftables.Element{Map: mapClusterIPOf, Key: []string{"192.168.1.1", "tcp", "30080"}, Value: []string{"172.30.0.1"}},
 			nftables.SetElement{Key: []byte{192, 168, 1, 1, 6, 0, 0, 0, 0x75, 0x80, 0, 0}, Val: []byte{172, 30, 0, 1}}},
+		{"consistentHash slot", schemas4, &knftables.Element{Map: mapConsistentSlots, Key: []string{"7", "172.30.0.1", "tcp", "80"}, Value: []string{"10.244.0.7", "8080"}},
+			nftables.SetElement{Key: []byte{7, 0, 0, 0, 172, 30, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0}, Val: []byte{10, 244, 0, 7, 0x1f, 0x90, 0, 0}}},
 		{"hairpin v6", schemas6, &knftables.Element{Set: setHairpin, Key: []string{"fd00::1", "fd00::1"}},
 			nftables.SetElement{Key: append(netip.MustParseAddr("fd00::1").AsSlice(), netip.MustParseAddr("fd00::1").AsSlice()...)}},
 		{"source range v6", schemas6, &knftables.Element{Set: setFirewallAllow, Key: []string{"fd00::1", "tcp", "80", "fd01::/127"}},
@@ -119,6 +121,14 @@ func TestEncodeElements(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("encoding (-want +got):\n%s", diff)
 			}
+			// The writer encodes straight from element ids.
+			got, err = tc.schemas[setOf(tc.el)].encodeID(idOf(tc.el), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("encoding from the id (-want +got):\n%s", diff)
+			}
 		})
 	}
 
@@ -131,6 +141,9 @@ func TestEncodeElements(t *testing.T) {
 	} {
 		if _, err := schemas4[setOf(bad)].encode(bad, false); err == nil {
 			t.Errorf("element %+v encoded without an error", bad)
+		}
+		if _, err := schemas4[setOf(bad)].encodeID(idOf(bad), false); err == nil {
+			t.Errorf("element %+v encoded from its id without an error", bad)
 		}
 	}
 }
@@ -398,6 +411,58 @@ func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
 }
 
 // setOf is the set or map an element belongs to.
+// idOf is the element id of el.
+func idOf(el *knftables.Element) string {
+	return element{set: setOf(el), isMap: el.Map != "", key: el.Key, value: el.Value}.id()
+}
+
+// TestEncodeFromIDs: every element the features compile to, in both families, encodes
+// from its id exactly as from its text (the writer's path before it read ids).
+func TestEncodeFromIDs(t *testing.T) {
+	for _, fam := range []Family{IPv4, IPv6} {
+		cfg := testConfig(fam)
+		schemas, err := schemasOf(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := newCompiler(&cfg)
+		n := 0
+		for _, ports := range featureServices(fam) {
+			for _, sp := range ports {
+				for _, m := range []LBMode{LBRandom, LBRoundRobin, LBConsistentHash} {
+					p := *sp
+					p.LoadBalancing = m
+					comp := c.compile(&p, func(string) bool { return true })
+					ids := slices.Clone(comp.shared)
+					for _, ee := range comp.entries {
+						ids = append(ids, ee.allIDs(c.slotPrefix)...)
+					}
+					for _, id := range ids {
+						sc := schemas[idSet(id)]
+						for _, del := range []bool{false, true} {
+							n++
+							want, err := sc.encode(elementFromID(id).object(), del)
+							if err != nil {
+								t.Fatalf("%s %s: %v", fam, idString(id), err)
+							}
+							got, err := sc.encodeID(id, del)
+							if err != nil {
+								t.Fatalf("%s %s: from the id: %v", fam, idString(id), err)
+							}
+							if diff := cmp.Diff(want, got); diff != "" {
+								t.Errorf("%s %s (-text +id):\n%s", fam, idString(id), diff)
+							}
+						}
+					}
+				}
+			}
+		}
+		if n < 1000 {
+			t.Errorf("%s: only %d elements encoded", fam, n)
+		}
+	}
+}
+
 func setOf(el *knftables.Element) string {
 	if el.Map != "" {
 		return el.Map
