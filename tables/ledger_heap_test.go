@@ -9,27 +9,37 @@ import (
 
 // TestLedgerHeapPerService bounds the heap a Syncer's ledger keeps per Service after a
 // full sync (one port, 10 endpoints, ClusterIP): the ledger is the Syncer's whole memory
-// of the table and grows with every Service of the cluster. The bound sits between the
-// ledger's size with element ids as text (about 4.0 KB a Service with this test's
-// elements; 5.3 KB before with a map per Service and one per port) and its size with
-// binary ids (elementid.go; about 2.95 KB).
+// of the table and grows with every Service of the cluster. For random, the bound sits
+// between the ledger's size with element ids as text (about 4.0 KB a Service with this
+// test's elements; 5.3 KB before with a map per Service and one per port) and its size
+// with binary ids (elementid.go; about 2.95 KB). For consistentHash, a port's 256-slot
+// table kept as 256 element ids was about 12 KB a Service; as one slotTable, about
+// 3 KB.
 func TestLedgerHeapPerService(t *testing.T) {
-	const n, maxBytes = 2000, 3400
-	cfg := testConfig(IPv4)
-	c := newCompiler(&cfg)
-	ports := map[ServiceName][]*ServicePort{}
-	for i := range n {
-		p := genPort(i, 10)
-		ports[ServiceName{Namespace: p.Name.Namespace, Name: p.Name.Name}] = []*ServicePort{p}
-	}
-	before := testutil.LiveHeap()
-	l := newLedger(c, 0)
-	l.replace(newChangeLog(false), ports)
-	perService := float64(testutil.LiveHeap()-before) / n
-	runtime.KeepAlive(l)
-	t.Logf("ledger: %.0f bytes of heap per Service", perService)
-	if perService > maxBytes {
-		t.Errorf("ledger keeps %.0f bytes per Service, want at most %d", perService, maxBytes)
+	for _, tc := range []struct {
+		mode     LBMode
+		maxBytes float64
+	}{{LBRandom, 3400}, {LBConsistentHash, 8000}} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			const n = 2000
+			cfg := testConfig(IPv4)
+			c := newCompiler(&cfg)
+			ports := map[ServiceName][]*ServicePort{}
+			for i := range n {
+				p := genPort(i, 10)
+				p.LoadBalancing = tc.mode
+				ports[ServiceName{Namespace: p.Name.Namespace, Name: p.Name.Name}] = []*ServicePort{p}
+			}
+			before := testutil.LiveHeap()
+			l := newLedger(c, 0)
+			l.replace(newChangeLog(false), ports)
+			perService := float64(testutil.LiveHeap()-before) / n
+			runtime.KeepAlive(l)
+			t.Logf("ledger: %.0f bytes of heap per Service", perService)
+			if perService > tc.maxBytes {
+				t.Errorf("ledger keeps %.0f bytes per Service, want at most %.0f", perService, tc.maxBytes)
+			}
+		})
 	}
 }
 
