@@ -556,46 +556,72 @@ func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
 	return &affinity{c: c, sp: sp, out: out, id: id, classes: map[string]bool{}, eps: map[Endpoint]bool{}}
 }
 
-func (a *affinity) epChain(ep Endpoint) string {
-	return affinityPrefix + a.id + "-ep-" + endpointID(ep)
-}
 func (a *affinity) epSet(ep Endpoint) string { return affinityPrefix + a.id + "-" + endpointID(ep) }
 
-// chain returns the class chain for eps, creating it on first use.
+// chain returns the class chain for eps, creating it on first use. Its rules send a
+// remembered client back to its endpoint, then place a new one by the port's mode; each
+// rule that picks an endpoint also remembers the client and DNATs, so the port needs no
+// chain per endpoint. Every commit costs the kernel ~18 ns per chain in the namespace
+// (tables/README.md, "Sync"), and a chain per endpoint made the affinity chains most of
+// a table's at 100,000 Services.
 func (a *affinity) chain(class string, eps []Endpoint) string {
 	name := affinityPrefix + a.id + "-" + class
 	if a.classes[class] {
 		return name
 	}
 	a.classes[class] = true
-	ip := a.c.ip
-	var rules []string
+	rules := make([]string, 0, 2*len(eps))
 	for _, ep := range eps {
 		a.eps[ep] = true
-		rules = append(rules, fmt.Sprintf("%s saddr @%s goto %s", ip, a.epSet(ep), a.epChain(ep)))
+		rules = append(rules, fmt.Sprintf("%s saddr @%s %s", a.c.ip, a.epSet(ep), a.toEndpoint(ep)))
 	}
-	// A client without a remembered endpoint is placed by the port's mode.
-	mode, slots := a.sp.LoadBalancing.orRandom(), identity(len(eps))
-	if mode == LBConsistentHash {
-		slots = consistentTable(eps)
+	for i, pick := range a.newClientPicks(eps) {
+		rules = append(rules, strings.TrimSpace(pick+" "+a.toEndpoint(eps[i])))
 	}
-	picks := make([]string, len(slots))
-	for i, ep := range slots {
-		picks[i] = fmt.Sprintf("%d : goto %s", i, a.epChain(eps[ep]))
-	}
-	rules = append(rules, fmt.Sprintf("%s vmap { %s }", pickExpr(mode, ip, len(slots)), strings.Join(picks, " , ")))
 	a.out.objects.chains[name] = rules
 	return name
 }
 
-// finish adds the per-endpoint chains and sets the class chains jump to.
+// toEndpoint remembers the client for ep and DNATs to it.
+func (a *affinity) toEndpoint(ep Endpoint) string {
+	return fmt.Sprintf("meta l4proto %s update @%s { %s saddr } dnat %s to %s", a.sp.Protocol, a.epSet(ep), a.c.ip, a.c.ip, ep)
+}
+
+// newClientPicks returns, per endpoint of eps, the match that places a new client on
+// it in the port's mode, in rules tried in order: random and roundRobin take endpoint i
+// with 1/(n-i) of what rules 0..i-1 left (numgen per rule: the same shares, and the
+// same rotation, as one pick among n), the last one unconditionally; sourceHash and
+// consistentHash compare the client's hash with the endpoint's index or slots.
+func (a *affinity) newClientPicks(eps []Endpoint) []string {
+	n := len(eps)
+	picks := make([]string, n)
+	mode := a.sp.LoadBalancing.orRandom()
+	switch mode {
+	case LBSourceHash:
+		for i := range picks {
+			picks[i] = fmt.Sprintf("%s %d", pickExpr(mode, a.c.ip, n), i)
+		}
+	case LBConsistentHash:
+		table := consistentTable(eps)
+		slots := make([][]string, n)
+		for slot, ep := range table {
+			slots[ep] = append(slots[ep], strconv.Itoa(slot))
+		}
+		for i := range picks { // every endpoint has a slot: the table has at least n
+			picks[i] = fmt.Sprintf("%s { %s }", pickExpr(mode, a.c.ip, len(table)), strings.Join(slots[i], ", "))
+		}
+	default:
+		for i := range n - 1 {
+			picks[i] = pickExpr(mode, a.c.ip, n-i) + " 0"
+		}
+	}
+	return picks
+}
+
+// finish adds the per-endpoint sets the class chains remember clients in.
 func (a *affinity) finish() {
 	for ep := range a.eps {
 		a.out.objects.sets[a.epSet(ep)] = a.sp.AffinityTimeout
-		a.out.objects.chains[a.epChain(ep)] = []string{
-			fmt.Sprintf("update @%s { %s saddr }", a.epSet(ep), a.c.ip),
-			fmt.Sprintf("meta l4proto %s dnat %s to %s", a.sp.Protocol, a.c.ip, ep),
-		}
 	}
 }
 

@@ -178,11 +178,8 @@ func TestGoldenAffinity(t *testing.T) {
 		map service-ips 172.30.0.10 . tcp . 80 : goto aff-ID-int
 		set aff-ID-EP
 		chain aff-ID-int
-		chain aff-ID-ep-EP
-		chain aff-ID-int ip saddr @aff-ID-EP goto aff-ID-ep-EP
-		chain aff-ID-int numgen random mod 1 vmap { 0 : goto aff-ID-ep-EP }
-		chain aff-ID-ep-EP update @aff-ID-EP { ip saddr }
-		chain aff-ID-ep-EP meta l4proto tcp dnat ip to 10.244.1.2:8080`))
+		chain aff-ID-int ip saddr @aff-ID-EP meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080
+		chain aff-ID-int meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080`))
 	if diff := cmp.Diff(want, contentDump(fake)); diff != "" {
 		t.Errorf("content (-want +got):\n%s", diff)
 	}
@@ -235,8 +232,8 @@ func TestAffinityNamesLength(t *testing.T) {
 	if affinity == 0 {
 		t.Fatalf("no affinity chains or sets among %v", names)
 	}
-	if got := len(affinityPrefix + id + "-ep-" + endpointID(p.ClusterEndpoints[0])); got != 60 {
-		t.Errorf("the longest affinity name has %d characters; names.go says 60", got)
+	if got := len(affinityPrefix + id + "-" + endpointID(p.ClusterEndpoints[0])); got != 57 {
+		t.Errorf("the longest affinity name has %d characters; names.go says 57", got)
 	}
 }
 

@@ -377,3 +377,48 @@ func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string
 		t.Errorf("an endpoint is %.1f%% off the mean over %d clients; want at most %.0f%%", 100*worst, lbManyClients, 100*lbEvenness)
 	}
 }
+
+// TestAffinityThroughRealKernel: with ClientIP affinity, every client returns to the
+// endpoint it first reached, and new clients are placed by the port's mode through the
+// affinity chain's rules, one per endpoint (no chain per endpoint): random reaches every
+// endpoint, roundRobin takes them in turn, and the hash modes put each client where the
+// tracer, reading the same rules, predicts.
+func TestAffinityThroughRealKernel(t *testing.T) {
+	requireRoot(t)
+	const clients = 300
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			b := newLBBench(t, fam)
+			s := b.n.load(t, "lb", 0, map[ServiceName][]*ServicePort{b.svc: {b.port}})
+			for i, mode := range LBModes() {
+				t.Run(string(mode), func(t *testing.T) {
+					p := *b.port
+					p.LoadBalancing = mode
+					// The timeout is part of the affinity sets' names: each mode starts
+					// with no client remembered.
+					p.AffinityTimeout = time.Duration(600+i) * time.Second
+					b.program(t, s, &p)
+					first := b.connect(t, clients, clients)
+					counts, worst := spread(first, lbEndpoints)
+					t.Logf("%s %s with affinity: %d new clients per endpoint %v (largest deviation %.1f%%)", fam, mode, clients, counts, 100*worst)
+					again := b.connect(t, clients, clients)
+					got := b.perClient(t, clients, append(first, again...))
+					switch mode {
+					case LBRandom:
+						if len(counts) != lbEndpoints {
+							t.Errorf("new clients reached %d endpoints, want all %d", len(counts), lbEndpoints)
+						}
+					case LBRoundRobin:
+						for name, c := range counts {
+							if c < clients/lbEndpoints-3 || c > clients/lbEndpoints+3 {
+								t.Errorf("round robin gave %s %d of %d new clients; want %d±3", name, c, clients, clients/lbEndpoints)
+							}
+						}
+					default:
+						b.checkPrediction(t, &p, b.clients[:clients], got)
+					}
+				})
+			}
+		})
+	}
+}

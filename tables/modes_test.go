@@ -177,20 +177,33 @@ func TestGoldenAffinityBeforeMode(t *testing.T) {
 			fullSync(t, s, services(p))
 			id := portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, p.AffinityTimeout)
 			rules := chainRules(fake, affinityPrefix+id+"-int")
-			if len(rules) != 3 {
+			// Two rules for remembered clients, then one per endpoint for new ones.
+			if len(rules) != 4 {
 				t.Fatalf("affinity chain rules: %q", rules)
 			}
-			last := rules[2]
-			wantExpr, slots := pickExpr(m, "ip", 2), 2
-			if m == LBConsistentHash {
-				wantExpr, slots = pickExpr(m, "ip", ConsistentTableSlots), ConsistentTableSlots
+			wantStarts := map[LBMode][2]string{
+				LBRoundRobin:     {pickExpr(m, "ip", 2) + " 0 meta", "meta"},
+				LBSourceHash:     {pickExpr(m, "ip", 2) + " 0 meta", pickExpr(m, "ip", 2) + " 1 meta"},
+				LBConsistentHash: {pickExpr(m, "ip", ConsistentTableSlots) + " { ", pickExpr(m, "ip", ConsistentTableSlots) + " { "},
+			}[m]
+			for i, want := range wantStarts {
+				if !strings.HasPrefix(rules[2+i], want) {
+					t.Errorf("new clients' rule %d is %q; want it to start with %q", i, rules[2+i], want)
+				}
 			}
-			if !strings.HasPrefix(last, wantExpr+" vmap { ") || strings.Count(last, "goto ") != slots {
-				t.Errorf("new clients are placed by %q; want %q over %d choices", last, wantExpr, slots)
+			if m == LBConsistentHash {
+				if n := strings.Count(rules[2], ",") + strings.Count(rules[3], ",") + 2; n != ConsistentTableSlots {
+					t.Errorf("the new clients' rules hold %d slots, want %d", n, ConsistentTableSlots)
+				}
+			}
+			classChains := map[string]bool{}
+			for _, class := range []string{"int", "ext", "clu"} {
+				classChains[affinityPrefix+id+"-"+class] = true
 			}
 			for name := range fake.Table.Chains {
-				if strings.HasPrefix(name, roundRobinPrefix) || (strings.HasPrefix(name, pickPrefix)) {
-					t.Errorf("affinity port got chain %s besides its affinity chains", name)
+				if strings.HasPrefix(name, roundRobinPrefix) || strings.HasPrefix(name, pickPrefix) ||
+					strings.HasPrefix(name, affinityPrefix) && !classChains[name] {
+					t.Errorf("affinity port got chain %s besides its affinity chains, one per class", name)
 				}
 			}
 		})

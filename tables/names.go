@@ -52,8 +52,8 @@ const (
 	roundRobinPrefix = "rr-"
 	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
 	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
-	// external or cluster endpoints, "aff-<id>-ep-<ep>" DNATs to one endpoint and
-	// remembers the client in set "aff-<id>-<ep>". A dynamic map could do this without
+	// external or cluster endpoints, each rule remembering the client in the set of the
+	// endpoint it DNATs to, "aff-<id>-<ep>". A dynamic map could do this without
 	// per-Service chains, but nft 1.0.6 cannot update IPv6 concatenated maps.
 	affinityPrefix = "aff-"
 
@@ -194,8 +194,8 @@ func parseRotationChain(name string) (int, bool) {
 // endpoint addresses of a selectorless Service's EndpointSlices), so an ID must be long
 // enough that nobody can make one collide with another Service's on purpose, which would
 // merge or replace that Service's affinity chains and sets: 2^130 tries for a given
-// victim, 2^65 for any pair. The longest name built from them, "aff-<port>-ep-<ep>", has
-// 60 characters; the kernel takes chain and set names of up to 255 (NFT_NAME_MAXLEN,
+// victim, 2^65 for any pair. The longest name built from them, "aff-<port>-<ep>", has
+// 57 characters; the kernel takes chain and set names of up to 255 (NFT_NAME_MAXLEN,
 // NFT_SET_MAXNAMELEN 256 with the NUL), and TestAffinityNamesLength checks it.
 const idChars = 26
 

@@ -77,8 +77,8 @@ const MaxNetlinkElements = 1000
 // only after sending them all; the kernel queues them in the socket's receive buffer
 // (208 KiB by default, ~700 bytes each), so past ~280 messages the transaction is
 // applied but reported as failed (ENOBUFS) and the next sync would be a needless full
-// one. Deleting a ClientIP-affinity Service with 100 endpoints takes ~300 (a flush and a
-// delete per chain, a delete per set); such a sync goes through nft.
+// one. Deleting a ClientIP-affinity Service with 150 endpoints takes ~150 (a delete per
+// set, a flush and a delete per chain); such a sync goes through nft.
 const MaxNetlinkMessages = 128
 
 // fitsNetlink reports whether a NetlinkWriter can apply d: no rule text, and small

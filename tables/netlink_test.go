@@ -292,15 +292,15 @@ func kernelContent(t *testing.T, ns string, fam Family, table string) []string {
 
 // TestLargeRemovalsGoThroughNft: a partial sync whose netlink transaction would take more
 // messages than the socket can acknowledge (deleting a ClientIP-affinity Service with
-// 100 endpoints: a flush and a delete per chain, a delete per set) goes through nft; a
-// small one goes through the direct applier.
+// 150 endpoints: a delete per set, a flush and a delete for its chain) goes through nft;
+// a small one goes through the direct applier.
 func TestLargeRemovalsGoThroughNft(t *testing.T) {
 	for _, tc := range []struct {
 		endpoints int
 		direct    bool
 	}{
 		{3, true},
-		{100, false},
+		{150, false},
 	} {
 		s, fake := newFake(t, testConfig(IPv4))
 		s.SetDirect(&fakeNetlink{fake: fake})
@@ -369,15 +369,15 @@ func TestNetlinkMessages(t *testing.T) {
 }
 
 // TestKernelLargeAffinityRemoval: on a real table with the netlink writer, deleting a
-// ClientIP-affinity Service with 100 endpoints (~300 chain and set removals) succeeds,
-// and leaves none of its chains and sets behind.
+// ClientIP-affinity Service with 150 endpoints (~150 set removals and its chain)
+// succeeds, and leaves none of its chains and sets behind.
 func TestKernelLargeAffinityRemoval(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(IPv4)
 	ns := newNetns(t)
 	s := netlinkSyncer(t, ns, cfg)
 	ctx := context.Background()
-	p := genPort(7, 100)
+	p := genPort(7, 150)
 	if _, err := s.Full(ctx, services(p)); err != nil {
 		t.Fatal(err)
 	}

@@ -395,8 +395,11 @@ func literal(t *tokens) []string {
 
 // evalRule runs one rule on a state and returns the resulting states.
 func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, depth int) ([]*state, error) {
-	t := &tokens{toks: tokenize(rule)}
-	s = s.clone()
+	return tr.evalFrom(tbl, &tokens{toks: tokenize(rule)}, s.clone(), depth)
+}
+
+// evalFrom runs the rest of a rule from t's position on s (which it may change).
+func (tr *Tracer) evalFrom(tbl *knftables.FakeTable, t *tokens, s *state, depth int) ([]*state, error) {
 	for !t.done() {
 		w := t.peek(0)
 		switch {
@@ -412,6 +415,9 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 			vals, err := tr.expr(t, s)
 			if err != nil {
 				return nil, err
+			}
+			if hasRange(vals) && t.peek(0) != "vmap" {
+				return tr.forkMatch(tbl, t, s, vals, depth)
 			}
 			matched, res, err := tr.evalMatch(tbl, t, s, vals, depth)
 			if err != nil {
@@ -453,6 +459,47 @@ func (tr *Tracer) evalRule(tbl *knftables.FakeTable, rule string, s *state, dept
 		}
 	}
 	return []*state{s}, nil
+}
+
+// hasRange reports whether a value is a numgen range (any of several numbers).
+func hasRange(vals []value) bool {
+	for _, v := range vals {
+		if v.numRange > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// forkMatch compares a numgen range with what follows once for each number it can
+// take: the rule goes on for the numbers that match and ends for the others (the packet
+// goes on to the next rule), as it does in the kernel for one packet or another. Rules
+// tried in turn, each with its own numgen, place new ClientIP-affinity clients.
+func (tr *Tracer) forkMatch(tbl *knftables.FakeTable, t *tokens, s *state, vals []value, depth int) ([]*state, error) {
+	var out []*state
+	missed := false
+	for _, concrete := range expand(vals) {
+		tc := &tokens{toks: t.toks, pos: t.pos}
+		matched, res, err := tr.evalMatch(tbl, tc, s, concrete, depth)
+		switch {
+		case err != nil:
+			return nil, err
+		case res != nil:
+			out = append(out, res...)
+		case !matched:
+			missed = true
+		default:
+			rest, err := tr.evalFrom(tbl, tc, s.clone(), depth)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, rest...)
+		}
+	}
+	if missed {
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // isPayloadSet reports whether a statement starting "w _ third" writes a header field
