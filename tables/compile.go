@@ -536,12 +536,19 @@ const (
 // way upstream does: a set per endpoint remembers its clients, a chain per class first
 // sends remembered clients back to their endpoint, then picks one at random.
 type affinity struct {
-	c       *compiler
-	sp      *ServicePort
-	out     *compiled
-	id      string
-	classes map[string]bool
-	eps     map[Endpoint]bool
+	c   *compiler
+	sp  *ServicePort
+	out *compiled
+	id  string
+	// chains are the port's class chains so far, with the endpoints each chooses among.
+	chains []classChain
+	eps    map[Endpoint]bool
+}
+
+// classChain is an affinity chain and the endpoints it chooses among.
+type classChain struct {
+	name string
+	eps  []Endpoint
 }
 
 func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
@@ -553,23 +560,26 @@ func (c *compiler) newAffinity(sp *ServicePort, out *compiled) *affinity {
 	// The timeout is part of the id: sets cannot change their timeout in place.
 	id := portID(spn, sp.AffinityTimeout)
 	out.objects = newPortObjects()
-	return &affinity{c: c, sp: sp, out: out, id: id, classes: map[string]bool{}, eps: map[Endpoint]bool{}}
+	return &affinity{c: c, sp: sp, out: out, id: id, eps: map[Endpoint]bool{}}
 }
 
 func (a *affinity) epSet(ep Endpoint) string { return affinityPrefix + a.id + "-" + endpointID(ep) }
 
-// chain returns the class chain for eps, creating it on first use. Its rules send a
-// remembered client back to its endpoint, then place a new one by the port's mode; each
-// rule that picks an endpoint also remembers the client and DNATs, so the port needs no
-// chain per endpoint. Every commit costs the kernel ~18 ns per chain in the namespace
-// (tables/README.md, "Sync"), and a chain per endpoint made the affinity chains most of
-// a table's at 100,000 Services.
+// chain returns the class chain for eps, creating it on first use; classes with the
+// same endpoints (both traffic policies Cluster, the usual case) share the first one's.
+// Its rules send a remembered client back to its endpoint, then place a new one by the
+// port's mode; each rule that picks an endpoint also remembers the client and DNATs, so
+// the port needs no chain per endpoint. Every commit costs the kernel ~18 ns per chain
+// in the namespace (tables/README.md, "Sync"), and a chain per endpoint made the
+// affinity chains most of a table's at 100,000 Services.
 func (a *affinity) chain(class string, eps []Endpoint) string {
-	name := affinityPrefix + a.id + "-" + class
-	if a.classes[class] {
-		return name
+	for _, ch := range a.chains {
+		if slices.Equal(ch.eps, eps) {
+			return ch.name
+		}
 	}
-	a.classes[class] = true
+	name := affinityPrefix + a.id + "-" + class
+	a.chains = append(a.chains, classChain{name: name, eps: eps})
 	rules := make([]string, 0, 2*len(eps))
 	for _, ep := range eps {
 		a.eps[ep] = true
