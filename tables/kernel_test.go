@@ -646,3 +646,64 @@ func rotationState(t *testing.T, nft knftables.Interface) (rotationChains int, c
 	}
 	return rotationChains, chains, maps
 }
+
+// TestAffinityChainsOfAnEarlierVersion: a table written by a version with a chain per
+// affinity endpoint ("aff-<id>-ep-<ep>", the class chain jumping to them) is taken over
+// by the first full sync: the per-endpoint chains are deleted, the class chain gets
+// today's rules, and the clients the sets remember stay.
+func TestAffinityChainsOfAnEarlierVersion(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	ns := newNetns(t)
+	cfg := testConfig(IPv4)
+	nft := kernelNFT(t, ns, IPv4, cfg.TableName())
+	s, err := NewSyncer(cfg, nft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)}
+	sticky := sp("sticky", 80, withEndpoints(eps, nil), func(p *ServicePort) { p.AffinityTimeout = 300 * time.Second })
+	if _, err := s.Full(ctx, services(sticky)); err != nil {
+		t.Fatal(err)
+	}
+	// The earlier layout, as that version wrote it, and a remembered client.
+	spn := sticky.Name
+	spn.Protocol = TCP
+	id := portID(spn, sticky.AffinityTimeout)
+	class := affinityPrefix + id + "-int"
+	tx := nft.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: class})
+	var picks []string
+	for i, e := range eps {
+		set, chain := affinityPrefix+id+"-"+endpointID(e), affinityPrefix+id+"-ep-"+endpointID(e)
+		tx.Add(&knftables.Chain{Name: chain})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("update @%s { ip saddr }", set)})
+		tx.Add(&knftables.Rule{Chain: chain, Rule: fmt.Sprintf("meta l4proto tcp dnat ip to %s", e)})
+		tx.Add(&knftables.Rule{Chain: class, Rule: fmt.Sprintf("ip saddr @%s goto %s", set, chain)})
+		picks = append(picks, fmt.Sprintf("%d : goto %s", i, chain))
+	}
+	tx.Add(&knftables.Rule{Chain: class, Rule: "numgen random mod 2 vmap { " + strings.Join(picks, " , ") + " }"})
+	remembered := affinityPrefix + id + "-" + endpointID(eps[1])
+	tx.Add(&knftables.Element{Set: remembered, Key: []string{"198.51.100.7"}})
+	if err := nft.Run(ctx, tx); err != nil {
+		t.Fatalf("writing the earlier layout: %v", err)
+	}
+
+	s, err = NewSyncer(cfg, nft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Full(ctx, services(sticky)); err != nil {
+		t.Fatalf("the first full sync over the earlier layout: %v", err)
+	}
+	if chains := nftIn(t, ns, "list", "chains", "ip"); strings.Contains(chains, "-ep-") {
+		t.Errorf("per-endpoint affinity chains left:\n%s", chains)
+	}
+	if rules := nftIn(t, ns, "list", "chain", "ip", cfg.TableName(), class); strings.Contains(rules, "goto") {
+		t.Errorf("the class chain still jumps:\n%s", rules)
+	}
+	elems, err := nft.ListElements(ctx, "set", remembered)
+	if err != nil || len(elems) != 1 || elems[0].Key[0] != "198.51.100.7" {
+		t.Errorf("the remembered client: %v, %v; want 198.51.100.7 still in %s", elems, err, remembered)
+	}
+}
