@@ -570,10 +570,7 @@ func TestRotationChainsOfAnEarlierVersion(t *testing.T) {
 			ns := newNetns(t)
 			cfg := testConfig(IPv4)
 			nft := kernelNFT(t, ns, IPv4, cfg.TableName())
-			s, err := NewSyncer(cfg, nft)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := nftSyncer(t, cfg, nft)
 			web := sp("web", 80, withEndpoints([]Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)}, nil),
 				func(p *ServicePort) { p.LoadBalancing = LBConsistentHash })
 			if _, err := s.Full(ctx, services(web)); err != nil {
@@ -585,10 +582,7 @@ func TestRotationChainsOfAnEarlierVersion(t *testing.T) {
 			if !consistentHash {
 				web.LoadBalancing = LBRandom
 			}
-			s, err = NewSyncer(cfg, nft)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s = nftSyncer(t, cfg, nft)
 			if _, err := s.Full(ctx, services(web)); err != nil {
 				t.Fatalf("the first full sync over the earlier layout: %v", err)
 			}
@@ -657,10 +651,7 @@ func TestAffinityChainsOfAnEarlierVersion(t *testing.T) {
 	ns := newNetns(t)
 	cfg := testConfig(IPv4)
 	nft := kernelNFT(t, ns, IPv4, cfg.TableName())
-	s, err := NewSyncer(cfg, nft)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := nftSyncer(t, cfg, nft)
 	eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080)}
 	sticky := sp("sticky", 80, withEndpoints(eps, nil), func(p *ServicePort) { p.AffinityTimeout = 300 * time.Second })
 	if _, err := s.Full(ctx, services(sticky)); err != nil {
@@ -689,10 +680,7 @@ func TestAffinityChainsOfAnEarlierVersion(t *testing.T) {
 		t.Fatalf("writing the earlier layout: %v", err)
 	}
 
-	s, err = NewSyncer(cfg, nft)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = nftSyncer(t, cfg, nft)
 	if _, err := s.Full(ctx, services(sticky)); err != nil {
 		t.Fatalf("the first full sync over the earlier layout: %v", err)
 	}
@@ -706,4 +694,14 @@ func TestAffinityChainsOfAnEarlierVersion(t *testing.T) {
 	if err != nil || len(elems) != 1 || elems[0].Key[0] != "198.51.100.7" {
 		t.Errorf("the remembered client: %v, %v; want 198.51.100.7 still in %s", elems, err, remembered)
 	}
+}
+
+// nftSyncer is a Syncer for cfg over nft, as a (re)started instance has it.
+func nftSyncer(t *testing.T, cfg Config, nft knftables.Interface) *Syncer {
+	t.Helper()
+	s, err := NewSyncer(cfg, nft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
