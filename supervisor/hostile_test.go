@@ -36,17 +36,7 @@ import (
 // hostileConfigYAML opens the tenant ranges wide (the default instance serves any
 // external and load-balancer IP, as kube-proxy does), so that the corpus reaches the
 // node-wide rules and the model, not just the ranges.
-const hostileConfigYAML = `
-apiVersion: shardproxy.io/v1alpha1
-kind: SupervisorConfig
-nodeName: node-1
-instances:
-- name: default
-  default: true
-  slot: 0
-  minSyncPeriod: 0s
-  syncPeriod: 30s
-  detectLocal:
+const hostileConfigYAML = oneInstanceYAML + `  detectLocal:
     mode: ClusterCIDR
     clusterCIDRs: [10.244.0.0/16, fd00:10:244::/56]
   tenant:

@@ -37,17 +37,7 @@ import (
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
-const testConfigYAML = `
-apiVersion: shardproxy.io/v1alpha1
-kind: SupervisorConfig
-nodeName: node-1
-instances:
-- name: default
-  default: true
-  slot: 0
-  minSyncPeriod: 0s
-  syncPeriod: 30s
-- name: team-a
+const testConfigYAML = oneInstanceYAML + `- name: team-a
   proxyNames: [team-a]
   slot: 1
   minSyncPeriod: 0s
