@@ -300,12 +300,7 @@ func (v *endpointValues) ipFamilies(fams []corev1.IPFamily) []corev1.IPFamily {
 	if len(fams) == 0 {
 		return fams
 	}
-	key := fmt.Sprint(fams)
-	if shared, ok := v.families[key]; ok {
-		return shared
-	}
-	v.families[key] = fams
-	return fams
+	return shareValue(v.families, fmt.Sprint(fams), fams)
 }
 
 func (v *endpointValues) bool(b *bool) *bool {
@@ -323,40 +318,30 @@ func (v *endpointValues) name(s *string) *string {
 	if s == nil {
 		return nil
 	}
-	if p, ok := v.names[*s]; ok {
-		return p
-	}
-	if len(v.names) >= maxSharedNames {
-		// Names of Nodes long gone would pile up: start over (what is shared stays so).
-		clear(v.names)
-	}
-	v.names[*s] = s
-	return s
+	return shareValue(v.names, *s, s)
 }
 
-func (v *endpointValues) str(s string) string {
-	if shared, ok := v.strs[s]; ok {
-		return shared
-	}
-	if len(v.strs) >= maxSharedNames {
-		clear(v.strs)
-	}
-	v.strs[s] = s
-	return s
-}
+func (v *endpointValues) str(s string) string { return shareValue(v.strs, s, s) }
 
 func (v *endpointValues) number(n *int32) *int32 {
 	if n == nil {
 		return nil
 	}
-	if p, ok := v.numbers[*n]; ok {
-		return p
+	return shareValue(v.numbers, *n, n)
+}
+
+// shareValue returns the value shared for key, making val that value if there is none
+// yet. At maxSharedNames keys the map starts over: names of Nodes long gone would pile
+// up (what is shared stays so).
+func shareValue[K comparable, V any](shared map[K]V, key K, val V) V {
+	if s, ok := shared[key]; ok {
+		return s
 	}
-	if len(v.numbers) >= maxSharedNames {
-		clear(v.numbers)
+	if len(shared) >= maxSharedNames {
+		clear(shared)
 	}
-	v.numbers[*n] = n
-	return n
+	shared[key] = val
+	return val
 }
 
 // maxSharedNames bounds each of endpointValues' maps: a cluster's nodes, zones, port

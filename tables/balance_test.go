@@ -480,25 +480,7 @@ func TestSlotChanges(t *testing.T) {
 		{"taken and given back", []*slotTable{a, c2}, []*slotTable{c2, aSame}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			counts := map[string]int{}
-			for _, tb := range tc.went {
-				for _, id := range tb.appendIDs(nil, c.slotPrefix) {
-					counts[id]--
-				}
-			}
-			for _, tb := range tc.came {
-				for _, id := range tb.appendIDs(nil, c.slotPrefix) {
-					counts[id]++
-				}
-			}
-			var wantDel, wantAdd []string
-			for id, n := range counts {
-				if n < 0 {
-					wantDel = append(wantDel, id)
-				} else if n > 0 {
-					wantAdd = append(wantAdd, id)
-				}
-			}
+			wantDel, wantAdd := countedSlotChanges(c.slotPrefix, tc.went, tc.came)
 			del, add := slotChanges(c.slotPrefix, tc.went, tc.came)
 			for _, l := range [][]string{wantDel, wantAdd, del, add} {
 				slices.Sort(l)

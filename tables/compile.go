@@ -532,9 +532,10 @@ const (
 	classCluster  = "clu" // Local-policy short circuit for pods and the node: all endpoints
 )
 
-// affinity builds the per-port chains and sets of a ClientIP-affinity Service port, the
-// way upstream does: a set per endpoint remembers its clients, a chain per class first
-// sends remembered clients back to their endpoint, then picks one at random.
+// affinity builds the per-port chains and sets of a ClientIP-affinity Service port, as
+// upstream behaves: a set per endpoint remembers its clients, and a chain per set of
+// endpoints (chain) first sends remembered clients back to their endpoint, then places
+// a new one by the port's load-balancing mode.
 type affinity struct {
 	c   *compiler
 	sp  *ServicePort

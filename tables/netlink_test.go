@@ -410,7 +410,6 @@ func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
 	return s
 }
 
-// setOf is the set or map an element belongs to.
 // idOf is the element id of el.
 func idOf(el *knftables.Element) string {
 	return element{set: setOf(el), isMap: el.Map != "", key: el.Key, value: el.Value}.id()
@@ -463,6 +462,7 @@ func TestEncodeFromIDs(t *testing.T) {
 	}
 }
 
+// setOf is the set or map an element belongs to.
 func setOf(el *knftables.Element) string {
 	if el.Map != "" {
 		return el.Map

@@ -89,6 +89,12 @@ func slotChanges(prefix []string, went, came []*slotTable) (del, add []string) {
 			return del, add
 		}
 	}
+	return countedSlotChanges(prefix, went, came)
+}
+
+// countedSlotChanges is slotChanges by definition: every element of every table counted,
+// -1 for a table that went, +1 for one that came.
+func countedSlotChanges(prefix []string, went, came []*slotTable) (del, add []string) {
 	counts := map[string]int{}
 	for _, t := range went {
 		for _, id := range t.appendIDs(nil, prefix) {
