@@ -9,8 +9,10 @@ import (
 )
 
 // TestPickExpressions: jhash gives the index the kernel computes for the source
-// address; anything else fails loudly. (numgen random and inc reach every index: the
-// tables package's TestModesMatchRandom traces both through endpoint maps.)
+// address; numgen compared with a number forks the rule (forkMatch: it goes on for that
+// number, ends for the others); anything else fails loudly. (numgen random and inc reach
+// every index: the tables package's TestModesMatchRandom traces both through endpoint
+// maps.)
 func TestPickExpressions(t *testing.T) {
 	src4 := netip.MustParseAddr("192.0.2.9")
 	src6 := netip.MustParseAddr("fd00::1:e5")
@@ -26,6 +28,9 @@ func TestPickExpressions(t *testing.T) {
 		{"unknown numgen kind", "pre: numgen foo mod 2 0 drop", src4, "error: unknown numgen"},
 		{"numgen mod 1 offset k is the constant k", "pre: numgen random mod 1 offset 3 3 drop", src4, "drop"},
 		{"numgen mod 1 offset k is nothing else", "pre: numgen random mod 1 offset 3 0 drop", src4, "accept dnat 10.244.1.2:8080 masq"},
+		{"numgen compared with a literal: the rule goes on or ends", "pre: numgen random mod 2 0 drop", src4, "accept dnat 10.244.1.2:8080 masq; drop"},
+		{"numgen inc compared with a literal", "pre: numgen inc mod 3 2 drop", src4, "accept dnat 10.244.1.2:8080 masq; drop"},
+		{"numgen compared with a number it never takes", "pre: numgen random mod 2 5 drop", src4, "accept dnat 10.244.1.2:8080 masq"},
 		{"numgen offset over a range (not modelled)", "pre: numgen inc mod 2 offset 1 1 drop", src4, "error: numgen offset"},
 		{"jhash of something else", "pre: jhash ether saddr mod 2 seed 0x1 0 drop", src4, "error: jhash of"},
 		{"jhash without seed (random in the kernel)", "pre: jhash ip saddr mod 2 0 drop", src4, "error: expected \"seed\""},
