@@ -71,15 +71,6 @@ type entryElements struct {
 	slots *slotTable
 }
 
-// allIDs returns the ids of every element of the entry, its table's included
-// (prefix: the compiler's slotPrefix).
-func (e entryElements) allIDs(prefix []string) []string {
-	if e.slots == nil {
-		return e.ids
-	}
-	return e.slots.appendIDs(e.ids[:len(e.ids):len(e.ids)], prefix)
-}
-
 // elementsOf returns the ids of entry en's elements in entries (nil: none).
 func elementsOf(entries []entryElements, en string) []string {
 	for _, e := range entries {

@@ -175,3 +175,13 @@ func parseUpdate(t *testing.T, u string) ([]string, []string) {
 	}
 	return split(k), split(v)
 }
+
+// allIDs returns the ids of every element of the entry, its table's included (prefix:
+// the compiler's slotPrefix). Only tests need them one by one; the ledger reads the
+// table's slots.
+func (e entryElements) allIDs(prefix []string) []string {
+	if e.slots == nil {
+		return e.ids
+	}
+	return e.slots.appendIDs(e.ids[:len(e.ids):len(e.ids)], prefix)
+}
