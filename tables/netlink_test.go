@@ -369,23 +369,36 @@ func TestNetlinkMessages(t *testing.T) {
 }
 
 // TestKernelLargeAffinityRemoval: on a real table with the netlink writer, deleting a
-// ClientIP-affinity Service with 150 endpoints (~150 set removals and its chain)
-// succeeds, and leaves none of its chains and sets behind.
+// ClientIP-affinity Service with 400 endpoints (a set removal each: more messages than
+// the socket can acknowledge, ~280) goes through nft, succeeds, and leaves none of its
+// chains and sets behind. (With a chain per endpoint, before b599033, 100 endpoints
+// took ~300 messages; 150 now take ~150, which netlink would acknowledge too.)
 func TestKernelLargeAffinityRemoval(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(IPv4)
 	ns := newNetns(t)
 	s := netlinkSyncer(t, ns, cfg)
 	ctx := context.Background()
-	p := genPort(7, 150)
+	p := genPort(7, 0)
+	for e := range 400 {
+		p.ClusterEndpoints = append(p.ClusterEndpoints, Endpoint{IP: netip.AddrFrom4([4]byte{10, 244, byte(e >> 8), byte(e)}), Port: 8080})
+	}
+	p.HasEndpoints = true
 	if _, err := s.Full(ctx, services(p)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Partial(ctx, map[ServiceName][]*ServicePort{{"gen", "svc-7"}: nil}); err != nil {
+	st, err := s.Partial(ctx, map[ServiceName][]*ServicePort{{"gen", "svc-7"}: nil})
+	if err != nil {
 		t.Fatalf("deleting the affinity Service: %v", err)
+	}
+	if st.Direct {
+		t.Errorf("the removal of %d affinity sets went over netlink", len(p.ClusterEndpoints))
 	}
 	if chains := nftIn(t, ns, "list", "chains", "ip"); strings.Contains(chains, affinityPrefix) {
 		t.Errorf("affinity chains left:\n%s", chains)
+	}
+	if sets := nftIn(t, ns, "list", "sets", "ip"); strings.Contains(sets, affinityPrefix) {
+		t.Errorf("affinity sets left:\n%s", sets)
 	}
 }
 
