@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -211,5 +212,59 @@ func BenchmarkPartialOneEndpoint(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// BenchmarkPartialOverNetlink is BenchmarkPartialOneEndpoint into a real table: a full
+// sync of n Services × endpoints through nft into a new network namespace, then one
+// endpoint replaced per partial sync through a NetlinkWriter, as an instance does; the
+// median of the syncs is reported. It is where the kernel's share of a partial sync is
+// seen (consistentHash's moved slots, the chains every commit walks). Needs root; not
+// run by make test:
+//
+//	go test ./tables -run '^$' -bench PartialOverNetlink -benchtime 2000x
+func BenchmarkPartialOverNetlink(b *testing.B) {
+	requireRoot(b)
+	for _, sc := range []struct {
+		services, endpoints int
+		mode                LBMode
+	}{
+		{1000, 5, LBRandom}, {100_000, 5, LBRandom},
+		{10_000, 10, LBRandom}, {10_000, 10, LBConsistentHash},
+	} {
+		b.Run(fmt.Sprintf("services=%d/endpoints=%d/%s", sc.services, sc.endpoints, sc.mode), func(b *testing.B) {
+			services := benchServices(sc.services, sc.endpoints)
+			for _, ports := range services {
+				for _, sp := range ports {
+					sp.LoadBalancing = sc.mode
+				}
+			}
+			s := netlinkSyncer(b, newNetns(b), testConfig(IPv4))
+			if _, err := s.Full(context.Background(), services); err != nil {
+				b.Fatal(err)
+			}
+			pod := netip.MustParseAddr("100.127.0.1")
+			var took []time.Duration
+			i := 0
+			for b.Loop() {
+				name := benchName(i * 7919 % sc.services)
+				i++
+				changed := make([]*ServicePort, 0, len(services[name]))
+				for _, sp := range services[name] {
+					c := *sp
+					c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
+					changed = append(changed, &c)
+				}
+				pod = pod.Next()
+				services[name] = changed
+				start := time.Now()
+				if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed}); err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Nanoseconds())/1e3, "µs-median")
+		})
 	}
 }

@@ -112,16 +112,8 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 			d.DeleteElements = append(d.DeleteElements, id)
 		}
 	}
-	for en, came := range log.slotsCame {
-		del, add := slotChanges(l.c.slotPrefix, log.slotsWent[en], came)
-		d.DeleteElements, d.AddElements = append(d.DeleteElements, del...), append(d.AddElements, add...)
-	}
-	for en, went := range log.slotsWent {
-		if _, ok := log.slotsCame[en]; !ok {
-			del, _ := slotChanges(l.c.slotPrefix, went, nil)
-			d.DeleteElements = append(d.DeleteElements, del...)
-		}
-	}
+	del, add := log.slotElementChanges(l.c.slotPrefix)
+	d.DeleteElements, d.AddElements = append(d.DeleteElements, del...), append(d.AddElements, add...)
 	added, deleted := countChanges(log.sharedBefore, l.shared)
 	d.AddElements = append(d.AddElements, added...)
 	d.DeleteElements = append(d.DeleteElements, deleted...)

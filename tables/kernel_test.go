@@ -22,13 +22,13 @@ import (
 )
 
 // requireRoot skips real-kernel tests where they cannot run; CI runs as root.
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	testutil.RequireKernel(t, "nft", "ip")
 }
 
 // newNetns creates a fresh network namespace, deleted when the test ends.
-func newNetns(t *testing.T) string {
+func newNetns(t testing.TB) string {
 	t.Helper()
 	return testutil.NewNetns(t, "sptab-")
 }
@@ -40,7 +40,7 @@ func newNetns(t *testing.T) string {
 const wrapperMark = ".shardproxy-nft-wrapper"
 
 // realNFT finds the nft binary on PATH, skipping kernelNFT's wrappers.
-func realNFT(t *testing.T) string {
+func realNFT(t testing.TB) string {
 	t.Helper()
 	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
 		if _, err := os.Stat(filepath.Join(dir, wrapperMark)); err == nil {
@@ -59,7 +59,7 @@ func isExecutable(path string) bool {
 	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
 }
 
-func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Interface {
+func kernelNFT(t testing.TB, ns string, fam Family, table string) knftables.Interface {
 	t.Helper()
 	nftPath := realNFT(t)
 	dir := t.TempDir()
@@ -85,7 +85,7 @@ func kernelNFT(t *testing.T, ns string, fam Family, table string) knftables.Inte
 
 // kernelSyncer is a Syncer for cfg's table in namespace ns, writing through the real nft
 // with as many elements per command as on a node.
-func kernelSyncer(t *testing.T, ns string, cfg Config) *Syncer {
+func kernelSyncer(t testing.TB, ns string, cfg Config) *Syncer {
 	t.Helper()
 	s, err := NewSyncer(cfg, kernelNFT(t, ns, cfg.Family, cfg.TableName()))
 	if err != nil {

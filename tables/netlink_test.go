@@ -404,7 +404,7 @@ func TestKernelLargeAffinityRemoval(t *testing.T) {
 
 // netlinkSyncer is a Syncer for cfg's table in namespace ns, its full syncs through nft
 // and its partial syncs, where they can, through a NetlinkWriter into ns.
-func netlinkSyncer(t *testing.T, ns string, cfg Config) *Syncer {
+func netlinkSyncer(t testing.TB, ns string, cfg Config) *Syncer {
 	t.Helper()
 	s := kernelSyncer(t, ns, cfg)
 	h, err := os.Open("/var/run/netns/" + ns)

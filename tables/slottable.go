@@ -92,6 +92,22 @@ func slotChanges(prefix []string, went, came []*slotTable) (del, add []string) {
 	return countedSlotChanges(prefix, went, came)
 }
 
+// slotElementChanges returns the ids of the ch-slots elements a tracked change deletes
+// and adds: slotChanges of every entry whose tables went or came.
+func (l *changeLog) slotElementChanges(prefix []string) (del, add []string) {
+	for en, came := range l.slotsCame {
+		d, a := slotChanges(prefix, l.slotsWent[en], came)
+		del, add = append(del, d...), append(add, a...)
+	}
+	for en, went := range l.slotsWent {
+		if _, ok := l.slotsCame[en]; !ok {
+			d, _ := slotChanges(prefix, went, nil)
+			del = append(del, d...)
+		}
+	}
+	return del, add
+}
+
 // countedSlotChanges is slotChanges by definition: every element of every table counted,
 // -1 for a table that went, +1 for one that came.
 func countedSlotChanges(prefix []string, went, came []*slotTable) (del, add []string) {
