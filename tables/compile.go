@@ -61,6 +61,14 @@ type compiled struct {
 	// objects are the chains and sets of this port alone (ClientIP affinity); their maps
 	// are nil for other ports.
 	objects portObjects
+	// rules are the port's rules in chains other ports write rules in too (the
+	// round-robin buckets).
+	rules []chainRule
+}
+
+// chainRule is one rule of a chain that holds the rules of several ports.
+type chainRule struct {
+	chain, rule string
 }
 
 // entryElements are the ids of the elements that exist because of one entry, and its
@@ -261,7 +269,17 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 		pc.viaClusterIP(en, vmap, len(eps))
 		return
 	}
-	chain, slots := pc.picker(class, eps)
+	var chain string
+	var slots []int
+	switch {
+	case !pc.inRoundRobinBucket(en, eps):
+		chain, slots = pc.picker(class, eps)
+	case en != pc.clusterIPEntry():
+		pc.viaRoundRobinBucket(en, vmap)
+		return
+	default:
+		chain = pc.roundRobinRule(en, len(eps))
+	}
 	pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + chain}})
 	strs := pc.endpointStrings(class, eps)
 	if slots != nil && pc.c.rotates(class == classCluster, len(slots)) {
@@ -302,6 +320,11 @@ func (pc *portCompiler) viaClusterIP(en entry, vmap string, n int) {
 	// The chain goes on to the cluster IP entry's pick chain, which must exist.
 	pc.pick[chain], pc.pick[pickChainFor(LBConsistentHash, false, slots)] = true, true
 	pc.add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
+	pc.translate(en)
+}
+
+// translate writes en's cluster-ip-of and cluster-port-of elements, once.
+func (pc *portCompiler) translate(en entry) {
 	if pc.translated[en] {
 		return
 	}
@@ -311,6 +334,44 @@ func (pc *portCompiler) viaClusterIP(en entry, vmap string, n int) {
 	pc.translated[en] = true
 	pc.add(en, element{set: mapClusterIPOf, isMap: true, key: en.key(), value: []string{pc.cip.addr.String()}})
 	pc.add(en, element{set: mapClusterPortOf, isMap: true, key: en.key(), value: []string{strconv.Itoa(int(pc.cip.port))}})
+}
+
+// clusterIPEntry is the port's cluster IP entry, held or not.
+func (pc *portCompiler) clusterIPEntry() entry {
+	return entry{pc.sp.ClusterIP, pc.sp.Protocol, pc.sp.Port}
+}
+
+// inRoundRobinBucket reports whether entry en, dispatched to eps, is served by its
+// port's rule in a round-robin bucket chain: in a roundRobin port, the cluster IP entry,
+// and once the port holds that, every entry dispatched to the cluster IP's endpoints
+// (the same slice: the same policy class, or the short circuit's when they are the
+// same), which the bucket rule finds by the cluster IP and port (viaRoundRobinBucket).
+// A port that lost its cluster IP entry to an older claim has no rule to go on to: its
+// entries keep chains of their own (rrChain).
+func (pc *portCompiler) inRoundRobinBucket(en entry, eps []Endpoint) bool {
+	return pc.mode == LBRoundRobin && sameEndpoints(eps, pc.internal) &&
+		(en == pc.clusterIPEntry() || pc.cip.addr.IsValid())
+}
+
+// roundRobinRule writes the port's rule, for its cluster IP entry en over n endpoints,
+// into en's bucket chain, and returns the chain.
+func (pc *portCompiler) roundRobinRule(en entry, n int) string {
+	chain := roundRobinBucketChain(roundRobinBucket(en))
+	pc.out.rules = append(pc.out.rules, chainRule{chain: chain, rule: fmt.Sprintf("%s daddr %s %s dport %d %s vmap @%s",
+		pc.c.ip, en.addr, en.proto, en.port, pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)})
+	pc.roundRobinPicks(false, n)
+	return chain
+}
+
+// viaRoundRobinBucket dispatches en, an entry other than the cluster IP's, to the chain
+// that rewrites the destination to the port's cluster IP and port (see viaClusterIP)
+// and goes on to the port's bucket, where the cluster IP's rule and endpoint elements
+// serve it: one counter for all the port's entries, and no endpoint elements of its own.
+func (pc *portCompiler) viaRoundRobinBucket(en entry, vmap string) {
+	chain := pickViaRoundRobinChain(roundRobinBucket(pc.cip))
+	pc.pick[chain] = true
+	pc.add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
+	pc.translate(en)
 }
 
 // picker returns the chain that picks among eps for class in the port's mode, and the
@@ -375,16 +436,26 @@ func (pc *portCompiler) rrChain(cluster bool, n int) string {
 		pc.out.objects = newPortObjects()
 	}
 	if _, ok := pc.out.objects.chains[name]; !ok {
-		for k := range n {
-			at := pickChainFor(LBRoundRobin, cluster, k)
-			pc.pick[at] = true
-			pc.out.shared = append(pc.out.shared, element{set: picks, isMap: true,
-				key: []string{strconv.Itoa(k)}, value: []string{"goto " + at}}.id())
-		}
+		pc.roundRobinPicks(cluster, n)
 		pc.out.objects.chains[name] = []string{fmt.Sprintf("%s vmap @%s",
 			pickExpr(LBRoundRobin, pc.c.ip, n), picks)}
 	}
 	return name
+}
+
+// roundRobinPicks takes the elements 0..n-1 of the round-robin-picks map (cluster:
+// round-robin-cluster-picks) and their pick-at chains.
+func (pc *portCompiler) roundRobinPicks(cluster bool, n int) {
+	picks := mapRoundRobinPicks
+	if cluster {
+		picks = mapRoundRobinClusterPicks
+	}
+	for k := range n {
+		at := pickChainFor(LBRoundRobin, cluster, k)
+		pc.pick[at] = true
+		pc.out.shared = append(pc.out.shared, element{set: picks, isMap: true,
+			key: []string{strconv.Itoa(k)}, value: []string{"goto " + at}}.id())
+	}
 }
 
 func (pc *portCompiler) portID() string {
@@ -672,7 +743,10 @@ func (c *compiler) sourceRanges(in []netip.Prefix) []netip.Prefix {
 func (c *compiler) pickChainRules(name string) ([]string, error) {
 	ip := c.ip
 	if n, ok := parsePickViaClusterIPChain(name); ok {
-		return c.viaClusterIPRules(n), nil
+		return c.viaClusterIPRules(pickChainFor(LBConsistentHash, false, n)), nil
+	}
+	if b, ok := parsePickViaRoundRobinChain(name); ok {
+		return c.viaClusterIPRules(roundRobinBucketChain(b)), nil
 	}
 	mode, cluster, n, err := parsePickChain(name)
 	if err != nil {
@@ -700,19 +774,18 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	return rules, nil
 }
 
-// viaClusterIPRules are the rules of pick-ch-cip-<n>: for each protocol, rewrite the
-// destination to the entry's cluster IP and port, keyed by the connection's original
-// destination (the rewritten one would miss the second lookup), then pick as for the
-// cluster IP entry, in pick-ch-<n>.
-func (c *compiler) viaClusterIPRules(n int) []string {
+// viaClusterIPRules are the rules of pick-ch-cip-<n> and pick-rr-cip-<b>: for each
+// protocol, rewrite the destination to the entry's cluster IP and port, keyed by the
+// connection's original destination (the rewritten one would miss the second lookup),
+// then pick as for the cluster IP entry, in chain next (pick-ch-<n>, rr-bucket-<b>).
+func (c *compiler) viaClusterIPRules(next string) []string {
 	ip := c.ip
 	orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)
 	var rules []string
 	for _, proto := range allProtocols() {
 		rules = append(rules, fmt.Sprintf(
 			"meta l4proto %s %s daddr set %s map @%s %s dport set %s map @%s goto %s",
-			proto, ip, orig, mapClusterIPOf, proto, orig, mapClusterPortOf,
-			pickChainFor(LBConsistentHash, false, n)))
+			proto, ip, orig, mapClusterIPOf, proto, orig, mapClusterPortOf, next))
 	}
 	return rules
 }

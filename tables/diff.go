@@ -75,9 +75,10 @@ type ChainRules struct {
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
-// can compile; the rest is element and chain bookkeeping any Applier can do.
+// can compile; the rest is element and chain bookkeeping any Applier can do, and the
+// round-robin bucket rules, which NetlinkWriter encodes itself (netlinkEncodable).
 func (d *Diff) NeedsRuleText() bool {
-	return d.Recreate || d.Skeleton != nil || len(d.AddSets) > 0 || len(d.WriteChains) > 0
+	return d.Recreate || d.Skeleton != nil || len(d.AddSets) > 0 || !netlinkEncodable(d.WriteChains)
 }
 
 // Len is the number of operations the Diff makes, one per element.
@@ -124,7 +125,8 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	slices.Sort(newPicks)
 	slices.Sort(gonePicks)
 	before, after := log.changedObjects()
-	d.FlushChains = append(gonePicks, goneKeys(before.chains, after.chains)...)
+	written, goneRules := l.ruleChainChanges(log)
+	d.FlushChains = slices.Concat(gonePicks, goneKeys(before.chains, after.chains), goneRules)
 	d.DeleteChains = slices.Clone(d.FlushChains)
 	d.DeleteSets = goneKeys(before.sets, after.sets)
 
@@ -133,8 +135,24 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.WriteChains = append(d.WriteChains, picks...)
+	d.WriteChains = slices.Concat(d.WriteChains, written, picks)
 	return d, nil
+}
+
+// ruleChainChanges returns the chains of chainRules the change touched whose rules
+// changed, to be written whole, and those it emptied, to be deleted; sorted by name.
+func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []string) {
+	for _, ch := range slices.Sorted(maps.Keys(log.rulesBefore)) {
+		was, now := log.rulesBefore[ch], l.rulesOf(ch)
+		switch {
+		case slices.Equal(was, now):
+		case len(now) == 0:
+			gone = append(gone, ch)
+		default:
+			written = append(written, ChainRules{Name: ch, Rules: now, MayExist: len(was) > 0})
+		}
+	}
+	return written, gone
 }
 
 // countChanges compares counts before a change with counts now: the keys that went from
@@ -221,7 +239,7 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 		mayExist = func(ch string) bool { return present[ch] }
 		rotationLeft := false
 		for _, ch := range in.chains {
-			if _, wanted := after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && !wanted {
+			if _, wanted := after.chains[ch]; isDynamicChain(ch) && l.pickRefs[ch] == 0 && l.chainRules[ch] == nil && !wanted {
 				d.FlushChains = append(d.FlushChains, ch)
 			}
 			if l.c.leftoverRotation(ch) {
@@ -245,6 +263,9 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 		return nil, err
 	}
 	d.WriteChains = append(d.WriteChains, picks...)
+	for _, ch := range slices.Sorted(maps.Keys(l.chainRules)) {
+		d.WriteChains = append(d.WriteChains, ChainRules{Name: ch, Rules: l.rulesOf(ch), MayExist: mayExist(ch)})
+	}
 	d.AddElements = l.elementIDs()
 	return d, nil
 }

@@ -97,7 +97,9 @@ func kernelSyncer(t testing.TB, ns string, cfg Config) *Syncer {
 
 func nftIn(t *testing.T, ns string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	// The real nft, not "nft" from PATH: that is the wrapper of the last kernelNFT, which
+	// would list that one's namespace whatever ns says.
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, realNFT(t)}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("nft %v: %v: %s", args, err, out)
 	}

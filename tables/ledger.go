@@ -2,6 +2,7 @@ package tables
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -35,6 +36,10 @@ type ledger struct {
 	entryOwner map[string]*ServicePortName
 	// pickRefs counts the ports using each pick chain.
 	pickRefs map[string]int
+	// chainRules holds the rules of the chains several ports write rules in (the
+	// round-robin buckets), counted by the ports that want each: a chain exists while it
+	// has rules.
+	chainRules map[string]map[string]int
 	// held are the ports each Service was last given (read only: the caller builds new
 	// ones for a change), to compile it again when it loses or regains an entry.
 	held map[ServiceName][]*ServicePort
@@ -52,6 +57,7 @@ type portState struct {
 	sharedIDs []string
 	pick      []string // pick chains its elements jump to
 	objects   portObjects
+	rules     []chainRule // its rules in chains other ports write rules in too
 }
 
 // portObjects are the chains (with their rules) and sets that belong to one Service port
@@ -87,6 +93,9 @@ type changeLog struct {
 	// slotsWent and slotsCame hold, per entry, the consistent-hash tables released and
 	// taken (their elements are counted as a whole: slotChanges).
 	slotsWent, slotsCame map[string][]*slotTable
+	// rulesBefore holds the sorted rules of each touched chain of chainRules before the
+	// change (nil: it did not exist).
+	rulesBefore map[string][]string
 	// freed are entries whose owner let go of them; evicted are Services an older claim
 	// took an entry from, to be compiled again.
 	freed     map[string]bool
@@ -120,6 +129,7 @@ func newChangeLog(tracked bool) *changeLog {
 	if tracked {
 		l.sharedBefore, l.pickBefore, l.entryDelta = map[string]int{}, map[string]int{}, map[string]int{}
 		l.slotsWent, l.slotsCame = map[string][]*slotTable{}, map[string][]*slotTable{}
+		l.rulesBefore = map[string][]string{}
 	}
 	return l
 }
@@ -134,6 +144,7 @@ func newLedger(c *compiler, entries int) *ledger {
 		entryOwner: make(map[string]*ServicePortName, entries),
 		held:       make(map[ServiceName][]*ServicePort, entries/2),
 		pickRefs:   map[string]int{},
+		chainRules: map[string]map[string]int{},
 		losers:     map[string]map[ServiceName]bool{},
 		lost:       map[ServiceName][]string{},
 	}
@@ -186,6 +197,7 @@ func (l *ledger) release(log *changeLog, svc ServiceName) {
 		for _, ch := range st.pick {
 			count(l.pickRefs, log.pickBefore, ch, -1)
 		}
+		l.countRules(log, st.rules, -1)
 	}
 	delete(l.ports, svc)
 	delete(l.held, svc)
@@ -286,7 +298,36 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 	for _, ch := range comp.pick {
 		count(l.pickRefs, log.pickBefore, ch, +1)
 	}
-	return portState{name: name, entryIDs: comp.entries, sharedIDs: comp.shared, pick: comp.pick, objects: comp.objects}
+	l.countRules(log, comp.rules, +1)
+	return portState{name: name, entryIDs: comp.entries, sharedIDs: comp.shared, pick: comp.pick, objects: comp.objects,
+		rules: comp.rules}
+}
+
+// countRules adds delta to the count of each of rules in its chain, recording the
+// chain's rules before its first change in log.rulesBefore (if tracked).
+func (l *ledger) countRules(log *changeLog, rules []chainRule, delta int) {
+	for _, r := range rules {
+		if log.tracked {
+			if _, seen := log.rulesBefore[r.chain]; !seen {
+				log.rulesBefore[r.chain] = l.rulesOf(r.chain)
+			}
+		}
+		counts := l.chainRules[r.chain]
+		if counts == nil {
+			counts = map[string]int{}
+			l.chainRules[r.chain] = counts
+		}
+		count(counts, nil, r.rule, delta)
+		if len(counts) == 0 {
+			delete(l.chainRules, r.chain)
+		}
+	}
+}
+
+// rulesOf returns the rules of a chain of chainRules, sorted: the chain's content does
+// not depend on the order its ports came in, so partial and full syncs agree.
+func (l *ledger) rulesOf(chain string) []string {
+	return slices.Sorted(maps.Keys(l.chainRules[chain]))
 }
 
 // rememberLost records the entries svc lost, so that it can have them back.

@@ -422,3 +422,81 @@ func TestAffinityThroughRealKernel(t *testing.T) {
 		})
 	}
 }
+
+// TestRoundRobinCountersThroughRealKernel: roundRobin keeps one counter per Service
+// port, in the port's rule of its bucket chain (rr-bucket-<b>). Connections made one
+// after the other, alternating between a port's cluster IP and its NodePort, take the
+// endpoints in turn across both (the NodePort goes through pick-rr-cip-<b> to the
+// cluster IP's rule), and alternating between two ports whose rules share a bucket,
+// each port takes its own endpoints in turn (a counter per bucket would skip). The
+// turn order is learnt from connections to the cluster IP alone.
+func TestRoundRobinCountersThroughRealKernel(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			b := newLBBench(t, fam)
+			p := *b.port
+			p.LoadBalancing = LBRoundRobin
+			// A second Service over the same servers, its cluster IP in p's bucket.
+			other := ServiceName{Namespace: "ns", Name: "neighbour"}
+			q := p
+			q.Name = ServicePortName{Namespace: other.Namespace, Name: other.Name}
+			q.NodePort = lbNodePort + 1
+			bucket := roundRobinBucket(entry{p.ClusterIP, TCP, p.Port})
+			for q.ClusterIP = p.ClusterIP.Next(); roundRobinBucket(entry{q.ClusterIP, TCP, q.Port}) != bucket; {
+				q.ClusterIP = q.ClusterIP.Next()
+			}
+			b.n.load(t, "lb", 0, map[ServiceName][]*ServicePort{b.svc: {&p}, other: {&q}})
+			cip := netip.AddrPortFrom(p.ClusterIP, p.Port)
+			node := netip.AddrPortFrom(b.n.a(netns.NodeIPv4, netns.NodeIPv6), lbNodePort)
+			qcip := netip.AddrPortFrom(q.ClusterIP, q.Port)
+
+			order := b.inTurn(t, []netip.AddrPort{cip}, lbEndpoints)
+			next := map[string]string{}
+			for k, name := range order {
+				next[name] = order[(k+1)%len(order)]
+			}
+			if len(next) != lbEndpoints {
+				t.Fatalf("%d connections to the cluster IP reached %v; want each of %d endpoints once", lbEndpoints, order, lbEndpoints)
+			}
+			turns := func(what string, got []string, stride int) {
+				t.Helper()
+				missed := 0
+				for k := stride; k < len(got); k++ {
+					if next[got[k-stride]] != got[k] {
+						missed++
+					}
+				}
+				t.Logf("%s %s: %d of %d connections not the next endpoint in turn", fam, what, missed, len(got)-stride)
+				// A stray packet of an earlier connection, taken for a new one, advances
+				// the counter once (see TestModesThroughRealKernel): allow two.
+				if missed > 2 {
+					t.Errorf("%s: %v; want each connection to reach the endpoint after the previous one's", what, got)
+				}
+			}
+			turns("cluster IP and NodePort in turn", b.inTurn(t, []netip.AddrPort{cip, node}, 4*lbEndpoints), 1)
+			turns("two ports of one bucket in turn", b.inTurn(t, []netip.AddrPort{cip, qcip}, 4*lbEndpoints), 2)
+		})
+	}
+}
+
+// inTurn opens count connections one after the other, to dsts in turn, from the
+// client addresses in turn, and returns which server each one reached.
+func (b *lbBench) inTurn(t *testing.T, dsts []netip.AddrPort, count int) []string {
+	t.Helper()
+	got := make([]string, count)
+	err := b.n.tp.Do(b.n.tp.Client, func() error {
+		for k := range count {
+			name, err := dialFrom(b.clients[k%len(b.clients)], dsts[k%len(dsts)].String())
+			if err != nil {
+				return err
+			}
+			got[k] = name
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}

@@ -1,9 +1,11 @@
 package tables
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,30 +30,37 @@ func modePort(m LBMode) *ServicePort {
 // TestGoldenModes pins the rule shapes of each load-balancing mode (tables/README.md,
 // "Load-balancing modes").
 func TestGoldenModes(t *testing.T) {
-	common := `
+	clusterIP := `
 		set cluster-ips 172.30.0.10
 		set external-masq 192.168.100.1 . tcp . 30080
 		set hairpin 10.244.1.2 . 10.244.1.2
 		set hairpin 10.244.2.2 . 10.244.2.2
 		map endpoints-tcp 172.30.0.10 . 80 . 0 : 10.244.1.2 . 8080
-		map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080
+		map endpoints-tcp 172.30.0.10 . 80 . 1 : 10.244.2.2 . 8080`
+	common := clusterIP + `
 		map endpoints-tcp 192.168.100.1 . 30080 . 0 : 10.244.1.2 . 8080
 		map endpoints-tcp 192.168.100.1 . 30080 . 1 : 10.244.2.2 . 8080`
 	rrPort := modePort(LBRoundRobin)
-	rr := roundRobinPrefix + portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, LBRoundRobin) + "-2"
+	bucket := strconv.Itoa(roundRobinBucket(entry{rrPort.ClusterIP, TCP, 80}))
 	cases := []struct {
 		name string
 		port *ServicePort
 		want string
 	}{
 		{
-			name: "roundRobin: one counter per Service port, shared by its entries, picking shared pick-at chains",
+			name: "roundRobin: one counter per Service port in its bucket chain, shared by its entries through the cluster IP's, picking shared pick-at chains",
 			port: rrPort,
-			want: common + `
-				map service-ips 172.30.0.10 . tcp . 80 : goto RR
-				map service-ips 192.168.100.1 . tcp . 30080 : goto RR
-				chain RR
-				chain RR numgen inc mod 2 vmap @round-robin-picks
+			want: clusterIP + `
+				map service-ips 172.30.0.10 . tcp . 80 : goto rr-bucket-B
+				map service-ips 192.168.100.1 . tcp . 30080 : goto pick-rr-cip-B
+				map cluster-ip-of 192.168.100.1 . tcp . 30080 : 172.30.0.10
+				map cluster-port-of 192.168.100.1 . tcp . 30080 : 80
+				chain rr-bucket-B
+				chain rr-bucket-B ip daddr 172.30.0.10 tcp dport 80 numgen inc mod 2 vmap @round-robin-picks
+				chain pick-rr-cip-B
+				chain pick-rr-cip-B meta l4proto tcp ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of tcp dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto rr-bucket-B
+				chain pick-rr-cip-B meta l4proto udp ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of udp dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto rr-bucket-B
+				chain pick-rr-cip-B meta l4proto sctp ip daddr set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-ip-of sctp dport set ct original ip daddr . meta l4proto . ct original proto-dst map @cluster-port-of goto rr-bucket-B
 				map round-robin-picks 0 : goto pick-at-0
 				map round-robin-picks 1 : goto pick-at-1
 				chain pick-at-0
@@ -92,7 +101,7 @@ func TestGoldenModes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s, fake := newFake(t, testConfig(IPv4))
 			fullSync(t, s, services(tc.port))
-			want := golden(strings.ReplaceAll(tc.want, "RR", rr))
+			want := golden(strings.ReplaceAll(tc.want, "-B", "-"+bucket))
 			if diff := cmp.Diff(want, contentDump(fake)); diff != "" {
 				t.Errorf("content (-want +got):\n%s", diff)
 			}
@@ -389,4 +398,104 @@ func mapLines(fake *knftables.Fake, names ...string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// TestRoundRobinBuckets: roundRobin ports write their rules into at most
+// roundRobinBuckets shared chains, not a chain each (the kernel walks every chain on each
+// commit), and a partial sync keeps each bucket exactly as a full sync of the same
+// Services writes it: a port's rule changes with its endpoint count, leaves with the
+// port, and an emptied bucket goes away with its pick-rr-cip chain.
+func TestRoundRobinBuckets(t *testing.T) {
+	rrNodePort := func(name string, cip netip.Addr, nodePort uint16, eps []Endpoint) *ServicePort {
+		return sp(name, 80, withEndpoints(eps, nil), func(p *ServicePort) {
+			p.LoadBalancing, p.ClusterIP, p.NodePort = LBRoundRobin, cip, nodePort
+		})
+	}
+	eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
+
+	t.Run("chains do not grow with the ports", func(t *testing.T) {
+		var ports []*ServicePort
+		for i := range 1000 {
+			ports = append(ports, rrNodePort(fmt.Sprintf("web%d", i), netip.AddrFrom4([4]byte{172, 30, byte(i >> 8), byte(i)}), 30000+uint16(i), eps))
+		}
+		s, fake := newFake(t, testConfig(IPv4))
+		fullSync(t, s, services(ports...))
+		buckets, rules := 0, 0
+		for name, ch := range fake.Table.Chains {
+			switch {
+			case strings.HasPrefix(name, roundRobinBucketPrefix):
+				buckets++
+				rules += len(ch.Rules)
+			case strings.HasPrefix(name, roundRobinPrefix):
+				t.Errorf("chain %s: want no round-robin chain of a port's own", name)
+			}
+		}
+		if buckets > roundRobinBuckets || buckets < roundRobinBuckets*3/4 {
+			t.Errorf("%d bucket chains for 1,000 ports; want at most %d, and most of them used", buckets, roundRobinBuckets)
+		}
+		if rules != len(ports) {
+			t.Errorf("the bucket chains hold %d rules; want one per port, %d", rules, len(ports))
+		}
+		if got := dumpElements(fake, "endpoints-tcp"); strings.Count(got, "\n")+1 != 3*len(ports) {
+			t.Errorf("endpoints-tcp holds %d elements; want the cluster IPs' only, %d", strings.Count(got, "\n")+1, 3*len(ports))
+		}
+	})
+
+	t.Run("partial syncs keep each bucket as a full sync writes it", func(t *testing.T) {
+		a := rrNodePort("a", netip.MustParseAddr("172.30.0.1"), 30001, eps)
+		bucket := roundRobinBucket(entry{a.ClusterIP, TCP, 80})
+		cip := a.ClusterIP.Next()
+		for roundRobinBucket(entry{cip, TCP, 80}) != bucket {
+			cip = cip.Next()
+		}
+		b := rrNodePort("b", cip, 30002, eps)
+		for roundRobinBucket(entry{cip, TCP, 80}) == bucket {
+			cip = cip.Next()
+		}
+		c := rrNodePort("c", cip, 30003, eps)
+		bucketChain, viaChain := roundRobinBucketChain(bucket), pickViaRoundRobinChain(bucket)
+		rule := func(p *ServicePort, n int) string {
+			return fmt.Sprintf("ip daddr %s tcp dport 80 numgen inc mod %d vmap @round-robin-picks", p.ClusterIP, n)
+		}
+		a2 := rrNodePort("a", a.ClusterIP, 30001, eps[:2])
+		steps := []struct {
+			name   string
+			change map[ServiceName][]*ServicePort
+			now    []*ServicePort
+			rules  []string // of bucketChain, sorted; nil: the chain and viaChain are gone
+		}{
+			{"a loses an endpoint", services(a2), []*ServicePort{a2, b, c}, sorted(rule(a2, 2), rule(b, 3))},
+			{"b goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "b"}: nil}, []*ServicePort{a2, c}, []string{rule(a2, 2)}},
+			{"b comes back", services(b), []*ServicePort{a2, b, c}, sorted(rule(a2, 2), rule(b, 3))},
+			{"a and b go", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "a"}: nil, {Namespace: "ns", Name: "b"}: nil}, []*ServicePort{c}, nil},
+		}
+		s, fake := newFake(t, testConfig(IPv4))
+		fullSync(t, s, services(a, b, c))
+		if got, want := chainRules(fake, bucketChain), sorted(rule(a, 3), rule(b, 3)); !slices.Equal(got, want) {
+			t.Fatalf("%s after the full sync: %q; want %q", bucketChain, got, want)
+		}
+		for _, st := range steps {
+			if _, err := s.Partial(context.Background(), st.change); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+			_, exists := fake.Table.Chains[bucketChain]
+			_, viaExists := fake.Table.Chains[viaChain]
+			switch {
+			case st.rules == nil && (exists || viaExists):
+				t.Errorf("%s: %s (%v) or %s (%v) is left; want both gone", st.name, bucketChain, exists, viaChain, viaExists)
+			case st.rules != nil && !slices.Equal(chainRules(fake, bucketChain), st.rules):
+				t.Errorf("%s: %s holds %q; want %q", st.name, bucketChain, chainRules(fake, bucketChain), st.rules)
+			}
+			full, fullFake := newFake(t, testConfig(IPv4))
+			fullSync(t, full, services(st.now...))
+			if diff := cmp.Diff(contentDump(fullFake), contentDump(fake)); diff != "" {
+				t.Errorf("%s: the partial sync's table differs from a full sync's (-full +partial):\n%s", st.name, diff)
+			}
+		}
+	})
+}
+
+func sorted(s ...string) []string {
+	slices.Sort(s)
+	return s
 }

@@ -92,6 +92,12 @@ func fitsNetlink(d *Diff) bool {
 // netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
 func netlinkMessages(d *Diff) int {
 	n := len(d.FlushFirst) + len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
+	for _, ch := range d.WriteChains {
+		n += 1 + len(ch.Rules)
+		if ch.MayExist {
+			n++
+		}
+	}
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
 		run := 0
 		for i, id := range ids {
@@ -136,6 +142,20 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	}
 	for _, ch := range d.FlushChains {
 		conn.FlushChain(&nftables.Chain{Name: ch, Table: w.table})
+	}
+	// Every chain exists before the elements that jump to it.
+	for _, ch := range d.WriteChains {
+		chain := conn.AddChain(&nftables.Chain{Name: ch.Name, Table: w.table})
+		if ch.MayExist {
+			conn.FlushChain(chain)
+		}
+		for _, r := range ch.Rules {
+			exprs, err := ruleExprs(w.table.Family, r)
+			if err != nil {
+				return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)
+			}
+			conn.AddRule(&nftables.Rule{Table: w.table, Chain: chain, Exprs: exprs})
+		}
 	}
 	if err := w.queueElements(conn, d.AddElements, false); err != nil {
 		return err

@@ -582,3 +582,77 @@ func TestNetlinkAddsConsistentHashNodePort(t *testing.T) {
 		t.Errorf("tables differ (-nft +netlink):\n%s", diff)
 	}
 }
+
+// TestNetlinkWritesRoundRobinBuckets: a roundRobin Service coming, going or changing
+// its endpoint count rewrites its bucket chain over netlink (no nft), and the chain
+// then lists exactly as nft writes it, rule for rule and in order, for each protocol
+// and both families; the port's traffic is checked in the real-kernel layer
+// (TestRoundRobinCountersThroughRealKernel).
+func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			cfg := testConfig(fam)
+			nsNft, nsNetlink := newNetns(t), newNetns(t)
+			byNft, byNetlink := kernelSyncer(t, nsNft, cfg), netlinkSyncer(t, nsNetlink, cfg)
+			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
+			base := netip.MustParseAddr("172.30.0.1")
+			if fam == IPv6 {
+				eps = []Endpoint{ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::2", 8080), ep("fd00:10:244:3::2", 8080)}
+				base = netip.MustParseAddr("fd00:30::1")
+			}
+			// Four ports in one bucket: one of each protocol, and one more to add later.
+			bucket := roundRobinBucket(entry{base, TCP, 80})
+			var ports []*ServicePort
+			for a, i := base, 0; len(ports) < 4; a, i = a.Next(), i+1 {
+				proto := allProtocols()[len(ports)%3]
+				if roundRobinBucket(entry{a, proto, 80}) != bucket {
+					continue
+				}
+				ports = append(ports, sp(fmt.Sprintf("rr%d", len(ports)), 80, withEndpoints(eps, nil), func(p *ServicePort) {
+					p.LoadBalancing, p.ClusterIP, p.Protocol, p.NodePort = LBRoundRobin, a, proto, 30000+uint16(len(ports))
+				}))
+			}
+			ctx := context.Background()
+			for _, s := range []*Syncer{byNft, byNetlink} {
+				if _, err := s.Full(ctx, services(ports[:3]...)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fewer := *ports[1]
+			fewer.ClusterEndpoints = eps[:2]
+			steps := []struct {
+				name   string
+				change map[ServiceName][]*ServicePort
+				rules  int
+			}{
+				{"a Service comes", services(ports[3]), 4},
+				{"an endpoint goes", services(&fewer), 4},
+				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3},
+			}
+			chain := roundRobinBucketChain(bucket)
+			for _, st := range steps {
+				if _, err := byNft.Partial(ctx, st.change); err != nil {
+					t.Fatalf("%s through nft: %v", st.name, err)
+				}
+				stats, err := byNetlink.Partial(ctx, st.change)
+				if err != nil {
+					t.Fatalf("%s over netlink: %v", st.name, err)
+				}
+				if !stats.Direct {
+					t.Errorf("%s: went through nft; want the netlink writer", st.name)
+				}
+				want := nftIn(t, nsNft, "list", "chain", string(familyName(fam)), cfg.TableName(), chain)
+				if got := nftIn(t, nsNetlink, "list", "chain", string(familyName(fam)), cfg.TableName(), chain); got != want {
+					t.Errorf("%s: %s over netlink:\n%s\nthrough nft:\n%s", st.name, chain, got, want)
+				}
+				if n := strings.Count(want, "numgen inc"); n != st.rules {
+					t.Errorf("%s: %s holds %d rules; want %d:\n%s", st.name, chain, n, st.rules, want)
+				}
+			}
+			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {
+				t.Errorf("tables differ (-nft +netlink):\n%s", diff)
+			}
+		})
+	}
+}

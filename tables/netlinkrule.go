@@ -1,0 +1,71 @@
+package tables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// roundRobinRuleRE is the one rule shape NetlinkWriter encodes itself: a round-robin
+// bucket rule (portCompiler.roundRobinRule). A Service of a roundRobin port coming or
+// going rewrites its bucket chain; through nft that is ~60 ms at 10,000 Services (nft
+// dumps the node's chains and sets first), over netlink a flush and a message per rule.
+var roundRobinRuleRE = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+) numgen inc mod (\d+) vmap @(\S+)$`)
+
+// netlinkEncodable reports whether NetlinkWriter can write every rule of chains.
+func netlinkEncodable(chains []ChainRules) bool {
+	for _, ch := range chains {
+		for _, r := range ch.Rules {
+			if !roundRobinRuleRE.MatchString(r) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// ruleExprs compiles a rule of the shape of roundRobinRuleRE for a table of family fam
+// into the expressions nft 1.0.6 makes of it (nft --debug=netlink), so that either
+// writer leaves the same rule (TestEncodeRoundRobinRule compares them in the kernel).
+func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
+	m := roundRobinRuleRE.FindStringSubmatch(rule)
+	if m == nil {
+		return nil, fmt.Errorf("rule %q: not a rule NetlinkWriter can encode", rule)
+	}
+	addr, err := netip.ParseAddr(m[2])
+	if err != nil {
+		return nil, fmt.Errorf("rule %q: %w", rule, err)
+	}
+	wantFam, offset := nftables.TableFamilyIPv4, uint32(16) // IPv4 header: daddr at 16
+	if m[1] == "ip6" {
+		wantFam, offset = nftables.TableFamilyIPv6, 24 // IPv6 header: daddr at 24
+	}
+	if fam != wantFam || (m[1] == "ip") != addr.Is4() {
+		return nil, fmt.Errorf("rule %q: not of this table's family", rule)
+	}
+	port, err := strconv.ParseUint(m[4], 10, 16)
+	if err != nil {
+		return nil, fmt.Errorf("rule %q: port: %w", rule, err)
+	}
+	mod, err := strconv.ParseUint(m[5], 10, 32)
+	if err != nil || mod == 0 {
+		return nil, fmt.Errorf("rule %q: bad modulus", rule)
+	}
+	proto := map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[m[3]]
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(addr.BitLen() / 8)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr.AsSlice()},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, uint16(port))},
+		&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_INCREMENTAL},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: m[6]},
+	}, nil
+}
