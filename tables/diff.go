@@ -72,6 +72,12 @@ type ChainRules struct {
 	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
 	// a full sync's load).
 	MayExist bool
+	// Removed, if set, are the rules the chain had besides Rules (a round-robin bucket
+	// that lost rules and gained none): an Applier that can find rules in the kernel
+	// may delete just these instead of rewriting the chain. Adding a rule with a verdict
+	// map makes the kernel validate the whole table at commit (~30 ms at 10,000
+	// roundRobin Services); deleting one does not.
+	Removed []string
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
@@ -149,10 +155,25 @@ func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []
 		case len(now) == 0:
 			gone = append(gone, ch)
 		default:
-			written = append(written, ChainRules{Name: ch, Rules: now, MayExist: len(was) > 0})
+			cr := ChainRules{Name: ch, Rules: now, MayExist: len(was) > 0}
+			if removed := lostRules(was, now); len(removed)+len(now) == len(was) {
+				cr.Removed = removed
+			}
+			written = append(written, cr)
 		}
 	}
 	return written, gone
+}
+
+// lostRules returns the rules of was (sorted) that now (sorted) lacks.
+func lostRules(was, now []string) []string {
+	var lost []string
+	for _, r := range was {
+		if _, found := slices.BinarySearch(now, r); !found {
+			lost = append(lost, r)
+		}
+	}
+	return lost
 }
 
 // countChanges compares counts before a change with counts now: the keys that went from

@@ -93,9 +93,13 @@ func fitsNetlink(d *Diff) bool {
 func netlinkMessages(d *Diff) int {
 	n := len(d.FlushFirst) + len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
 	for _, ch := range d.WriteChains {
-		n += 1 + len(ch.Rules)
-		if ch.MayExist {
-			n++
+		switch {
+		case ch.Removed != nil:
+			n += len(ch.Removed)
+		case ch.MayExist:
+			n += 2 + len(ch.Rules)
+		default:
+			n += 1 + len(ch.Rules)
 		}
 	}
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
@@ -134,6 +138,17 @@ func (w *NetlinkWriter) Apply(_ context.Context, d *Diff) error {
 
 // transact queues d's operations on conn and commits them as one transaction.
 func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
+	// Handles of the rules to remove, asked for before anything is queued.
+	removals := map[string][]uint64{}
+	for _, ch := range d.WriteChains {
+		if ch.Removed != nil {
+			handles, err := w.ruleHandles(conn, ch.Name, ch.Removed)
+			if err != nil {
+				return err
+			}
+			removals[ch.Name] = handles
+		}
+	}
 	for _, ch := range d.FlushFirst {
 		conn.FlushChain(&nftables.Chain{Name: ch, Table: w.table})
 	}
@@ -145,6 +160,14 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	}
 	// Every chain exists before the elements that jump to it.
 	for _, ch := range d.WriteChains {
+		if handles, ok := removals[ch.Name]; ok {
+			for _, h := range handles {
+				if err := conn.DelRule(&nftables.Rule{Table: w.table, Chain: &nftables.Chain{Name: ch.Name, Table: w.table}, Handle: h}); err != nil {
+					return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)
+				}
+			}
+			continue
+		}
 		chain := conn.AddChain(&nftables.Chain{Name: ch.Name, Table: w.table})
 		if ch.MayExist {
 			conn.FlushChain(chain)

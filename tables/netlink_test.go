@@ -38,6 +38,26 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 	for _, ch := range d.FlushChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
+	// As NetlinkWriter: removed rules one by one by handle, other chains rewritten.
+	for _, ch := range d.WriteChains {
+		if ch.Removed != nil {
+			for _, r := range ch.Removed {
+				h := w.handle(ch.Name, r)
+				if h == nil {
+					return fmt.Errorf("chain %s: no rule %q to remove", ch.Name, r)
+				}
+				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: h})
+			}
+			continue
+		}
+		tx.Add(&knftables.Chain{Name: ch.Name})
+		if ch.MayExist {
+			tx.Flush(&knftables.Chain{Name: ch.Name})
+		}
+		for _, r := range ch.Rules {
+			tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r})
+		}
+	}
 	for _, id := range d.AddElements {
 		tx.Add(elementFromID(id).object())
 	}
@@ -48,6 +68,24 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 		tx.Delete(&knftables.Set{Name: st})
 	}
 	return w.fake.Run(ctx, tx)
+}
+
+// handle returns the handle of the one rule of chain whose text is rule, or nil.
+func (w *fakeNetlink) handle(chain, rule string) *int {
+	ch := w.fake.Table.Chains[chain]
+	if ch == nil {
+		return nil
+	}
+	var found *int
+	for _, r := range ch.Rules {
+		if r.Rule == rule {
+			if found != nil {
+				return nil
+			}
+			found = r.Handle
+		}
+	}
+	return found
 }
 
 func TestParseFields(t *testing.T) {
@@ -346,15 +384,21 @@ func TestNetlinkMessages(t *testing.T) {
 		name           string
 		added, deleted []string
 		chains, sets   int
+		write          []ChainRules
 		want           int
 	}{
-		{"nothing", nil, nil, 0, 0, 0},
-		{"one set each way", ids("a", 3), ids("a", 2), 0, 0, 2},
-		{"two sets", append(ids("a", 3), ids("b", 1)...), nil, 0, 0, 2},
-		{"chunks", ids("a", 2*netlinkChunk+1), nil, 0, 0, 3},
-		{"chains and sets", nil, ids("a", 1), 10, 10, 31},
+		{"nothing", nil, nil, 0, 0, nil, 0},
+		{"one set each way", ids("a", 3), ids("a", 2), 0, 0, nil, 2},
+		{"two sets", append(ids("a", 3), ids("b", 1)...), nil, 0, 0, nil, 2},
+		{"chunks", ids("a", 2*netlinkChunk+1), nil, 0, 0, nil, 3},
+		{"chains and sets", nil, ids("a", 1), 10, 10, nil, 31},
+		// A bucket: add (and flush, if it may exist) and a message per rule, or a
+		// delete per removed rule.
+		{"new bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}}}, 3},
+		{"rewritten bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true}}, 4},
+		{"rules removed", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true, Removed: []string{"r3"}}}, 1},
 	} {
-		d := &Diff{AddElements: tc.added, DeleteElements: tc.deleted}
+		d := &Diff{AddElements: tc.added, DeleteElements: tc.deleted, WriteChains: tc.write}
 		for i := 0; i < tc.chains; i++ {
 			d.FlushChains = append(d.FlushChains, fmt.Sprintf("aff-x-%d", i))
 		}
@@ -621,17 +665,30 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 			}
 			fewer := *ports[1]
 			fewer.ClusterEndpoints = eps[:2]
+			// keep: the rules left keep their handles (deleted one by one, not rewritten:
+			// adding rules costs a validation of the whole table).
 			steps := []struct {
 				name   string
 				change map[ServiceName][]*ServicePort
 				rules  int
+				keep   bool
 			}{
-				{"a Service comes", services(ports[3]), 4},
-				{"an endpoint goes", services(&fewer), 4},
-				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3},
+				{"a Service comes", services(ports[3]), 4, false},
+				{"an endpoint goes", services(&fewer), 4, false},
+				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3, true},
 			}
 			chain := roundRobinBucketChain(bucket)
+			handles := func() map[string]string {
+				out := map[string]string{}
+				for _, line := range strings.Split(nftIn(t, nsNetlink, "-a", "list", "chain", string(familyName(fam)), cfg.TableName(), chain), "\n") {
+					if rule, handle, ok := strings.Cut(strings.TrimSpace(line), " # handle "); ok && strings.Contains(rule, "numgen") {
+						out[rule] = handle
+					}
+				}
+				return out
+			}
 			for _, st := range steps {
+				before := handles()
 				if _, err := byNft.Partial(ctx, st.change); err != nil {
 					t.Fatalf("%s through nft: %v", st.name, err)
 				}
@@ -648,6 +705,13 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 				}
 				if n := strings.Count(want, "numgen inc"); n != st.rules {
 					t.Errorf("%s: %s holds %d rules; want %d:\n%s", st.name, chain, n, st.rules, want)
+				}
+				if after := handles(); st.keep {
+					for rule, h := range after {
+						if before[rule] != h {
+							t.Errorf("%s: rule %q has handle %s, had %s; want it left in place", st.name, rule, h, before[rule])
+						}
+					}
 				}
 			}
 			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {

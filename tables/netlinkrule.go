@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -68,4 +69,55 @@ func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
 		&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_INCREMENTAL},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: m[6]},
 	}, nil
+}
+
+// ruleHandles returns the kernel's handles of rules (round-robin bucket rules) in chain,
+// one per rule, found by what they match and pick; a rule not found, or found twice,
+// is an error (the Syncer then needs a full sync).
+func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, chain string, rules []string) ([]uint64, error) {
+	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: chain, Table: w.table})
+	if err != nil {
+		return nil, fmt.Errorf("listing chain %s of table %s: %w", chain, w.table.Name, err)
+	}
+	byKey := map[string][]uint64{}
+	for _, r := range inKernel {
+		if key, ok := ruleKey(r.Exprs); ok {
+			byKey[key] = append(byKey[key], r.Handle)
+		}
+	}
+	handles := make([]uint64, 0, len(rules))
+	for _, rule := range rules {
+		exprs, err := ruleExprs(w.table.Family, rule)
+		if err != nil {
+			return nil, err
+		}
+		key, _ := ruleKey(exprs)
+		if len(byKey[key]) != 1 {
+			return nil, fmt.Errorf("chain %s of table %s: %d rules in the kernel are %q; want one", chain, w.table.Name, len(byKey[key]), rule)
+		}
+		handles = append(handles, byKey[key][0])
+	}
+	return handles, nil
+}
+
+// ruleKey identifies a rule of the shape ruleExprs makes by the values it compares and
+// its modulus and map; ok is false for any other rule.
+func ruleKey(exprs []expr.Any) (key string, ok bool) {
+	if len(exprs) != 8 {
+		return "", false
+	}
+	var parts []string
+	for _, i := range []int{1, 3, 5} {
+		c, ok := exprs[i].(*expr.Cmp)
+		if !ok || c.Op != expr.CmpOpEq {
+			return "", false
+		}
+		parts = append(parts, fmt.Sprintf("%x", c.Data))
+	}
+	ng, ok1 := exprs[6].(*expr.Numgen)
+	lk, ok2 := exprs[7].(*expr.Lookup)
+	if !ok1 || !ok2 || ng.Type != unix.NFT_NG_INCREMENTAL {
+		return "", false
+	}
+	return fmt.Sprintf("%s/%d/%s", strings.Join(parts, "/"), ng.Modulus, lk.SetName), true
 }
