@@ -62,13 +62,16 @@ type compiled struct {
 	// are nil for other ports.
 	objects portObjects
 	// rules are the port's rules in chains other ports write rules in too (the
-	// round-robin buckets).
-	rules []chainRule
+	// round-robin and affinity buckets).
+	rules []ruleGroup
 }
 
-// chainRule is one rule of a chain that holds the rules of several ports.
-type chainRule struct {
-	chain, rule string
+// ruleGroup is the rules one port has in a chain that holds the rules of several ports,
+// in order, under a key unique to the port (its cluster IP entry): the chain holds the
+// groups in the order of their keys.
+type ruleGroup struct {
+	chain, key string
+	rules      []string
 }
 
 // entryElements are the ids of the elements that exist because of one entry, and its
@@ -357,10 +360,16 @@ func (pc *portCompiler) inRoundRobinBucket(en entry, eps []Endpoint) bool {
 // into en's bucket chain, and returns the chain.
 func (pc *portCompiler) roundRobinRule(en entry, n int) string {
 	chain := roundRobinBucketChain(roundRobinBucket(en))
-	pc.out.rules = append(pc.out.rules, chainRule{chain: chain, rule: fmt.Sprintf("%s daddr %s %s dport %d %s vmap @%s",
-		pc.c.ip, en.addr, en.proto, en.port, pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)})
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.entryID(en), rules: []string{fmt.Sprintf("%s %s vmap @%s",
+		pc.c.entryMatch(en), pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)}})
 	pc.roundRobinPicks(false, n)
 	return chain
+}
+
+// entryMatch matches the packets of entry en by equality: "ip daddr 172.30.0.10 tcp
+// dport 80".
+func (c *compiler) entryMatch(en entry) string {
+	return fmt.Sprintf("%s daddr %s %s dport %d", c.ip, en.addr, en.proto, en.port)
 }
 
 // viaRoundRobinBucket dispatches en, an entry other than the cluster IP's, to the chain

@@ -72,12 +72,15 @@ type ChainRules struct {
 	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
 	// a full sync's load).
 	MayExist bool
-	// Removed, if set, are the rules the chain had besides Rules (a round-robin bucket
-	// that lost rules and gained none): an Applier that can find rules in the kernel
-	// may delete just these instead of rewriting the chain. Adding a rule with a verdict
-	// map makes the kernel validate the whole table at commit (~30 ms at 10,000
-	// roundRobin Services); deleting one does not.
-	Removed []string
+	// Removed, if set, are the rules the chain had besides Rules (a bucket that lost
+	// rules and gained none), at positions RemovedAt of the Had rules it had: an
+	// Applier that can find rules in the kernel may delete just these instead of
+	// rewriting the chain. Adding a rule with a verdict map makes the kernel validate
+	// the whole table at commit (~30 ms at 10,000 roundRobin Services); deleting one
+	// does not, and needs no rule text.
+	Removed   []string
+	RemovedAt []int
+	Had       int
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
@@ -156,8 +159,11 @@ func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []
 			gone = append(gone, ch)
 		default:
 			cr := ChainRules{Name: ch, Rules: now, MayExist: len(was) > 0}
-			if removed := lostRules(was, now); len(removed)+len(now) == len(was) {
-				cr.Removed = removed
+			if at, ok := lostRules(was, now); ok {
+				cr.RemovedAt, cr.Had = at, len(was)
+				for _, i := range at {
+					cr.Removed = append(cr.Removed, was[i])
+				}
 			}
 			written = append(written, cr)
 		}
@@ -165,15 +171,18 @@ func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []
 	return written, gone
 }
 
-// lostRules returns the rules of was (sorted) that now (sorted) lacks.
-func lostRules(was, now []string) []string {
-	var lost []string
-	for _, r := range was {
-		if _, found := slices.BinarySearch(now, r); !found {
-			lost = append(lost, r)
+// lostRules returns the positions of the rules of was that are not in now, and ok if
+// now is was without them (in order: only rules went).
+func lostRules(was, now []string) (at []int, ok bool) {
+	j := 0
+	for i, r := range was {
+		if j < len(now) && now[j] == r {
+			j++
+			continue
 		}
+		at = append(at, i)
 	}
-	return lost
+	return at, j == len(now) && len(at) > 0
 }
 
 // countChanges compares counts before a change with counts now: the keys that went from

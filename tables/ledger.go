@@ -36,10 +36,10 @@ type ledger struct {
 	entryOwner map[string]*ServicePortName
 	// pickRefs counts the ports using each pick chain.
 	pickRefs map[string]int
-	// chainRules holds the rules of the chains several ports write rules in (the
-	// round-robin buckets), counted by the ports that want each: a chain exists while it
-	// has rules.
-	chainRules map[string]map[string]int
+	// chainRules holds, per chain several ports write rules in (the round-robin and
+	// affinity buckets), each port's rule group by its key: a chain exists while it has
+	// groups.
+	chainRules map[string]map[string]heldGroup
 	// held are the ports each Service was last given (read only: the caller builds new
 	// ones for a change), to compile it again when it loses or regains an entry.
 	held map[ServiceName][]*ServicePort
@@ -57,7 +57,7 @@ type portState struct {
 	sharedIDs []string
 	pick      []string // pick chains its elements jump to
 	objects   portObjects
-	rules     []chainRule // its rules in chains other ports write rules in too
+	rules     []ruleGroup // its rules in chains other ports write rules in too
 }
 
 // portObjects are the chains (with their rules) and sets that belong to one Service port
@@ -93,8 +93,8 @@ type changeLog struct {
 	// slotsWent and slotsCame hold, per entry, the consistent-hash tables released and
 	// taken (their elements are counted as a whole: slotChanges).
 	slotsWent, slotsCame map[string][]*slotTable
-	// rulesBefore holds the sorted rules of each touched chain of chainRules before the
-	// change (nil: it did not exist).
+	// rulesBefore holds the rules of each touched chain of chainRules before the change
+	// (nil: it did not exist).
 	rulesBefore map[string][]string
 	// freed are entries whose owner let go of them; evicted are Services an older claim
 	// took an entry from, to be compiled again.
@@ -144,7 +144,7 @@ func newLedger(c *compiler, entries int) *ledger {
 		entryOwner: make(map[string]*ServicePortName, entries),
 		held:       make(map[ServiceName][]*ServicePort, entries/2),
 		pickRefs:   map[string]int{},
-		chainRules: map[string]map[string]int{},
+		chainRules: map[string]map[string]heldGroup{},
 		losers:     map[string]map[ServiceName]bool{},
 		lost:       map[ServiceName][]string{},
 	}
@@ -303,31 +303,52 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 		rules: comp.rules}
 }
 
-// countRules adds delta to the count of each of rules in its chain, recording the
+// heldGroup is a rule group in chainRules, and how many ports hold it (one, but for a
+// port compiled again before its release within a change).
+type heldGroup struct {
+	rules []string
+	n     int
+}
+
+// countRules adds (delta +1) or takes away (-1) groups in their chains, recording each
 // chain's rules before its first change in log.rulesBefore (if tracked).
-func (l *ledger) countRules(log *changeLog, rules []chainRule, delta int) {
-	for _, r := range rules {
+func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
+	for _, g := range groups {
 		if log.tracked {
-			if _, seen := log.rulesBefore[r.chain]; !seen {
-				log.rulesBefore[r.chain] = l.rulesOf(r.chain)
+			if _, seen := log.rulesBefore[g.chain]; !seen {
+				log.rulesBefore[g.chain] = l.rulesOf(g.chain)
 			}
 		}
-		counts := l.chainRules[r.chain]
-		if counts == nil {
-			counts = map[string]int{}
-			l.chainRules[r.chain] = counts
+		held := l.chainRules[g.chain]
+		if held == nil {
+			held = map[string]heldGroup{}
+			l.chainRules[g.chain] = held
 		}
-		count(counts, nil, r.rule, delta)
-		if len(counts) == 0 {
-			delete(l.chainRules, r.chain)
+		h := held[g.key]
+		h.n += delta
+		if delta > 0 {
+			h.rules = g.rules
+		}
+		held[g.key] = h
+		if h.n <= 0 {
+			delete(held, g.key)
+		}
+		if len(held) == 0 {
+			delete(l.chainRules, g.chain)
 		}
 	}
 }
 
-// rulesOf returns the rules of a chain of chainRules, sorted: the chain's content does
-// not depend on the order its ports came in, so partial and full syncs agree.
+// rulesOf returns the rules of a chain of chainRules: its groups in the order of their
+// keys, so the chain's content does not depend on the order its ports came in, and
+// partial and full syncs agree.
 func (l *ledger) rulesOf(chain string) []string {
-	return slices.Sorted(maps.Keys(l.chainRules[chain]))
+	held := l.chainRules[chain]
+	var rules []string
+	for _, key := range slices.Sorted(maps.Keys(held)) {
+		rules = append(rules, held[key].rules...)
+	}
+	return rules
 }
 
 // rememberLost records the entries svc lost, so that it can have them back.

@@ -142,7 +142,7 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	removals := map[string][]uint64{}
 	for _, ch := range d.WriteChains {
 		if ch.Removed != nil {
-			handles, err := w.ruleHandles(conn, ch.Name, ch.Removed)
+			handles, err := w.ruleHandles(conn, ch)
 			if err != nil {
 				return err
 			}

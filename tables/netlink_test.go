@@ -38,15 +38,19 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 	for _, ch := range d.FlushChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	// As NetlinkWriter: removed rules one by one by handle, other chains rewritten.
+	// As NetlinkWriter: removed rules one by one by handle (by position), other chains
+	// rewritten.
 	for _, ch := range d.WriteChains {
 		if ch.Removed != nil {
-			for _, r := range ch.Removed {
-				h := w.handle(ch.Name, r)
-				if h == nil {
-					return fmt.Errorf("chain %s: no rule %q to remove", ch.Name, r)
+			rules := w.fake.Table.Chains[ch.Name].Rules
+			if len(rules) != ch.Had {
+				return fmt.Errorf("chain %s has %d rules; want %d", ch.Name, len(rules), ch.Had)
+			}
+			for k, i := range ch.RemovedAt {
+				if rules[i].Rule != ch.Removed[k] {
+					return fmt.Errorf("chain %s: rule %d is %q; want %q", ch.Name, i, rules[i].Rule, ch.Removed[k])
 				}
-				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: h})
+				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: rules[i].Handle})
 			}
 			continue
 		}
@@ -68,24 +72,6 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 		tx.Delete(&knftables.Set{Name: st})
 	}
 	return w.fake.Run(ctx, tx)
-}
-
-// handle returns the handle of the one rule of chain whose text is rule, or nil.
-func (w *fakeNetlink) handle(chain, rule string) *int {
-	ch := w.fake.Table.Chains[chain]
-	if ch == nil {
-		return nil
-	}
-	var found *int
-	for _, r := range ch.Rules {
-		if r.Rule == rule {
-			if found != nil {
-				return nil
-			}
-			found = r.Handle
-		}
-	}
-	return found
 }
 
 func TestParseFields(t *testing.T) {

@@ -19,9 +19,13 @@ import (
 // dumps the node's chains and sets first), over netlink a flush and a message per rule.
 var roundRobinRuleRE = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+) numgen inc mod (\d+) vmap @(\S+)$`)
 
-// netlinkEncodable reports whether NetlinkWriter can write every rule of chains.
+// netlinkEncodable reports whether NetlinkWriter can write chains: each only loses
+// rules (Removed), or has only rules it can encode.
 func netlinkEncodable(chains []ChainRules) bool {
 	for _, ch := range chains {
+		if ch.Removed != nil {
+			continue
+		}
 		for _, r := range ch.Rules {
 			if !roundRobinRuleRE.MatchString(r) {
 				return false
@@ -71,31 +75,28 @@ func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
 	}, nil
 }
 
-// ruleHandles returns the kernel's handles of rules (round-robin bucket rules) in chain,
-// one per rule, found by what they match and pick; a rule not found, or found twice,
-// is an error (the Syncer then needs a full sync).
-func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, chain string, rules []string) ([]uint64, error) {
-	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: chain, Table: w.table})
+// ruleHandles returns the kernel's handles of the rules ch lost: the kernel lists a
+// chain's rules in order, and the chain is as the Syncer wrote it, so they are the
+// rules at ch.RemovedAt. A chain of another length, or a rule the writer can encode
+// (round-robin) that is not the one expected there, is an error (the Syncer then needs
+// a full sync).
+func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, ch ChainRules) ([]uint64, error) {
+	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: ch.Name, Table: w.table})
 	if err != nil {
-		return nil, fmt.Errorf("listing chain %s of table %s: %w", chain, w.table.Name, err)
+		return nil, fmt.Errorf("listing chain %s of table %s: %w", ch.Name, w.table.Name, err)
 	}
-	byKey := map[string][]uint64{}
-	for _, r := range inKernel {
-		if key, ok := ruleKey(r.Exprs); ok {
-			byKey[key] = append(byKey[key], r.Handle)
-		}
+	if len(inKernel) != ch.Had {
+		return nil, fmt.Errorf("chain %s of table %s has %d rules; want %d", ch.Name, w.table.Name, len(inKernel), ch.Had)
 	}
-	handles := make([]uint64, 0, len(rules))
-	for _, rule := range rules {
-		exprs, err := ruleExprs(w.table.Family, rule)
-		if err != nil {
-			return nil, err
+	handles := make([]uint64, 0, len(ch.RemovedAt))
+	for k, i := range ch.RemovedAt {
+		if exprs, err := ruleExprs(w.table.Family, ch.Removed[k]); err == nil {
+			want, _ := ruleKey(exprs)
+			if got, _ := ruleKey(inKernel[i].Exprs); got != want {
+				return nil, fmt.Errorf("chain %s of table %s: rule %d is not %q", ch.Name, w.table.Name, i, ch.Removed[k])
+			}
 		}
-		key, _ := ruleKey(exprs)
-		if len(byKey[key]) != 1 {
-			return nil, fmt.Errorf("chain %s of table %s: %d rules in the kernel are %q; want one", chain, w.table.Name, len(byKey[key]), rule)
-		}
-		handles = append(handles, byKey[key][0])
+		handles = append(handles, inKernel[i].Handle)
 	}
 	return handles, nil
 }
