@@ -265,7 +265,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	}
 	key := en.key()
 	if pc.aff != nil {
-		pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + pc.aff.chain(class, eps)}})
+		pc.add(en, element{set: vmap, isMap: true, key: key, value: []string{"goto " + pc.affinityTarget(en, eps, class)}})
 		return
 	}
 	if pc.sharesClusterIPTable(en, eps) {
@@ -275,7 +275,7 @@ func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
 	var chain string
 	var slots []int
 	switch {
-	case !pc.inRoundRobinBucket(en, eps):
+	case pc.mode != LBRoundRobin || !pc.inBucket(en, eps):
 		chain, slots = pc.picker(class, eps)
 	case en != pc.clusterIPEntry():
 		pc.viaRoundRobinBucket(en, vmap)
@@ -344,22 +344,42 @@ func (pc *portCompiler) clusterIPEntry() entry {
 	return entry{pc.sp.ClusterIP, pc.sp.Protocol, pc.sp.Port}
 }
 
-// inRoundRobinBucket reports whether entry en, dispatched to eps, is served by its
-// port's rule in a round-robin bucket chain: in a roundRobin port, the cluster IP entry,
-// and once the port holds that, every entry dispatched to the cluster IP's endpoints
-// (the same slice: the same policy class, or the short circuit's when they are the
-// same), which the bucket rule finds by the cluster IP and port (viaRoundRobinBucket).
-// A port that lost its cluster IP entry to an older claim has no rule to go on to: its
-// entries keep chains of their own (rrChain).
-func (pc *portCompiler) inRoundRobinBucket(en entry, eps []Endpoint) bool {
-	return pc.mode == LBRoundRobin && sameEndpoints(eps, pc.internal) &&
-		(en == pc.clusterIPEntry() || pc.cip.addr.IsValid())
+// inBucket reports whether entry en, dispatched to eps, is served by its port's rules
+// in a bucket chain (round robin, affinity): the cluster IP entry, and once the port
+// holds that, every entry dispatched to the cluster IP's endpoints (the same slice:
+// the same policy class, or the short circuit's when they are the same), which the
+// bucket rules find by the cluster IP and port after pick-rr-cip or pick-aff-cip
+// rewrote the destination. A port that lost its cluster IP entry to an older claim has
+// no rules to go on to: its entries keep chains of their own (rrChain, affinity.chain).
+func (pc *portCompiler) inBucket(en entry, eps []Endpoint) bool {
+	return sameEndpoints(eps, pc.internal) && (en == pc.clusterIPEntry() || pc.cip.addr.IsValid())
+}
+
+// affinityTarget returns the chain an affinity port's entry en, dispatched to eps,
+// goes to: its affinity bucket, where the cluster IP entry puts the port's rules; for
+// the port's other entries with those endpoints, the chain that rewrites the
+// destination to the cluster IP and port and goes on to the bucket; for entries with
+// other endpoints, a class chain of the port's own.
+func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class string) string {
+	if !pc.inBucket(en, eps) {
+		return pc.aff.chain(class, eps)
+	}
+	cip := pc.clusterIPEntry()
+	if en != cip {
+		chain := pickViaAffinityChain(bucketOf(cip))
+		pc.pick[chain] = true
+		pc.translate(en)
+		return chain
+	}
+	chain := affinityBucketChain(bucketOf(cip))
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.entryID(en), rules: pc.aff.rules(eps, pc.c.entryMatch(en))})
+	return chain
 }
 
 // roundRobinRule writes the port's rule, for its cluster IP entry en over n endpoints,
 // into en's bucket chain, and returns the chain.
 func (pc *portCompiler) roundRobinRule(en entry, n int) string {
-	chain := roundRobinBucketChain(roundRobinBucket(en))
+	chain := roundRobinBucketChain(bucketOf(en))
 	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.entryID(en), rules: []string{fmt.Sprintf("%s %s vmap @%s",
 		pc.c.entryMatch(en), pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)}})
 	pc.roundRobinPicks(false, n)
@@ -377,7 +397,7 @@ func (c *compiler) entryMatch(en entry) string {
 // and goes on to the port's bucket, where the cluster IP's rule and endpoint elements
 // serve it: one counter for all the port's entries, and no endpoint elements of its own.
 func (pc *portCompiler) viaRoundRobinBucket(en entry, vmap string) {
-	chain := pickViaRoundRobinChain(roundRobinBucket(pc.cip))
+	chain := pickViaRoundRobinChain(bucketOf(pc.cip))
 	pc.pick[chain] = true
 	pc.add(en, element{set: vmap, isMap: true, key: en.key(), value: []string{"goto " + chain}})
 	pc.translate(en)
@@ -652,16 +672,26 @@ func (a *affinity) chain(class string, eps []Endpoint) string {
 	}
 	name := affinityPrefix + a.id + "-" + class
 	a.chains = append(a.chains, classChain{name: name, eps: eps})
+	a.out.objects.chains[name] = a.rules(eps, "")
+	return name
+}
+
+// rules returns the rules that choose among eps, each starting with match (if any):
+// send a remembered client back to its endpoint, then place a new one by the port's
+// mode.
+func (a *affinity) rules(eps []Endpoint, match string) []string {
+	join := func(parts ...string) string {
+		return strings.Join(slices.DeleteFunc(parts, func(p string) bool { return p == "" }), " ")
+	}
 	rules := make([]string, 0, 2*len(eps))
 	for _, ep := range eps {
 		a.eps[ep] = true
-		rules = append(rules, fmt.Sprintf("%s saddr @%s %s", a.c.ip, a.epSet(ep), a.toEndpoint(ep)))
+		rules = append(rules, join(match, fmt.Sprintf("%s saddr @%s", a.c.ip, a.epSet(ep)), a.toEndpoint(ep)))
 	}
 	for i, pick := range a.newClientPicks(eps) {
-		rules = append(rules, strings.TrimSpace(pick+" "+a.toEndpoint(eps[i])))
+		rules = append(rules, join(match, pick, a.toEndpoint(eps[i])))
 	}
-	a.out.objects.chains[name] = rules
-	return name
+	return rules
 }
 
 // toEndpoint remembers the client for ep and DNATs to it.
@@ -754,8 +784,8 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	if n, ok := parsePickViaClusterIPChain(name); ok {
 		return c.viaClusterIPRules(pickChainFor(LBConsistentHash, false, n)), nil
 	}
-	if b, ok := parsePickViaRoundRobinChain(name); ok {
-		return c.viaClusterIPRules(roundRobinBucketChain(b)), nil
+	if next, ok := parsePickViaBucketChain(name); ok {
+		return c.viaClusterIPRules(next), nil
 	}
 	mode, cluster, n, err := parsePickChain(name)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -172,14 +173,16 @@ func TestGoldenAffinity(t *testing.T) {
 	spn.Protocol = TCP
 	id := portID(spn, p.AffinityTimeout)
 	epid := endpointID(p.ClusterEndpoints[0])
-	want := golden(strings.NewReplacer("ID", id, "EP", epid).Replace(`
+	// The port's rules go to its bucket, each matching its cluster IP and port first.
+	bucket := strconv.Itoa(bucketOf(entry{p.ClusterIP, TCP, 80}))
+	want := golden(strings.NewReplacer("ID", id, "EP", epid, "-B", "-"+bucket).Replace(`
 		set cluster-ips 172.30.0.10
 		set hairpin 10.244.1.2 . 10.244.1.2
-		map service-ips 172.30.0.10 . tcp . 80 : goto aff-ID-int
+		map service-ips 172.30.0.10 . tcp . 80 : goto aff-bucket-B
 		set aff-ID-EP
-		chain aff-ID-int
-		chain aff-ID-int ip saddr @aff-ID-EP meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080
-		chain aff-ID-int meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080`))
+		chain aff-bucket-B
+		chain aff-bucket-B ip daddr 172.30.0.10 tcp dport 80 ip saddr @aff-ID-EP meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080
+		chain aff-bucket-B ip daddr 172.30.0.10 tcp dport 80 meta l4proto tcp update @aff-ID-EP { ip saddr } dnat ip to 10.244.1.2:8080`))
 	if diff := cmp.Diff(want, contentDump(fake)); diff != "" {
 		t.Errorf("content (-want +got):\n%s", diff)
 	}
@@ -222,7 +225,7 @@ func TestAffinityNamesLength(t *testing.T) {
 		if len(name) > kernelMaxName {
 			t.Errorf("%q has %d characters, more than the kernel's %d", name, len(name), kernelMaxName)
 		}
-		if strings.HasPrefix(name, affinityPrefix) {
+		if strings.HasPrefix(name, affinityPrefix) && !strings.HasPrefix(name, affinityBucketPrefix) {
 			affinity++
 			if len(id) != idChars || !strings.Contains(name, id) {
 				t.Errorf("%q does not carry the %d-character port ID", name, idChars)

@@ -379,8 +379,9 @@ func (b *lbBench) hashMode(t *testing.T, s *Syncer, p *ServicePort, got []string
 }
 
 // TestAffinityThroughRealKernel: with ClientIP affinity, every client returns to the
-// endpoint it first reached, and new clients are placed by the port's mode through the
-// affinity chain's rules, one per endpoint (no chain per endpoint): random reaches every
+// endpoint it first reached, also through the NodePort (pick-aff-cip-<b> to the port's
+// rules in its affinity bucket), and new clients are placed by the port's mode through
+// the port's rules, one per endpoint (no chain per endpoint): random reaches every
 // endpoint, roundRobin takes them in turn, and the hash modes put each client where the
 // tracer, reading the same rules, predicts.
 func TestAffinityThroughRealKernel(t *testing.T) {
@@ -403,6 +404,18 @@ func TestAffinityThroughRealKernel(t *testing.T) {
 					t.Logf("%s %s with affinity: %d new clients per endpoint %v (largest deviation %.1f%%)", fam, mode, clients, counts, 100*worst)
 					again := b.connect(t, clients, clients)
 					got := b.perClient(t, clients, append(first, again...))
+					// The NodePort reaches the port's rules through pick-aff-cip-<b>: the
+					// same remembered clients, whatever the mode.
+					node := netip.AddrPortFrom(b.n.a(netns.NodeIPv4, netns.NodeIPv6), lbNodePort)
+					differ := 0
+					for c, name := range b.perClient(t, clients, b.connectTo(t, node, clients, clients)) {
+						if got[c] != name {
+							differ++
+						}
+					}
+					if differ > 0 {
+						t.Errorf("%d of %d remembered clients reached another endpoint through the NodePort", differ, clients)
+					}
 					switch mode {
 					case LBRandom:
 						if len(counts) != lbEndpoints {
@@ -442,8 +455,8 @@ func TestRoundRobinCountersThroughRealKernel(t *testing.T) {
 			q := p
 			q.Name = ServicePortName{Namespace: other.Namespace, Name: other.Name}
 			q.NodePort = lbNodePort + 1
-			bucket := roundRobinBucket(entry{p.ClusterIP, TCP, p.Port})
-			for q.ClusterIP = p.ClusterIP.Next(); roundRobinBucket(entry{q.ClusterIP, TCP, q.Port}) != bucket; {
+			bucket := bucketOf(entry{p.ClusterIP, TCP, p.Port})
+			for q.ClusterIP = p.ClusterIP.Next(); bucketOf(entry{q.ClusterIP, TCP, q.Port}) != bucket; {
 				q.ClusterIP = q.ClusterIP.Next()
 			}
 			b.n.load(t, "lb", 0, map[ServiceName][]*ServicePort{b.svc: {&p}, other: {&q}})

@@ -41,7 +41,7 @@ func TestGoldenModes(t *testing.T) {
 		map endpoints-tcp 192.168.100.1 . 30080 . 0 : 10.244.1.2 . 8080
 		map endpoints-tcp 192.168.100.1 . 30080 . 1 : 10.244.2.2 . 8080`
 	rrPort := modePort(LBRoundRobin)
-	bucket := strconv.Itoa(roundRobinBucket(entry{rrPort.ClusterIP, TCP, 80}))
+	bucket := strconv.Itoa(bucketOf(entry{rrPort.ClusterIP, TCP, 80}))
 	cases := []struct {
 		name string
 		port *ServicePort
@@ -184,8 +184,15 @@ func TestGoldenAffinityBeforeMode(t *testing.T) {
 			p.AffinityTimeout = 300 * time.Second
 			s, fake := newFake(t, testConfig(IPv4))
 			fullSync(t, s, services(p))
-			id := portID(ServicePortName{Namespace: "ns", Name: "web", Port: "p", Protocol: TCP}, p.AffinityTimeout)
-			rules := chainRules(fake, affinityPrefix+id+"-int")
+			bucket := affinityBucketChain(bucketOf(entry{p.ClusterIP, TCP, 80}))
+			var rules []string
+			for _, r := range chainRules(fake, bucket) {
+				rule, ok := strings.CutPrefix(r, "ip daddr 172.30.0.10 tcp dport 80 ")
+				if !ok {
+					t.Errorf("bucket rule %q does not start with the port's match", r)
+				}
+				rules = append(rules, rule)
+			}
 			// Two rules for remembered clients, then one per endpoint for new ones.
 			if len(rules) != 4 {
 				t.Fatalf("affinity chain rules: %q", rules)
@@ -206,11 +213,12 @@ func TestGoldenAffinityBeforeMode(t *testing.T) {
 				}
 			}
 			// Internal and external traffic have the same endpoints (Cluster policies):
-			// one chain serves both.
+			// the bucket serves both, the NodePort through pick-aff-cip-<b>.
+			via := pickViaAffinityChain(bucketOf(entry{p.ClusterIP, TCP, 80}))
 			for name := range fake.Table.Chains {
-				if strings.HasPrefix(name, roundRobinPrefix) || strings.HasPrefix(name, pickPrefix) ||
-					strings.HasPrefix(name, affinityPrefix) && name != affinityPrefix+id+"-int" {
-					t.Errorf("affinity port got chain %s besides its one affinity chain", name)
+				if strings.HasPrefix(name, roundRobinPrefix) || strings.HasPrefix(name, pickPrefix) && name != via ||
+					strings.HasPrefix(name, affinityPrefix) && name != bucket {
+					t.Errorf("affinity port got chain %s besides its bucket and %s", name, via)
 				}
 			}
 		})
@@ -401,7 +409,7 @@ func mapLines(fake *knftables.Fake, names ...string) string {
 }
 
 // TestRoundRobinBuckets: roundRobin ports write their rules into at most
-// roundRobinBuckets shared chains, not a chain each (the kernel walks every chain on each
+// bucketCount shared chains, not a chain each (the kernel walks every chain on each
 // commit), and a partial sync keeps each bucket exactly as a full sync of the same
 // Services writes it: a port's rule changes with its endpoint count, leaves with the
 // port, and an emptied bucket goes away with its pick-rr-cip chain.
@@ -430,8 +438,8 @@ func TestRoundRobinBuckets(t *testing.T) {
 				t.Errorf("chain %s: want no round-robin chain of a port's own", name)
 			}
 		}
-		if buckets > roundRobinBuckets || buckets < roundRobinBuckets*3/4 {
-			t.Errorf("%d bucket chains for 1,000 ports; want at most %d, and most of them used", buckets, roundRobinBuckets)
+		if buckets > bucketCount || buckets < bucketCount*3/4 {
+			t.Errorf("%d bucket chains for 1,000 ports; want at most %d, and most of them used", buckets, bucketCount)
 		}
 		if rules != len(ports) {
 			t.Errorf("the bucket chains hold %d rules; want one per port, %d", rules, len(ports))
@@ -443,13 +451,13 @@ func TestRoundRobinBuckets(t *testing.T) {
 
 	t.Run("partial syncs keep each bucket as a full sync writes it", func(t *testing.T) {
 		a := rrNodePort("a", netip.MustParseAddr("172.30.0.1"), 30001, eps)
-		bucket := roundRobinBucket(entry{a.ClusterIP, TCP, 80})
+		bucket := bucketOf(entry{a.ClusterIP, TCP, 80})
 		cip := a.ClusterIP.Next()
-		for roundRobinBucket(entry{cip, TCP, 80}) != bucket {
+		for bucketOf(entry{cip, TCP, 80}) != bucket {
 			cip = cip.Next()
 		}
 		b := rrNodePort("b", cip, 30002, eps)
-		for roundRobinBucket(entry{cip, TCP, 80}) == bucket {
+		for bucketOf(entry{cip, TCP, 80}) == bucket {
 			cip = cip.Next()
 		}
 		c := rrNodePort("c", cip, 30003, eps)

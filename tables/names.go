@@ -159,19 +159,37 @@ func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
 	return m, cluster, n, nil
 }
 
-// roundRobinBucketPrefix names the chains "rr-bucket-<b>" (b < roundRobinBuckets) that
+// roundRobinBucketPrefix names the chains "rr-bucket-<b>" (b < bucketCount) that
 // hold the round-robin rules of the Service ports whose cluster IP entry hashes to b
-// (roundRobinBucket): one rule per port, matching the port's cluster IP and port, each
-// with its own counter. Buckets instead of a chain per port, because the kernel walks
-// every chain of the table on each commit (~18 ns a chain): 10,000 roundRobin ports
-// made every partial sync twice as dear as random's. Each bucket is written whole when
-// one of its rules changes; the rules are sorted, so the order the ports came in does
-// not matter.
+// (bucketOf; affinityBucketPrefix is the same for ClientIP affinity): one rule per
+// port, matching the port's cluster IP and port, each with its own counter. Buckets
+// instead of a chain per port, because the kernel walks every chain of the table on
+// each commit (~18 ns a chain): 10,000 roundRobin ports made every partial sync twice
+// as dear as random's. A bucket is written whole when a rule comes or changes; the
+// ports' rules are in the order of their keys (ruleGroup), so the order the ports came
+// in does not matter.
 const roundRobinBucketPrefix = roundRobinPrefix + "bucket-"
 
-// roundRobinBuckets is the number of bucket chains: at 10,000 ports, ~40 rules in each,
-// of which a new connection tries half before its own.
-const roundRobinBuckets = 256
+// bucketCount is the number of bucket chains of each kind: at 10,000 round-robin
+// ports, ~40 rules in each, of which a new connection tries half before its own.
+const bucketCount = 256
+
+// affinityBucketPrefix names the chains "aff-bucket-<b>", which hold the affinity
+// rules of the ClientIP-affinity Service ports whose cluster IP entry hashes to b: per
+// port, in order, its rules for remembered clients and for new ones (affinity.rules),
+// each matching the port's cluster IP and port first. A chain per port (per class of
+// endpoints) was most of the chains of a table at 100,000 Services (~2,200), which
+// every commit walks; the port's other entries with the cluster IP's endpoints go
+// through "pick-aff-cip-<b>" (pickViaAffinityPrefix), as round robin's do.
+const affinityBucketPrefix = affinityPrefix + "bucket-"
+
+// pickViaAffinityPrefix names the chains "pick-aff-cip-<b>": rewrite the destination
+// to the cluster IP and port, then go to aff-bucket-<b>.
+const pickViaAffinityPrefix = pickPrefix + "aff-cip-"
+
+func affinityBucketChain(b int) string { return affinityBucketPrefix + strconv.Itoa(b) }
+
+func pickViaAffinityChain(b int) string { return pickViaAffinityPrefix + strconv.Itoa(b) }
 
 // pickViaRoundRobinPrefix names the chains "pick-rr-cip-<b>": a port's entries other
 // than its cluster IP rewrite the destination to the cluster IP and port (as
@@ -183,26 +201,29 @@ func roundRobinBucketChain(b int) string { return roundRobinBucketPrefix + strco
 
 func pickViaRoundRobinChain(b int) string { return pickViaRoundRobinPrefix + strconv.Itoa(b) }
 
-// parsePickViaRoundRobinChain is the inverse of pickViaRoundRobinChain; ok is false for
-// any other name.
-func parsePickViaRoundRobinChain(name string) (b int, ok bool) {
-	rest, ok := strings.CutPrefix(name, pickViaRoundRobinPrefix)
-	if !ok {
-		return 0, false
+// parsePickViaBucketChain returns the bucket chain a pick-rr-cip-<b> or
+// pick-aff-cip-<b> chain goes on to; ok is false for any other name.
+func parsePickViaBucketChain(name string) (next string, ok bool) {
+	for prefix, bucket := range map[string]func(int) string{
+		pickViaRoundRobinPrefix: roundRobinBucketChain, pickViaAffinityPrefix: affinityBucketChain,
+	} {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			b, err := strconv.Atoi(rest)
+			return bucket(b), err == nil && b >= 0 && b < bucketCount
+		}
 	}
-	b, err := strconv.Atoi(rest)
-	return b, err == nil && b >= 0 && b < roundRobinBuckets
+	return "", false
 }
 
-// roundRobinBucket is the bucket of the port whose cluster IP entry is en: a hash of
-// the entry, so a port keeps its bucket (and its counter's chain) across changes.
-func roundRobinBucket(en entry) int {
+// bucketOf is the bucket of the port whose cluster IP entry is en: a hash of the
+// entry, so a port keeps its bucket (and its round-robin counter) across changes.
+func bucketOf(en entry) int {
 	h := fnv.New32a()
 	a := en.addr.As16()
 	h.Write(a[:])
 	h.Write([]byte{byte(en.port >> 8), byte(en.port)})
 	h.Write([]byte(en.proto))
-	return int(h.Sum32() % roundRobinBuckets)
+	return int(h.Sum32() % bucketCount)
 }
 
 // pickViaClusterIPPrefix names the chains "pick-ch-cip-<slots>", which pick through

@@ -632,11 +632,11 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 				base = netip.MustParseAddr("fd00:30::1")
 			}
 			// Four ports in one bucket: one of each protocol, and one more to add later.
-			bucket := roundRobinBucket(entry{base, TCP, 80})
+			bucket := bucketOf(entry{base, TCP, 80})
 			var ports []*ServicePort
 			for a, i := base, 0; len(ports) < 4; a, i = a.Next(), i+1 {
 				proto := allProtocols()[len(ports)%3]
-				if roundRobinBucket(entry{a, proto, 80}) != bucket {
+				if bucketOf(entry{a, proto, 80}) != bucket {
 					continue
 				}
 				ports = append(ports, sp(fmt.Sprintf("rr%d", len(ports)), 80, withEndpoints(eps, nil), func(p *ServicePort) {

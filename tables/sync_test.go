@@ -433,7 +433,7 @@ func TestConflictLoserRegainsEntries(t *testing.T) {
 			name:    "loser with affinity",
 			initial: map[ServiceName][]*ServicePort{name("a"): svc(port("a", 1)), name("b"): svc(port("b", 2, affinity))},
 			steps:   []map[ServiceName][]*ServicePort{{name("a"): nil}},
-			want:    []string{"map service-ips 192.168.200.1 . tcp . 80 : goto aff-"},
+			want:    []string{"map service-ips 192.168.200.1 . tcp . 80 : goto pick-aff-cip-"},
 		},
 		{
 			name: "loser of one port out of two",
