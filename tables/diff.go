@@ -64,7 +64,7 @@ type Skeleton struct {
 
 // ChainRules is a chain with all its rules.
 type ChainRules struct {
-	// Name is the chain's name (a pick or affinity chain).
+	// Name is the chain's name (a pick, affinity or bucket chain).
 	Name string
 	// Rules are the chain's rules, in order.
 	Rules []string
@@ -72,15 +72,17 @@ type ChainRules struct {
 	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
 	// a full sync's load).
 	MayExist bool
-	// Removed, if set, are the rules the chain had besides Rules (a bucket that lost
-	// rules and gained none), at positions RemovedAt of the Had rules it had: an
-	// Applier that can find rules in the kernel may delete just these instead of
-	// rewriting the chain. Adding a rule with a verdict map makes the kernel validate
-	// the whole table at commit (~30 ms at 10,000 roundRobin Services); deleting one
-	// does not, and needs no rule text.
+	// Delta, if set, says how the chain (a bucket) got from its Had rules in the kernel
+	// to Rules: the rules Removed, at positions RemovedAt, went, and the rules Appended
+	// came after the rest. An Applier that can find rules in the kernel may make just
+	// these changes instead of rewriting the chain: a rewritten rule's numgen inc
+	// counter starts again, and the buckets hold the round-robin rules of ~40 Service
+	// ports each. Deleting rules also needs no rule text.
+	Delta     bool
 	Removed   []string
 	RemovedAt []int
 	Had       int
+	Appended  []string
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
@@ -148,41 +150,57 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	return d, nil
 }
 
-// ruleChainChanges returns the chains of chainRules the change touched whose rules
-// changed, to be written whole, and those it emptied, to be deleted; sorted by name.
+// ruleChainChanges returns the chains of chainRules the change touched whose groups
+// changed, to be written, and those it emptied, to be deleted; sorted by name. A chain
+// that existed is written as a delta: the rules of the groups that went or changed
+// (by position), and those of new or changed groups, appended (they came last).
 func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []string) {
-	for _, ch := range slices.Sorted(maps.Keys(log.rulesBefore)) {
-		was, now := log.rulesBefore[ch], l.rulesOf(ch)
+	for _, ch := range slices.Sorted(maps.Keys(log.groupsBefore)) {
+		was, now := log.groupsBefore[ch], l.chainRules[ch]
 		switch {
-		case slices.Equal(was, now):
 		case len(now) == 0:
-			gone = append(gone, ch)
-		default:
-			cr := ChainRules{Name: ch, Rules: now, MayExist: len(was) > 0}
-			if at, ok := lostRules(was, now); ok {
-				cr.RemovedAt, cr.Had = at, len(was)
-				for _, i := range at {
-					cr.Removed = append(cr.Removed, was[i])
-				}
+			if len(was) > 0 {
+				gone = append(gone, ch)
 			}
-			written = append(written, cr)
+		case len(was) == 0:
+			written = append(written, ChainRules{Name: ch, Rules: l.rulesOf(ch)})
+		default:
+			if cr := groupDelta(ch, was, now); cr.Removed != nil || cr.Appended != nil {
+				written = append(written, cr)
+			}
 		}
 	}
 	return written, gone
 }
 
-// lostRules returns the positions of the rules of was that are not in now, and ok if
-// now is was without them (in order: only rules went).
-func lostRules(was, now []string) (at []int, ok bool) {
-	j := 0
-	for i, r := range was {
-		if j < len(now) && now[j] == r {
-			j++
-			continue
+// groupDelta is the change of a chain from groups was to groups now: the positions
+// (in was's rules) of the rules of groups that went or changed, and the rules of the
+// groups that came or changed, which come after every kept one (countRules numbers
+// them last).
+func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
+	seqs := func(groups map[string]heldGroup) map[uint64]bool {
+		out := make(map[uint64]bool, len(groups))
+		for _, g := range groups {
+			out[g.seq] = true
 		}
-		at = append(at, i)
+		return out
 	}
-	return at, j == len(now) && len(at) > 0
+	wasSeqs, nowSeqs := seqs(was), seqs(now)
+	cr := ChainRules{Name: ch, Rules: groupRules(inOrder(now)), MayExist: true, Delta: true}
+	for _, g := range inOrder(was) {
+		for _, r := range g.rules {
+			if !nowSeqs[g.seq] {
+				cr.RemovedAt, cr.Removed = append(cr.RemovedAt, cr.Had), append(cr.Removed, r)
+			}
+			cr.Had++
+		}
+	}
+	for _, g := range inOrder(now) {
+		if !wasSeqs[g.seq] {
+			cr.Appended = append(cr.Appended, g.rules...)
+		}
+	}
+	return cr
 }
 
 // countChanges compares counts before a change with counts now: the keys that went from

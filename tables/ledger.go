@@ -1,6 +1,7 @@
 package tables
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -38,8 +39,11 @@ type ledger struct {
 	pickRefs map[string]int
 	// chainRules holds, per chain several ports write rules in (the round-robin and
 	// affinity buckets), each port's rule group by its key: a chain exists while it has
-	// groups.
+	// groups. groupSeq numbers the groups as they come: a chain holds its groups in
+	// that order, so a partial sync appends a new group and deletes a gone one, and
+	// leaves the others' rules (and their numgen counters) alone.
 	chainRules map[string]map[string]heldGroup
+	groupSeq   uint64
 	// held are the ports each Service was last given (read only: the caller builds new
 	// ones for a change), to compile it again when it loses or regains an entry.
 	held map[ServiceName][]*ServicePort
@@ -93,9 +97,9 @@ type changeLog struct {
 	// slotsWent and slotsCame hold, per entry, the consistent-hash tables released and
 	// taken (their elements are counted as a whole: slotChanges).
 	slotsWent, slotsCame map[string][]*slotTable
-	// rulesBefore holds the rules of each touched chain of chainRules before the change
-	// (nil: it did not exist).
-	rulesBefore map[string][]string
+	// groupsBefore holds the groups of each touched chain of chainRules before the
+	// change (nil: it did not exist).
+	groupsBefore map[string]map[string]heldGroup
 	// freed are entries whose owner let go of them; evicted are Services an older claim
 	// took an entry from, to be compiled again.
 	freed     map[string]bool
@@ -129,7 +133,7 @@ func newChangeLog(tracked bool) *changeLog {
 	if tracked {
 		l.sharedBefore, l.pickBefore, l.entryDelta = map[string]int{}, map[string]int{}, map[string]int{}
 		l.slotsWent, l.slotsCame = map[string][]*slotTable{}, map[string][]*slotTable{}
-		l.rulesBefore = map[string][]string{}
+		l.groupsBefore = map[string]map[string]heldGroup{}
 	}
 	return l
 }
@@ -303,20 +307,22 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 		rules: comp.rules}
 }
 
-// heldGroup is a rule group in chainRules, and how many ports hold it (one, but for a
-// port compiled again before its release within a change).
+// heldGroup is a rule group in chainRules, how many ports hold it (one, but for a port
+// compiled again before its release within a change), and its place in the chain.
 type heldGroup struct {
 	rules []string
 	n     int
+	seq   uint64
 }
 
 // countRules adds (delta +1) or takes away (-1) groups in their chains, recording each
-// chain's rules before its first change in log.rulesBefore (if tracked).
+// chain's groups before its first change in log.groupsBefore (if tracked). A group
+// that comes back within a change with the rules it had keeps its place.
 func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
 	for _, g := range groups {
 		if log.tracked {
-			if _, seen := log.rulesBefore[g.chain]; !seen {
-				log.rulesBefore[g.chain] = l.rulesOf(g.chain)
+			if _, seen := log.groupsBefore[g.chain]; !seen {
+				log.groupsBefore[g.chain] = maps.Clone(l.chainRules[g.chain])
 			}
 		}
 		held := l.chainRules[g.chain]
@@ -325,10 +331,16 @@ func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
 			l.chainRules[g.chain] = held
 		}
 		h := held[g.key]
-		h.n += delta
-		if delta > 0 {
+		if delta > 0 && h.n <= 0 {
 			h.rules = g.rules
+			if was, ok := log.groupsBefore[g.chain][g.key]; ok && slices.Equal(was.rules, g.rules) {
+				h.seq = was.seq
+			} else {
+				l.groupSeq++
+				h.seq = l.groupSeq
+			}
 		}
+		h.n += delta
 		held[g.key] = h
 		if h.n <= 0 {
 			delete(held, g.key)
@@ -339,14 +351,23 @@ func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
 	}
 }
 
-// rulesOf returns the rules of a chain of chainRules: its groups in the order of their
-// keys, so the chain's content does not depend on the order its ports came in, and
-// partial and full syncs agree.
+// rulesOf returns the rules of a chain of chainRules: its groups in the order they came.
 func (l *ledger) rulesOf(chain string) []string {
-	held := l.chainRules[chain]
+	return groupRules(inOrder(l.chainRules[chain]))
+}
+
+// inOrder returns the groups of a chain in the order they came.
+func inOrder(held map[string]heldGroup) []heldGroup {
+	groups := slices.Collect(maps.Values(held))
+	slices.SortFunc(groups, func(a, b heldGroup) int { return cmp.Compare(a.seq, b.seq) })
+	return groups
+}
+
+// groupRules concatenates the rules of groups.
+func groupRules(groups []heldGroup) []string {
 	var rules []string
-	for _, key := range slices.Sorted(maps.Keys(held)) {
-		rules = append(rules, held[key].rules...)
+	for _, g := range groups {
+		rules = append(rules, g.rules...)
 	}
 	return rules
 }

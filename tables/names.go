@@ -50,7 +50,7 @@ const (
 	// chains "rr-bucket-<b>" (roundRobinBucketPrefix), which hold one rule per port,
 	// and the port's own "rr-<id>-<n>" and "rr-<id>-cluster-<n>" for the entries a
 	// bucket cannot serve (those whose endpoints are not the cluster IP's: Local
-	// policies, the short circuit). One counter per Service port needs a rule per port;
+	// policies, the short circuit; all of a port that lost its cluster IP entry). One counter per Service port needs a rule per port;
 	// the rule sends each connection, through round-robin-picks, to the shared
 	// pick-at-<k> chain of its index.
 	roundRobinPrefix = "rr-"
@@ -89,10 +89,11 @@ const (
 	// sends it to pick-cluster-at-<k>.
 	mapRoundRobinPicks        = "round-robin-picks"
 	mapRoundRobinClusterPicks = "round-robin-cluster-picks"
-	// mapClusterIPOf and mapClusterPortOf map a consistentHash entry other than the
-	// cluster IP (external and load-balancer IPs, NodePorts) to its Service port's cluster
-	// IP and port, so that all the port's entries share the one table of the cluster IP
-	// entry: pickViaClusterIPChain rewrites the destination through them before the
+	// mapClusterIPOf and mapClusterPortOf map a consistentHash, roundRobin or affinity
+	// entry other than the cluster IP (external and load-balancer IPs, NodePorts) to its
+	// Service port's cluster IP and port, so that all the port's entries share the one
+	// table of the cluster IP entry, or its bucket rules: pickViaClusterIPChain (and
+	// pick-rr-cip, pick-aff-cip) rewrite the destination through them before the
 	// lookup. nft 1.0.6 cannot parse a map lookup inside a concatenation ("... map
 	// @ids . jhash ... map @slots"), which would need no rewrite.
 	mapClusterIPOf   = "cluster-ip-of"

@@ -77,7 +77,8 @@ const MaxNetlinkElements = 1000
 // only after sending them all; the kernel queues them in the socket's receive buffer
 // (208 KiB by default, ~700 bytes each), so past ~280 messages the transaction is
 // applied but reported as failed (ENOBUFS) and the next sync would be a needless full
-// one. Deleting a ClientIP-affinity Service with 150 endpoints takes ~150 (a delete per
+// one. A rule added also comes back as an echo, and the echoes are larger: a bucket of
+// ~145 rules overflowed (netlinkMessages counts a rule as two). Deleting a ClientIP-affinity Service with 150 endpoints takes ~150 (a delete per
 // set, a flush and a delete per chain); such a sync goes through nft.
 const MaxNetlinkMessages = 128
 
@@ -92,14 +93,15 @@ func fitsNetlink(d *Diff) bool {
 // netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
 func netlinkMessages(d *Diff) int {
 	n := len(d.FlushFirst) + len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
+	// A rule added takes two: google/nftables asks for its echo besides the ack.
 	for _, ch := range d.WriteChains {
 		switch {
-		case ch.Removed != nil:
-			n += len(ch.Removed)
+		case ch.Delta:
+			n += len(ch.RemovedAt) + 2*len(ch.Appended)
 		case ch.MayExist:
-			n += 2 + len(ch.Rules)
+			n += 2 + 2*len(ch.Rules)
 		default:
-			n += 1 + len(ch.Rules)
+			n += 1 + 2*len(ch.Rules)
 		}
 	}
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
@@ -141,7 +143,7 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	// Handles of the rules to remove, asked for before anything is queued.
 	removals := map[string][]uint64{}
 	for _, ch := range d.WriteChains {
-		if ch.Removed != nil {
+		if ch.Delta && len(ch.RemovedAt) > 0 {
 			handles, err := w.ruleHandles(conn, ch)
 			if err != nil {
 				return err
@@ -160,19 +162,22 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	}
 	// Every chain exists before the elements that jump to it.
 	for _, ch := range d.WriteChains {
-		if handles, ok := removals[ch.Name]; ok {
-			for _, h := range handles {
-				if err := conn.DelRule(&nftables.Rule{Table: w.table, Chain: &nftables.Chain{Name: ch.Name, Table: w.table}, Handle: h}); err != nil {
+		chain := &nftables.Chain{Name: ch.Name, Table: w.table}
+		rules := ch.Appended
+		if ch.Delta {
+			for _, h := range removals[ch.Name] {
+				if err := conn.DelRule(&nftables.Rule{Table: w.table, Chain: chain, Handle: h}); err != nil {
 					return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)
 				}
 			}
-			continue
+		} else {
+			conn.AddChain(chain)
+			if ch.MayExist {
+				conn.FlushChain(chain)
+			}
+			rules = ch.Rules
 		}
-		chain := conn.AddChain(&nftables.Chain{Name: ch.Name, Table: w.table})
-		if ch.MayExist {
-			conn.FlushChain(chain)
-		}
-		for _, r := range ch.Rules {
+		for _, r := range rules {
 			exprs, err := ruleExprs(w.table.Family, r)
 			if err != nil {
 				return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)

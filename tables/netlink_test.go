@@ -38,10 +38,10 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 	for _, ch := range d.FlushChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	// As NetlinkWriter: removed rules one by one by handle (by position), other chains
-	// rewritten.
+	// As NetlinkWriter: a Delta's removed rules one by one by handle (by position),
+	// then its appended ones; other chains rewritten.
 	for _, ch := range d.WriteChains {
-		if ch.Removed != nil {
+		if ch.Delta {
 			rules := w.fake.Table.Chains[ch.Name].Rules
 			if len(rules) != ch.Had {
 				return fmt.Errorf("chain %s has %d rules; want %d", ch.Name, len(rules), ch.Had)
@@ -51,6 +51,9 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 					return fmt.Errorf("chain %s: rule %d is %q; want %q", ch.Name, i, rules[i].Rule, ch.Removed[k])
 				}
 				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: rules[i].Handle})
+			}
+			for _, r := range ch.Appended {
+				tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r})
 			}
 			continue
 		}
@@ -378,11 +381,12 @@ func TestNetlinkMessages(t *testing.T) {
 		{"two sets", append(ids("a", 3), ids("b", 1)...), nil, 0, 0, nil, 2},
 		{"chunks", ids("a", 2*netlinkChunk+1), nil, 0, 0, nil, 3},
 		{"chains and sets", nil, ids("a", 1), 10, 10, nil, 31},
-		// A bucket: add (and flush, if it may exist) and a message per rule, or a
-		// delete per removed rule.
-		{"new bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}}}, 3},
-		{"rewritten bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true}}, 4},
-		{"rules removed", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true, Removed: []string{"r3"}}}, 1},
+		// A bucket: add (and flush, if it may exist) and two messages per rule (its
+		// echo and its ack), or a delete per removed rule and two per appended one.
+		{"new bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}}}, 5},
+		{"rewritten bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true}}, 6},
+		{"delta", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r4"}, MayExist: true, Delta: true,
+			Removed: []string{"r2", "r3"}, RemovedAt: []int{1, 2}, Had: 3, Appended: []string{"r4"}}}, 4},
 	} {
 		d := &Diff{AddElements: tc.added, DeleteElements: tc.deleted, WriteChains: tc.write}
 		for i := 0; i < tc.chains; i++ {
@@ -651,17 +655,17 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 			}
 			fewer := *ports[1]
 			fewer.ClusterEndpoints = eps[:2]
-			// keep: the rules left keep their handles (deleted one by one, not rewritten:
-			// adding rules costs a validation of the whole table).
+			// In every step the other ports' rules keep their handles: the bucket is not
+			// rewritten, so their numgen counters go on (and adding rules would cost a
+			// validation of the whole table).
 			steps := []struct {
 				name   string
 				change map[ServiceName][]*ServicePort
 				rules  int
-				keep   bool
 			}{
-				{"a Service comes", services(ports[3]), 4, false},
-				{"an endpoint goes", services(&fewer), 4, false},
-				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3, true},
+				{"a Service comes", services(ports[3]), 4},
+				{"an endpoint goes", services(&fewer), 4},
+				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3},
 			}
 			chain := roundRobinBucketChain(bucket)
 			handles := func() map[string]string {
@@ -692,12 +696,17 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 				if n := strings.Count(want, "numgen inc"); n != st.rules {
 					t.Errorf("%s: %s holds %d rules; want %d:\n%s", st.name, chain, n, st.rules, want)
 				}
-				if after := handles(); st.keep {
-					for rule, h := range after {
-						if before[rule] != h {
-							t.Errorf("%s: rule %q has handle %s, had %s; want it left in place", st.name, rule, h, before[rule])
+				kept := 0
+				for rule, h := range handles() {
+					if was, ok := before[rule]; ok {
+						kept++
+						if was != h {
+							t.Errorf("%s: rule %q has handle %s, had %s; want it left in place", st.name, rule, h, was)
 						}
 					}
+				}
+				if kept < 2 {
+					t.Errorf("%s: only %d rules were there before and after", st.name, kept)
 				}
 			}
 			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {

@@ -19,14 +19,19 @@ import (
 // dumps the node's chains and sets first), over netlink a flush and a message per rule.
 var roundRobinRuleRE = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+) numgen inc mod (\d+) vmap @(\S+)$`)
 
-// netlinkEncodable reports whether NetlinkWriter can write chains: each only loses
-// rules (Removed), or has only rules it can encode.
+// netlinkEncodable reports whether NetlinkWriter can write chains: the rules each adds
+// (a Delta's Appended, or all of a round-robin bucket written whole) are round-robin
+// bucket rules; rules a Delta removes need no encoding.
 func netlinkEncodable(chains []ChainRules) bool {
 	for _, ch := range chains {
-		if ch.Removed != nil {
-			continue
+		rules := ch.Appended
+		if !ch.Delta {
+			if !strings.HasPrefix(ch.Name, roundRobinBucketPrefix) || len(ch.Rules) == 0 {
+				return false
+			}
+			rules = ch.Rules
 		}
-		for _, r := range ch.Rules {
+		for _, r := range rules {
 			if !roundRobinRuleRE.MatchString(r) {
 				return false
 			}
@@ -37,7 +42,8 @@ func netlinkEncodable(chains []ChainRules) bool {
 
 // ruleExprs compiles a rule of the shape of roundRobinRuleRE for a table of family fam
 // into the expressions nft 1.0.6 makes of it (nft --debug=netlink), so that either
-// writer leaves the same rule (TestEncodeRoundRobinRule compares them in the kernel).
+// writer leaves the same rule (TestNetlinkWritesRoundRobinBuckets compares them in the
+// kernel).
 func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
 	m := roundRobinRuleRE.FindStringSubmatch(rule)
 	if m == nil {

@@ -559,7 +559,18 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // claim, however the changes arrived.
 func TestPartialEqualsFullWithConflicts(t *testing.T) {
 	for seed := int64(1); seed <= 6; seed++ {
-		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { partialEqualsFullWithConflicts(t, seed, LBRandom, 300, 1) })
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { partialEqualsFullWithConflicts(t, seed, LBRandom, 300, 1, false) })
+	}
+	// roundRobin and ClientIP affinity put rules into shared bucket chains, reached
+	// from the contested external entries through the cluster IP's (pick-rr-cip,
+	// pick-aff-cip) unless the cluster IP entry was lost.
+	for seed := int64(1); seed <= 3; seed++ {
+		t.Run(fmt.Sprintf("roundRobin seed %d", seed), func(t *testing.T) {
+			partialEqualsFullWithConflicts(t, seed, LBRoundRobin, 150, 1, false)
+		})
+		t.Run(fmt.Sprintf("affinity seed %d", seed), func(t *testing.T) {
+			partialEqualsFullWithConflicts(t, seed, LBRoundRobin, 150, 1, true)
+		})
 	}
 	// consistentHash entries keep their tables as one record each (slotTable); entries
 	// handed from Service to Service within one change must still come out right. Fewer
@@ -568,12 +579,12 @@ func TestPartialEqualsFullWithConflicts(t *testing.T) {
 	// fails at steps 29 and 49).
 	for _, seed := range []int64{4, 5} {
 		t.Run(fmt.Sprintf("consistentHash seed %d", seed), func(t *testing.T) {
-			partialEqualsFullWithConflicts(t, seed, LBConsistentHash, 60, 5)
+			partialEqualsFullWithConflicts(t, seed, LBConsistentHash, 60, 5, false)
 		})
 	}
 }
 
-func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps, every int) {
+func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps, every int, affinity bool) {
 	rng := rand.New(rand.NewSource(seed))
 	shared := []netip.Addr{addr("192.168.200.1"), addr("192.168.200.2"), addr("192.168.200.3")}
 	gen := func(i int) *ServicePort {
@@ -590,7 +601,10 @@ func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps
 		// A Service keeps its claim across changes, as its creation time and UID do.
 		p.Claim = Claim{Created: time.Unix(int64(1000+i%4), 0), UID: fmt.Sprintf("uid-%d", (i*7)%10)}
 		p.LoadBalancing = mode
-		if mode == LBConsistentHash && rng.Intn(2) == 0 {
+		if affinity && rng.Intn(3) != 0 {
+			p.AffinityTimeout = 300 * time.Second
+		}
+		if (mode == LBConsistentHash || mode == LBRoundRobin) && rng.Intn(2) == 0 {
 			// Local external entries get tables of their own (not the cluster IP's),
 			// and those are the entries contested here.
 			p.ExternalLocal, p.LocalEndpoints = true, slices.Clone(p.ClusterEndpoints)
