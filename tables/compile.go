@@ -68,7 +68,7 @@ type compiled struct {
 
 // ruleGroup is the rules one port has in a chain that holds the rules of several ports,
 // in order, under a key unique to the port (its cluster IP entry): the chain holds the
-// groups in the order of their keys.
+// groups in the order they came (ledger.countRules).
 type ruleGroup struct {
 	chain, key string
 	rules      []string
@@ -813,10 +813,11 @@ func (c *compiler) pickChainRules(name string) ([]string, error) {
 	return rules, nil
 }
 
-// viaClusterIPRules are the rules of pick-ch-cip-<n> and pick-rr-cip-<b>: for each
-// protocol, rewrite the destination to the entry's cluster IP and port, keyed by the
-// connection's original destination (the rewritten one would miss the second lookup),
-// then pick as for the cluster IP entry, in chain next (pick-ch-<n>, rr-bucket-<b>).
+// viaClusterIPRules are the rules of pick-ch-cip-<n>, pick-rr-cip-<b> and
+// pick-aff-cip-<b>: for each protocol, rewrite the destination to the entry's cluster
+// IP and port, keyed by the connection's original destination (the rewritten one would
+// miss the second lookup), then go on as the cluster IP entry does, in chain next
+// (pick-ch-<n>, rr-bucket-<b>, aff-bucket-<b>).
 func (c *compiler) viaClusterIPRules(next string) []string {
 	ip := c.ip
 	orig := fmt.Sprintf("ct original %s daddr . meta l4proto . ct original proto-dst", ip)

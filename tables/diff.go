@@ -103,9 +103,13 @@ func (d *Diff) Len() int {
 		n += 1 + 2*(len(sk.Chains)+len(sk.Sets)+len(sk.Maps)) + len(sk.Rules) + len(sk.RecreatedMaps)
 	}
 	for _, ch := range d.WriteChains {
-		n += 1 + len(ch.Rules)
-		if ch.MayExist {
-			n++
+		switch {
+		case ch.Delta:
+			n += len(ch.RemovedAt) + len(ch.Appended)
+		case ch.MayExist:
+			n += 2 + len(ch.Rules)
+		default:
+			n += 1 + len(ch.Rules)
 		}
 	}
 	return n

@@ -78,8 +78,9 @@ const MaxNetlinkElements = 1000
 // (208 KiB by default, ~700 bytes each), so past ~280 messages the transaction is
 // applied but reported as failed (ENOBUFS) and the next sync would be a needless full
 // one. A rule added also comes back as an echo, and the echoes are larger: a bucket of
-// ~145 rules overflowed (netlinkMessages counts a rule as two). Deleting a ClientIP-affinity Service with 150 endpoints takes ~150 (a delete per
-// set, a flush and a delete per chain); such a sync goes through nft.
+// ~145 rules overflowed (netlinkMessages counts a rule as two). Deleting a
+// ClientIP-affinity Service with 150 endpoints takes ~300 (a delete per set, and per
+// rule of its bucket); such a sync goes through nft.
 const MaxNetlinkMessages = 128
 
 // fitsNetlink reports whether a NetlinkWriter can apply d: no rule text, and small

@@ -14,9 +14,9 @@ import (
 )
 
 // roundRobinRuleRE is the one rule shape NetlinkWriter encodes itself: a round-robin
-// bucket rule (portCompiler.roundRobinRule). A Service of a roundRobin port coming or
-// going rewrites its bucket chain; through nft that is ~60 ms at 10,000 Services (nft
-// dumps the node's chains and sets first), over netlink a flush and a message per rule.
+// bucket rule (portCompiler.roundRobinRule). A roundRobin Service coming or changing
+// its endpoint count adds its rule to its bucket; through nft that was ~60 ms at 10,000
+// Services (nft dumps the node's chains and sets first), over netlink two messages.
 var roundRobinRuleRE = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+) numgen inc mod (\d+) vmap @(\S+)$`)
 
 // netlinkEncodable reports whether NetlinkWriter can write chains: the rules each adds
