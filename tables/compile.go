@@ -67,8 +67,8 @@ type compiled struct {
 }
 
 // ruleGroup is the rules one port has in a chain that holds the rules of several ports,
-// in order, under a key unique to the port (its cluster IP entry): the chain holds the
-// groups in the order they came (ledger.countRules).
+// in order, under a key unique to the port (groupKey): the chain holds the groups in
+// the order they came (ledger.countRules).
 type ruleGroup struct {
 	chain, key string
 	rules      []string
@@ -372,7 +372,7 @@ func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class string) s
 		return chain
 	}
 	chain := affinityBucketChain(bucketOf(cip))
-	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.entryID(en), rules: pc.aff.rules(eps, pc.c.entryMatch(en))})
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: pc.aff.rules(eps, pc.c.entryMatch(en))})
 	return chain
 }
 
@@ -380,10 +380,17 @@ func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class string) s
 // into en's bucket chain, and returns the chain.
 func (pc *portCompiler) roundRobinRule(en entry, n int) string {
 	chain := roundRobinBucketChain(bucketOf(en))
-	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.entryID(en), rules: []string{fmt.Sprintf("%s %s vmap @%s",
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: []string{fmt.Sprintf("%s %s vmap @%s",
 		pc.c.entryMatch(en), pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)}})
 	pc.roundRobinPicks(false, n)
 	return chain
+}
+
+// groupKey is the key of the port's rule group for its cluster IP entry en: the entry
+// and the port, since within one change an older claim may take the entry while the
+// younger port still holds its group (ledger.settle releases it afterwards).
+func (pc *portCompiler) groupKey(en entry) string {
+	return pc.entryID(en) + " " + pc.sp.Name.String()
 }
 
 // entryMatch matches the packets of entry en by equality: "ip daddr 172.30.0.10 tcp

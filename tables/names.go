@@ -166,9 +166,9 @@ func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
 // port, matching the port's cluster IP and port, each with its own counter. Buckets
 // instead of a chain per port, because the kernel walks every chain of the table on
 // each commit (~18 ns a chain): 10,000 roundRobin ports made every partial sync twice
-// as dear as random's. A bucket is written whole when a rule comes or changes; the
-// ports' rules are in the order of their keys (ruleGroup), so the order the ports came
-// in does not matter.
+// as dear as random's. A bucket holds its ports' rules in the order they came; a
+// partial sync appends and deletes rules (ledger.countRules, groupDelta) and leaves
+// the others, and their counters, alone.
 const roundRobinBucketPrefix = roundRobinPrefix + "bucket-"
 
 // bucketCount is the number of bucket chains of each kind: at 10,000 round-robin

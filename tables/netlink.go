@@ -79,8 +79,8 @@ const MaxNetlinkElements = 1000
 // applied but reported as failed (ENOBUFS) and the next sync would be a needless full
 // one. A rule added also comes back as an echo, and the echoes are larger: a bucket of
 // ~145 rules overflowed (netlinkMessages counts a rule as two). Deleting a
-// ClientIP-affinity Service with 150 endpoints takes ~300 (a delete per set, and per
-// rule of its bucket); such a sync goes through nft.
+// ClientIP-affinity Service with 150 endpoints takes ~450 (a delete per set, and per
+// rule of its group in its bucket: two per endpoint); such a sync goes through nft.
 const MaxNetlinkMessages = 128
 
 // fitsNetlink reports whether a NetlinkWriter can apply d: no rule text, and small

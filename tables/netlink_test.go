@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables"
@@ -42,7 +43,11 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 	// then its appended ones; other chains rewritten.
 	for _, ch := range d.WriteChains {
 		if ch.Delta {
-			rules := w.fake.Table.Chains[ch.Name].Rules
+			chain := w.fake.Table.Chains[ch.Name]
+			if chain == nil {
+				return fmt.Errorf("chain %s is not there", ch.Name)
+			}
+			rules := chain.Rules
 			if len(rules) != ch.Had {
 				return fmt.Errorf("chain %s has %d rules; want %d", ch.Name, len(rules), ch.Had)
 			}
@@ -319,7 +324,7 @@ func kernelContent(t *testing.T, ns string, fam Family, table string) []string {
 
 // TestLargeRemovalsGoThroughNft: a partial sync whose netlink transaction would take more
 // messages than the socket can acknowledge (deleting a ClientIP-affinity Service with
-// 150 endpoints: a delete per set, a flush and a delete for its chain) goes through nft;
+// 150 endpoints: a delete per set and per rule of its bucket group) goes through nft;
 // a small one goes through the direct applier.
 func TestLargeRemovalsGoThroughNft(t *testing.T) {
 	for _, tc := range []struct {
@@ -707,6 +712,101 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 				}
 				if kept < 2 {
 					t.Errorf("%s: only %d rules were there before and after", st.name, kept)
+				}
+			}
+			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {
+				t.Errorf("tables differ (-nft +netlink):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestAffinityBucketThroughNetlink: ClientIP-affinity ports of both modes that place
+// new clients without hashing (random, roundRobin), one of them with two ports, share
+// an affinity bucket in a real kernel, IPv4 and IPv6, each protocol; Services come
+// (through nft: their rules come with sets), go (over netlink: their rules deleted by
+// position) and change, and after every step the bucket lists exactly, in order, as in
+// a namespace written through nft alone.
+func TestAffinityBucketThroughNetlink(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		t.Run(fam.String(), func(t *testing.T) {
+			cfg := testConfig(fam)
+			nsNft, nsNetlink := newNetns(t), newNetns(t)
+			byNft, byNetlink := kernelSyncer(t, nsNft, cfg), netlinkSyncer(t, nsNetlink, cfg)
+			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
+			base := netip.MustParseAddr("172.30.0.1")
+			if fam == IPv6 {
+				eps = []Endpoint{ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::2", 8080), ep("fd00:10:244:3::2", 8080)}
+				base = netip.MustParseAddr("fd00:30::1")
+			}
+			bucket := bucketOf(entry{base, TCP, 80})
+			var ports []*ServicePort
+			for a := base; len(ports) < 5; a = a.Next() {
+				proto := allProtocols()[len(ports)%3]
+				if bucketOf(entry{a, proto, 80}) != bucket {
+					continue
+				}
+				n := len(ports)
+				ports = append(ports, sp(fmt.Sprintf("aff%d", n), 80, withEndpoints(eps, nil), func(p *ServicePort) {
+					p.ClusterIP, p.Protocol, p.NodePort = a, proto, 30000+uint16(n)
+					p.AffinityTimeout = 300 * time.Second
+					p.LoadBalancing = []LBMode{LBRandom, LBRoundRobin}[n%2]
+				}))
+			}
+			// A second port of aff0 in the same bucket.
+			var two *ServicePort
+			for port := uint16(81); two == nil; port++ {
+				if bucketOf(entry{ports[0].ClusterIP, ports[0].Protocol, port}) == bucket {
+					q := *ports[0]
+					q.Port, q.NodePort = port, 31000
+					q.Name.Port = "q"
+					two = &q
+				}
+			}
+			ctx := context.Background()
+			initial := services(append(ports[:3:3], two)...)
+			for _, s := range []*Syncer{byNft, byNetlink} {
+				if _, err := s.Full(ctx, initial); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fewer := *ports[2]
+			fewer.ClusterEndpoints = eps[:2]
+			gone := func(n string) map[ServiceName][]*ServicePort {
+				return map[ServiceName][]*ServicePort{{Namespace: "ns", Name: n}: nil}
+			}
+			back := services(ports[1])
+			back[ServiceName{Namespace: "ns", Name: "aff4"}] = nil
+			// direct: only rules go, so the netlink writer deletes them.
+			steps := []struct {
+				name   string
+				change map[ServiceName][]*ServicePort
+				direct bool
+			}{
+				{"middle Service goes", gone("aff1"), true},
+				{"a Service comes", services(ports[3]), false},
+				{"another comes", services(ports[4]), false},
+				{"an endpoint goes", services(&fewer), false},
+				{"two-port Service goes", gone("aff0"), true},
+				{"aff3 goes", gone("aff3"), true},
+				{"aff1 back, aff4 goes", back, false},
+			}
+			chain := affinityBucketChain(bucket)
+			for _, st := range steps {
+				if _, err := byNft.Partial(ctx, st.change); err != nil {
+					t.Fatalf("%s through nft: %v", st.name, err)
+				}
+				stats, err := byNetlink.Partial(ctx, st.change)
+				if err != nil {
+					t.Fatalf("%s over netlink: %v", st.name, err)
+				}
+				if st.direct && !stats.Direct {
+					t.Errorf("%s: went through nft; want the netlink writer", st.name)
+				}
+				want := nftIn(t, nsNft, "list", "chain", string(familyName(fam)), cfg.TableName(), chain)
+				if got := nftIn(t, nsNetlink, "list", "chain", string(familyName(fam)), cfg.TableName(), chain); got != want {
+					t.Errorf("%s: %s over netlink:\n%s\nthrough nft:\n%s", st.name, chain, got, want)
 				}
 			}
 			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {

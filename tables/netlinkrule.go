@@ -83,9 +83,10 @@ func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
 
 // ruleHandles returns the kernel's handles of the rules ch lost: the kernel lists a
 // chain's rules in order, and the chain is as the Syncer wrote it, so they are the
-// rules at ch.RemovedAt. A chain of another length, or a rule the writer can encode
-// (round-robin) that is not the one expected there, is an error (the Syncer then needs
-// a full sync).
+// rules at ch.RemovedAt. A chain of another length, a rule there that does not match
+// the expected rule's cluster IP, protocol and port, or (for a round-robin rule) its
+// modulus and map, is an error (the Syncer then needs a full sync): deleting another
+// port's rule would break that port.
 func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, ch ChainRules) ([]uint64, error) {
 	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: ch.Name, Table: w.table})
 	if err != nil {
@@ -96,6 +97,9 @@ func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, ch ChainRules) ([]uint6
 	}
 	handles := make([]uint64, 0, len(ch.RemovedAt))
 	for k, i := range ch.RemovedAt {
+		if want, ok := textEntryMatch(ch.Removed[k]); !ok || want != exprsEntryMatch(inKernel[i].Exprs) {
+			return nil, fmt.Errorf("chain %s of table %s: rule %d does not match as %q", ch.Name, w.table.Name, i, ch.Removed[k])
+		}
 		if exprs, err := ruleExprs(w.table.Family, ch.Removed[k]); err == nil {
 			want, _ := ruleKey(exprs)
 			if got, _ := ruleKey(inKernel[i].Exprs); got != want {
@@ -105,6 +109,42 @@ func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, ch ChainRules) ([]uint6
 		handles = append(handles, inKernel[i].Handle)
 	}
 	return handles, nil
+}
+
+// entryMatchRE is the start of every bucket rule (compiler.entryMatch).
+var entryMatchRE = regexp.MustCompile(`^ip6? daddr (\S+) (tcp|udp|sctp) dport (\d+) `)
+
+// textEntryMatch returns the values a bucket rule's entry match compares, as
+// exprsEntryMatch reads them from the kernel's rule; ok is false for another rule.
+func textEntryMatch(rule string) (string, bool) {
+	m := entryMatchRE.FindStringSubmatch(rule)
+	if m == nil {
+		return "", false
+	}
+	addr, err := netip.ParseAddr(m[1])
+	port, err2 := strconv.ParseUint(m[3], 10, 16)
+	if err != nil || err2 != nil {
+		return "", false
+	}
+	proto := map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[m[2]]
+	return fmt.Sprintf("%x/%x/%x", addr.AsSlice(), []byte{proto}, binary.BigEndian.AppendUint16(nil, uint16(port))), true
+}
+
+// exprsEntryMatch returns the values the first three comparisons of a rule compare
+// (a bucket rule's destination address, protocol and port), or "".
+func exprsEntryMatch(exprs []expr.Any) string {
+	var parts []string
+	for _, i := range []int{1, 3, 5} {
+		if i >= len(exprs) {
+			return ""
+		}
+		c, ok := exprs[i].(*expr.Cmp)
+		if !ok || c.Op != expr.CmpOpEq {
+			return ""
+		}
+		parts = append(parts, fmt.Sprintf("%x", c.Data))
+	}
+	return strings.Join(parts, "/")
 }
 
 // ruleKey identifies a rule of the shape ruleExprs makes by the values it compares and

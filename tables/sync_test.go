@@ -559,18 +559,25 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 // claim, however the changes arrived.
 func TestPartialEqualsFullWithConflicts(t *testing.T) {
 	for seed := int64(1); seed <= 6; seed++ {
-		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { partialEqualsFullWithConflicts(t, seed, LBRandom, 300, 1, false) })
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { partialEqualsFullWithConflicts(t, seed, LBRandom, 300, 1, conflictOpts{}) })
 	}
 	// roundRobin and ClientIP affinity put rules into shared bucket chains, reached
 	// from the contested external entries through the cluster IP's (pick-rr-cip,
-	// pick-aff-cip) unless the cluster IP entry was lost.
-	for seed := int64(1); seed <= 3; seed++ {
-		t.Run(fmt.Sprintf("roundRobin seed %d", seed), func(t *testing.T) {
-			partialEqualsFullWithConflicts(t, seed, LBRoundRobin, 150, 1, false)
-		})
-		t.Run(fmt.Sprintf("affinity seed %d", seed), func(t *testing.T) {
-			partialEqualsFullWithConflicts(t, seed, LBRoundRobin, 150, 1, true)
-		})
+	// pick-aff-cip) unless the cluster IP entry was lost; with shared cluster IPs an
+	// older claim takes a younger port's cluster IP entry, and so its place in the
+	// bucket, within one change. The direct applier checks the buckets' deltas
+	// (positions of removed rules) against the table.
+	for seed := int64(1); seed <= 4; seed++ {
+		for _, opts := range []conflictOpts{
+			{},
+			{affinity: true},
+			{sharedClusterIPs: true, direct: true},
+			{affinity: true, sharedClusterIPs: true, direct: true},
+		} {
+			t.Run(fmt.Sprintf("roundRobin seed %d %+v", seed, opts), func(t *testing.T) {
+				partialEqualsFullWithConflicts(t, seed, LBRoundRobin, 150, 1, opts)
+			})
+		}
 	}
 	// consistentHash entries keep their tables as one record each (slotTable); entries
 	// handed from Service to Service within one change must still come out right. Fewer
@@ -579,16 +586,26 @@ func TestPartialEqualsFullWithConflicts(t *testing.T) {
 	// fails at steps 29 and 49).
 	for _, seed := range []int64{4, 5} {
 		t.Run(fmt.Sprintf("consistentHash seed %d", seed), func(t *testing.T) {
-			partialEqualsFullWithConflicts(t, seed, LBConsistentHash, 60, 5, false)
+			partialEqualsFullWithConflicts(t, seed, LBConsistentHash, 60, 5, conflictOpts{})
 		})
 	}
 }
 
-func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps, every int, affinity bool) {
+// conflictOpts vary partialEqualsFullWithConflicts: ClientIP affinity on two ports of
+// three; half the ports on three shared cluster IPs; a direct applier (fakeNetlink)
+// beside nft, and a full sync every 13 steps between the partial ones.
+type conflictOpts struct {
+	affinity, sharedClusterIPs, direct bool
+}
+
+func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps, every int, opts conflictOpts) {
 	rng := rand.New(rand.NewSource(seed))
 	shared := []netip.Addr{addr("192.168.200.1"), addr("192.168.200.2"), addr("192.168.200.3")}
 	gen := func(i int) *ServicePort {
 		p := genPort(i, rng.Intn(3))
+		if opts.sharedClusterIPs && rng.Intn(2) == 0 {
+			p.ClusterIP = netip.AddrFrom4([4]byte{172, 30, 0, byte(i % 3)})
+		}
 		p.Protocol, p.LoadBalancerIPs, p.SourceRanges, p.NodePort = TCP, nil, nil, 0
 		for _, a := range shared {
 			if rng.Intn(2) == 0 {
@@ -601,7 +618,7 @@ func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps
 		// A Service keeps its claim across changes, as its creation time and UID do.
 		p.Claim = Claim{Created: time.Unix(int64(1000+i%4), 0), UID: fmt.Sprintf("uid-%d", (i*7)%10)}
 		p.LoadBalancing = mode
-		if affinity && rng.Intn(3) != 0 {
+		if opts.affinity && rng.Intn(3) != 0 {
 			p.AffinityTimeout = 300 * time.Second
 		}
 		if (mode == LBConsistentHash || mode == LBRoundRobin) && rng.Intn(2) == 0 {
@@ -612,6 +629,9 @@ func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps
 		return p
 	}
 	s, fake := newFake(t, testConfig(IPv4))
+	if opts.direct {
+		s.SetDirect(&fakeNetlink{fake: fake})
+	}
 	state := map[ServiceName][]*ServicePort{}
 	for i := 0; i < 8; i++ {
 		state[ServiceName{"gen", fmt.Sprintf("svc-%d", i)}] = []*ServicePort{gen(i)}
@@ -630,6 +650,9 @@ func partialEqualsFullWithConflicts(t *testing.T, seed int64, mode LBMode, steps
 			}
 			changes[name] = []*ServicePort{gen(i)}
 			state[name] = changes[name]
+		}
+		if opts.direct && step%13 == 12 {
+			fullSync(t, s, state)
 		}
 		stats, err := s.Partial(context.Background(), changes)
 		if err != nil {
@@ -899,4 +922,42 @@ func TestPanicInPartialForcesFullSync(t *testing.T) {
 	}
 	fullSync(t, s, state)
 	assertEqualsFull(t, fake, state)
+}
+
+// TestEvictedBucketGroup: an older claim that takes a younger port's cluster IP entry
+// in a partial sync puts its own rules in the bucket, not the younger port's (a group
+// keyed by the entry alone kept the younger port's rules: a round-robin rule over 3
+// endpoints for a port with 2, rejecting a third of its connections; affinity rules
+// naming the younger port's deleted sets), and the younger port's removal afterwards
+// applies.
+func TestEvictedBucketGroup(t *testing.T) {
+	for _, affinity := range []bool{false, true} {
+		t.Run(fmt.Sprint("affinity ", affinity), func(t *testing.T) {
+			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
+			port := func(name string, n int, created int64) *ServicePort {
+				return sp(name, 80, withEndpoints(eps[:n], nil), func(p *ServicePort) {
+					p.LoadBalancing = LBRoundRobin
+					p.Claim = Claim{Created: time.Unix(created, 0), UID: name}
+					if affinity {
+						p.AffinityTimeout = 300 * time.Second
+					}
+				})
+			}
+			young, old := port("young", 3, 2000), port("old", 2, 1000)
+			s, fake := newFake(t, testConfig(IPv4))
+			s.SetDirect(&fakeNetlink{fake: fake})
+			fullSync(t, s, services(young))
+			if _, err := s.Partial(context.Background(), services(old)); err != nil {
+				t.Fatal(err)
+			}
+			ref, refFake := newFake(t, testConfig(IPv4))
+			fullSync(t, ref, services(young, old))
+			if diff := cmp.Diff(contentDump(refFake), contentDump(fake)); diff != "" {
+				t.Errorf("the older claim's partial sync differs from a full sync (-full +partial):\n%s", diff)
+			}
+			if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "young"}: nil}); err != nil {
+				t.Errorf("removing the younger Service: %v", err)
+			}
+		})
+	}
 }
