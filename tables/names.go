@@ -9,9 +9,11 @@ import (
 	"strings"
 )
 
-// Names of the objects in an instance's table. Everything is fixed except the pick and
-// affinity chains, which exist once per endpoint count and per affinity timeout (never
-// per Service), so the number of chains stays small however many Services there are.
+// Names of the objects in an instance's table. Everything is fixed except the pick
+// chains (once per endpoint count), the round-robin and affinity buckets (at most 256
+// of each), the affinity sets (per Service port and endpoint), and the chains of the
+// few ports whose external endpoints differ from their cluster IP's in round-robin or
+// affinity: so the number of chains stays small however many Services there are.
 const (
 	// Base chains (see priority.go for their hooks and priorities).
 
@@ -50,15 +52,17 @@ const (
 	// chains "rr-bucket-<b>" (roundRobinBucketPrefix), which hold one rule per port,
 	// and the port's own "rr-<id>-<n>" and "rr-<id>-cluster-<n>" for the entries a
 	// bucket cannot serve (those whose endpoints are not the cluster IP's: Local
-	// policies, the short circuit; all of a port that lost its cluster IP entry). One counter per Service port needs a rule per port;
-	// the rule sends each connection, through round-robin-picks, to the shared
-	// pick-at-<k> chain of its index.
+	// policies, the short circuit; all of a port that lost its cluster IP entry). One
+	// counter per Service port needs a rule per port; the rule sends each connection,
+	// through round-robin-picks, to the shared pick-at-<k> chain of its index.
 	roundRobinPrefix = "rr-"
-	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports, the
-	// only per-Service objects: "aff-<id>-int|ext|clu" choose among the internal,
-	// external or cluster endpoints, each rule remembering the client in the set of the
-	// endpoint it DNATs to, "aff-<id>-<ep>". A dynamic map could do this without
-	// per-Service chains, but nft 1.0.6 cannot update IPv6 concatenated maps.
+	// affinityPrefix names the chains and sets of ClientIP-affinity Service ports: the
+	// buckets "aff-bucket-<b>" (affinityBucketPrefix) and, for entries whose endpoints
+	// are not the cluster IP's, "aff-<id>-int|ext|clu", whose rules choose among the
+	// internal, external or cluster endpoints, each rule remembering the client in the
+	// set of the endpoint it DNATs to, "aff-<id>-<ep>" (the only per-Service objects).
+	// A dynamic map could do this without sets per endpoint, but nft 1.0.6 cannot
+	// update IPv6 concatenated maps.
 	affinityPrefix = "aff-"
 
 	// Sets and maps.
