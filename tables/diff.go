@@ -190,7 +190,8 @@ func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
 		return out
 	}
 	wasSeqs, nowSeqs := seqs(was), seqs(now)
-	cr := ChainRules{Name: ch, Rules: groupRules(inOrder(now)), MayExist: true, Delta: true}
+	nowGroups := inOrder(now)
+	cr := ChainRules{Name: ch, Rules: groupRules(nowGroups), MayExist: true, Delta: true}
 	for _, g := range inOrder(was) {
 		for _, r := range g.rules {
 			if !nowSeqs[g.seq] {
@@ -199,7 +200,7 @@ func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
 			cr.Had++
 		}
 	}
-	for _, g := range inOrder(now) {
+	for _, g := range nowGroups {
 		if !wasSeqs[g.seq] {
 			cr.Appended = append(cr.Appended, g.rules...)
 		}

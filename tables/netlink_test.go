@@ -622,8 +622,92 @@ func TestNetlinkAddsConsistentHashNodePort(t *testing.T) {
 	}
 }
 
+// bucketPair is two namespaces of one family, one written through nft alone and one
+// with the netlink writer, for Service ports whose cluster IP entries share a bucket.
+type bucketPair struct {
+	fam              Family
+	cfg              Config
+	nsNft, nsNetlink string
+	byNft, byNetlink *Syncer
+	eps              []Endpoint
+	base             netip.Addr
+	bucket           int
+}
+
+func newBucketPair(t *testing.T, fam Family) *bucketPair {
+	b := &bucketPair{fam: fam, cfg: testConfig(fam), nsNft: newNetns(t), nsNetlink: newNetns(t),
+		eps: []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}, base: netip.MustParseAddr("172.30.0.1")}
+	if fam == IPv6 {
+		b.eps = []Endpoint{ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::2", 8080), ep("fd00:10:244:3::2", 8080)}
+		b.base = netip.MustParseAddr("fd00:30::1")
+	}
+	b.byNft, b.byNetlink = kernelSyncer(t, b.nsNft, b.cfg), netlinkSyncer(t, b.nsNetlink, b.cfg)
+	b.bucket = bucketOf(entry{b.base, TCP, 80})
+	return b
+}
+
+// ports returns n Service ports named <prefix><i> over b.eps, port 80, tcp, udp and
+// sctp in turn, NodePort 30000+i, on the first cluster IPs from b.base in b.bucket;
+// mod finishes port i.
+func (b *bucketPair) ports(prefix string, n int, mod func(i int, p *ServicePort)) []*ServicePort {
+	var ports []*ServicePort
+	for a := b.base; len(ports) < n; a = a.Next() {
+		i, proto := len(ports), allProtocols()[len(ports)%3]
+		if bucketOf(entry{a, proto, 80}) != b.bucket {
+			continue
+		}
+		ports = append(ports, sp(fmt.Sprintf("%s%d", prefix, i), 80, withEndpoints(b.eps, nil), func(p *ServicePort) {
+			p.ClusterIP, p.Protocol, p.NodePort = a, proto, 30000+uint16(i)
+			mod(i, p)
+		}))
+	}
+	return ports
+}
+
+// full fully syncs both namespaces to svcs.
+func (b *bucketPair) full(t *testing.T, svcs map[ServiceName][]*ServicePort) {
+	t.Helper()
+	for _, s := range []*Syncer{b.byNft, b.byNetlink} {
+		if _, err := s.Full(context.Background(), svcs); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// step applies one change to both namespaces, checks that chain then lists the same in
+// both, in order, and returns the netlink side's stats and nft's listing of chain.
+func (b *bucketPair) step(t *testing.T, name string, change map[ServiceName][]*ServicePort, chain string) (Stats, string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := b.byNft.Partial(ctx, change); err != nil {
+		t.Fatalf("%s through nft: %v", name, err)
+	}
+	stats, err := b.byNetlink.Partial(ctx, change)
+	if err != nil {
+		t.Fatalf("%s over netlink: %v", name, err)
+	}
+	want := b.listChain(t, b.nsNft, chain)
+	if got := b.listChain(t, b.nsNetlink, chain); got != want {
+		t.Errorf("%s: %s over netlink:\n%s\nthrough nft:\n%s", name, chain, got, want)
+	}
+	return stats, want
+}
+
+func (b *bucketPair) listChain(t *testing.T, ns, chain string, flags ...string) string {
+	t.Helper()
+	return nftIn(t, ns, append(flags, "list", "chain", string(familyName(b.fam)), b.cfg.TableName(), chain)...)
+}
+
+// sameTables checks that the two namespaces hold the same table.
+func (b *bucketPair) sameTables(t *testing.T) {
+	t.Helper()
+	if diff := cmp.Diff(kernelContent(t, b.nsNft, b.fam, b.cfg.TableName()), kernelContent(t, b.nsNetlink, b.fam, b.cfg.TableName())); diff != "" {
+		t.Errorf("tables differ (-nft +netlink):\n%s", diff)
+	}
+}
+
 // TestNetlinkWritesRoundRobinBuckets: a roundRobin Service coming, going or changing
-// its endpoint count rewrites its bucket chain over netlink (no nft), and the chain
+// its endpoint count changes its bucket chain over netlink (no nft), and the chain
 // then lists exactly as nft writes it, rule for rule and in order, for each protocol
 // and both families; the port's traffic is checked in the real-kernel layer
 // (TestRoundRobinCountersThroughRealKernel).
@@ -631,35 +715,12 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 	requireRoot(t)
 	for _, fam := range []Family{IPv4, IPv6} {
 		t.Run(fam.String(), func(t *testing.T) {
-			cfg := testConfig(fam)
-			nsNft, nsNetlink := newNetns(t), newNetns(t)
-			byNft, byNetlink := kernelSyncer(t, nsNft, cfg), netlinkSyncer(t, nsNetlink, cfg)
-			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
-			base := netip.MustParseAddr("172.30.0.1")
-			if fam == IPv6 {
-				eps = []Endpoint{ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::2", 8080), ep("fd00:10:244:3::2", 8080)}
-				base = netip.MustParseAddr("fd00:30::1")
-			}
+			b := newBucketPair(t, fam)
 			// Four ports in one bucket: one of each protocol, and one more to add later.
-			bucket := bucketOf(entry{base, TCP, 80})
-			var ports []*ServicePort
-			for a, i := base, 0; len(ports) < 4; a, i = a.Next(), i+1 {
-				proto := allProtocols()[len(ports)%3]
-				if bucketOf(entry{a, proto, 80}) != bucket {
-					continue
-				}
-				ports = append(ports, sp(fmt.Sprintf("rr%d", len(ports)), 80, withEndpoints(eps, nil), func(p *ServicePort) {
-					p.LoadBalancing, p.ClusterIP, p.Protocol, p.NodePort = LBRoundRobin, a, proto, 30000+uint16(len(ports))
-				}))
-			}
-			ctx := context.Background()
-			for _, s := range []*Syncer{byNft, byNetlink} {
-				if _, err := s.Full(ctx, services(ports[:3]...)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			ports := b.ports("rr", 4, func(_ int, p *ServicePort) { p.LoadBalancing = LBRoundRobin })
+			b.full(t, services(ports[:3]...))
 			fewer := *ports[1]
-			fewer.ClusterEndpoints = eps[:2]
+			fewer.ClusterEndpoints = b.eps[:2]
 			// In every step the other ports' rules keep their handles: the bucket is not
 			// rewritten, so their numgen counters go on (and adding rules would cost a
 			// validation of the whole table).
@@ -672,10 +733,10 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 				{"an endpoint goes", services(&fewer), 4},
 				{"a Service goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "rr0"}: nil}, 3},
 			}
-			chain := roundRobinBucketChain(bucket)
+			chain := roundRobinBucketChain(b.bucket)
 			handles := func() map[string]string {
 				out := map[string]string{}
-				for _, line := range strings.Split(nftIn(t, nsNetlink, "-a", "list", "chain", string(familyName(fam)), cfg.TableName(), chain), "\n") {
+				for _, line := range strings.Split(b.listChain(t, b.nsNetlink, chain, "-a"), "\n") {
 					if rule, handle, ok := strings.Cut(strings.TrimSpace(line), " # handle "); ok && strings.Contains(rule, "numgen") {
 						out[rule] = handle
 					}
@@ -684,19 +745,9 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 			}
 			for _, st := range steps {
 				before := handles()
-				if _, err := byNft.Partial(ctx, st.change); err != nil {
-					t.Fatalf("%s through nft: %v", st.name, err)
-				}
-				stats, err := byNetlink.Partial(ctx, st.change)
-				if err != nil {
-					t.Fatalf("%s over netlink: %v", st.name, err)
-				}
+				stats, want := b.step(t, st.name, st.change, chain)
 				if !stats.Direct {
 					t.Errorf("%s: went through nft; want the netlink writer", st.name)
-				}
-				want := nftIn(t, nsNft, "list", "chain", string(familyName(fam)), cfg.TableName(), chain)
-				if got := nftIn(t, nsNetlink, "list", "chain", string(familyName(fam)), cfg.TableName(), chain); got != want {
-					t.Errorf("%s: %s over netlink:\n%s\nthrough nft:\n%s", st.name, chain, got, want)
 				}
 				if n := strings.Count(want, "numgen inc"); n != st.rules {
 					t.Errorf("%s: %s holds %d rules; want %d:\n%s", st.name, chain, n, st.rules, want)
@@ -714,9 +765,7 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 					t.Errorf("%s: only %d rules were there before and after", st.name, kept)
 				}
 			}
-			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {
-				t.Errorf("tables differ (-nft +netlink):\n%s", diff)
-			}
+			b.sameTables(t)
 		})
 	}
 }
@@ -731,48 +780,24 @@ func TestAffinityBucketThroughNetlink(t *testing.T) {
 	requireRoot(t)
 	for _, fam := range []Family{IPv4, IPv6} {
 		t.Run(fam.String(), func(t *testing.T) {
-			cfg := testConfig(fam)
-			nsNft, nsNetlink := newNetns(t), newNetns(t)
-			byNft, byNetlink := kernelSyncer(t, nsNft, cfg), netlinkSyncer(t, nsNetlink, cfg)
-			eps := []Endpoint{ep("10.244.1.2", 8080), ep("10.244.2.2", 8080), ep("10.244.3.2", 8080)}
-			base := netip.MustParseAddr("172.30.0.1")
-			if fam == IPv6 {
-				eps = []Endpoint{ep("fd00:10:244:1::2", 8080), ep("fd00:10:244:2::2", 8080), ep("fd00:10:244:3::2", 8080)}
-				base = netip.MustParseAddr("fd00:30::1")
-			}
-			bucket := bucketOf(entry{base, TCP, 80})
-			var ports []*ServicePort
-			for a := base; len(ports) < 5; a = a.Next() {
-				proto := allProtocols()[len(ports)%3]
-				if bucketOf(entry{a, proto, 80}) != bucket {
-					continue
-				}
-				n := len(ports)
-				ports = append(ports, sp(fmt.Sprintf("aff%d", n), 80, withEndpoints(eps, nil), func(p *ServicePort) {
-					p.ClusterIP, p.Protocol, p.NodePort = a, proto, 30000+uint16(n)
-					p.AffinityTimeout = 300 * time.Second
-					p.LoadBalancing = []LBMode{LBRandom, LBRoundRobin}[n%2]
-				}))
-			}
+			b := newBucketPair(t, fam)
+			ports := b.ports("aff", 5, func(i int, p *ServicePort) {
+				p.AffinityTimeout = 300 * time.Second
+				p.LoadBalancing = []LBMode{LBRandom, LBRoundRobin}[i%2]
+			})
 			// A second port of aff0 in the same bucket.
 			var two *ServicePort
 			for port := uint16(81); two == nil; port++ {
-				if bucketOf(entry{ports[0].ClusterIP, ports[0].Protocol, port}) == bucket {
+				if bucketOf(entry{ports[0].ClusterIP, ports[0].Protocol, port}) == b.bucket {
 					q := *ports[0]
 					q.Port, q.NodePort = port, 31000
 					q.Name.Port = "q"
 					two = &q
 				}
 			}
-			ctx := context.Background()
-			initial := services(append(ports[:3:3], two)...)
-			for _, s := range []*Syncer{byNft, byNetlink} {
-				if _, err := s.Full(ctx, initial); err != nil {
-					t.Fatal(err)
-				}
-			}
+			b.full(t, services(append(ports[:3:3], two)...))
 			fewer := *ports[2]
-			fewer.ClusterEndpoints = eps[:2]
+			fewer.ClusterEndpoints = b.eps[:2]
 			gone := func(n string) map[ServiceName][]*ServicePort {
 				return map[ServiceName][]*ServicePort{{Namespace: "ns", Name: n}: nil}
 			}
@@ -792,26 +817,12 @@ func TestAffinityBucketThroughNetlink(t *testing.T) {
 				{"aff3 goes", gone("aff3"), true},
 				{"aff1 back, aff4 goes", back, false},
 			}
-			chain := affinityBucketChain(bucket)
 			for _, st := range steps {
-				if _, err := byNft.Partial(ctx, st.change); err != nil {
-					t.Fatalf("%s through nft: %v", st.name, err)
-				}
-				stats, err := byNetlink.Partial(ctx, st.change)
-				if err != nil {
-					t.Fatalf("%s over netlink: %v", st.name, err)
-				}
-				if st.direct && !stats.Direct {
+				if stats, _ := b.step(t, st.name, st.change, affinityBucketChain(b.bucket)); st.direct && !stats.Direct {
 					t.Errorf("%s: went through nft; want the netlink writer", st.name)
 				}
-				want := nftIn(t, nsNft, "list", "chain", string(familyName(fam)), cfg.TableName(), chain)
-				if got := nftIn(t, nsNetlink, "list", "chain", string(familyName(fam)), cfg.TableName(), chain); got != want {
-					t.Errorf("%s: %s over netlink:\n%s\nthrough nft:\n%s", st.name, chain, got, want)
-				}
 			}
-			if diff := cmp.Diff(kernelContent(t, nsNft, fam, cfg.TableName()), kernelContent(t, nsNetlink, fam, cfg.TableName())); diff != "" {
-				t.Errorf("tables differ (-nft +netlink):\n%s", diff)
-			}
+			b.sameTables(t)
 		})
 	}
 }
