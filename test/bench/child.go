@@ -164,6 +164,33 @@ func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error
 	return bi, nil
 }
 
+// keepScripts copies each family's scripts into a file next to dump (dump.<i>.nft)
+// until the returned function, which stops copying, closes the files and returns their
+// paths.
+func (bi *benchInstance) keepScripts(dump string) (func() ([]string, error), error) {
+	var files []*os.File
+	closeAll := func() ([]string, error) {
+		var paths []string
+		var errs []error
+		for i, f := range files {
+			bi.nfts[i].script = nil
+			paths = append(paths, f.Name())
+			errs = append(errs, f.Close())
+		}
+		return paths, errors.Join(errs...)
+	}
+	for i, t := range bi.nfts {
+		f, err := os.Create(fmt.Sprintf("%s.%d.nft", dump, i))
+		if err != nil {
+			_, _ = closeAll()
+			return nil, fmt.Errorf("keeping the full sync's scripts: %w", err)
+		}
+		files = append(files, f)
+		t.script = f
+	}
+	return closeAll, nil
+}
+
 // syncOnce is one measured sync.
 type syncOnce struct {
 	elapsed  time.Duration
@@ -261,9 +288,22 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	res := &ChildResult{}
 	res.Memory.ObjectsRSSMB = rssMB("VmRSS")
 
+	var closeScripts func() ([]string, error)
+	if o.dump != "" {
+		if closeScripts, err = bi.keepScripts(o.dump); err != nil {
+			return nil, err
+		}
+	}
 	stop := startProfile(o.cpuProfile, fmt.Sprintf("full-%d.pprof", o.services))
 	first, err := bi.sync(ctx, true)
 	stop()
+	if closeScripts != nil {
+		scripts, cerr := closeScripts()
+		if err == nil && cerr != nil {
+			return nil, cerr
+		}
+		res.Scripts = scripts
+	}
 	if err != nil {
 		return nil, fmt.Errorf("full sync: %w", err)
 	}

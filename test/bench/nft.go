@@ -23,6 +23,9 @@ type timedNFT struct {
 	calls    int
 	last     *knftables.Transaction
 	streamed int
+	// script, when set, gets a copy of every script run (not checked): the bench keeps
+	// the first full sync's, to time nft alone on the same input (runner.scriptFloor).
+	script io.Writer
 }
 
 var _ tables.ScriptRunner = &timedNFT{}
@@ -37,6 +40,9 @@ func (t *timedNFT) RunScript(ctx context.Context, check bool, write func(io.Writ
 	defer t.record(time.Now(), nil)
 	var n int
 	err := sr.RunScript(ctx, check, func(w io.Writer) error {
+		if t.script != nil && !check {
+			w = io.MultiWriter(w, t.script)
+		}
 		return write(countingWriter{w: w, n: &n})
 	})
 	t.mu.Lock()

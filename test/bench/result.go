@@ -35,6 +35,12 @@ type ScaleResult struct {
 	Floor FloorResult `json:"floor"`
 	// FullOverFloor is Full.Seconds / Floor.Seconds.
 	FullOverFloor float64 `json:"fullOverFloor"`
+	// ScriptFloor is the time `nft -f` alone takes to run the scripts the first full
+	// sync streamed to nft, the families' at once as the instance runs them, into a
+	// fresh namespace: the full sync's own input without the Go side that wrote it.
+	ScriptFloor FloorResult `json:"scriptFloor"`
+	// FullOverScriptFloor is Full.Seconds / ScriptFloor.Seconds.
+	FullOverScriptFloor float64 `json:"fullOverScriptFloor"`
 	// Multi is the same Services spread over several instances in one process.
 	Multi *MultiResult `json:"multi,omitempty"`
 	// ExtraInstanceMB is (Multi peak RSS - single peak RSS) / (instances - 1).
@@ -50,6 +56,9 @@ type ChildResult struct {
 	Partial   []Partial `json:"partial"`
 	Memory    Memory    `json:"memory"`
 	DumpBytes int       `json:"dumpBytes"`
+	// Scripts are the files holding the first full sync's nft scripts, one per family
+	// (with a dump only).
+	Scripts []string `json:"scripts,omitempty"`
 }
 
 // FullSync is one full sync of one instance (both families).
