@@ -597,6 +597,14 @@ func (p *Proxy) allModels(snap *Snapshot, changed map[types.NamespacedName]*Serv
 		if !built {
 			m = p.model(snap, n, npAddrs)
 		}
+		// A model equal to the applied one is replaced by it: a periodic full sync over
+		// unchanged Services then holds one model per Service, not two, while it builds
+		// the tables (at 100,000 Services the second set was ~200 MB of the resync's
+		// peak), and recordFull finds them equal by pointer. Models are not changed
+		// once built, and only this goroutine (under syncMu) writes applied.
+		if old := p.applied[n]; m != nil && old != nil && sameModel(old, m) {
+			m = old
+		}
 		if m != nil {
 			all[n] = m
 		}
@@ -919,7 +927,7 @@ func portsOfModel(m *ServiceModel, fam tables.Family) []*tables.ServicePort {
 	return m.Ports[fam]
 }
 
-func sameModel(a, b *ServiceModel) bool { return reflect.DeepEqual(a, b) }
+func sameModel(a, b *ServiceModel) bool { return a == b || reflect.DeepEqual(a, b) }
 
 // Reconfigure changes the node-dependent table settings (NodePort addresses, node IPs,
 // pod CIDRs for detect-local) and queues a full sync, which applies them. It does not

@@ -624,3 +624,51 @@ func TestFullSyncHook(t *testing.T) {
 		}
 	}
 }
+
+// TestFullSyncKeepsUnchangedModels: a full sync over Services that did not change keeps
+// their applied models (the same pointers: one model per Service in memory while the
+// tables are rebuilt, not two), while a changed Service gets its new model and is the
+// only one reported as changed.
+func TestFullSyncKeepsUnchangedModels(t *testing.T) {
+	p, nft := newTestProxy(t, nil)
+	ctx := context.Background()
+	api := types.NamespacedName{Namespace: webName.Namespace, Name: "api"}
+	apiSlice := func(ip string) *discoveryv1.EndpointSlice {
+		s := v4Slice("api-1", ep(ip, thisNodeName))
+		s.Labels[discoveryv1.LabelServiceName] = api.Name
+		return s
+	}
+	p.UpdateService(service())
+	p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.1.5", thisNodeName)))
+	p.UpdateService(service(func(svc *corev1.Service) {
+		svc.Name = api.Name
+		svc.Spec.ClusterIP, svc.Spec.ClusterIPs = "172.30.0.99", []string{"172.30.0.99"}
+	}))
+	p.UpdateEndpointSlice(apiSlice("10.244.1.6"))
+	if _, err := p.Sync(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	before := p.Applied()
+	if before[webName] == nil || before[api] == nil {
+		t.Fatalf("applied after the first sync: %v", before)
+	}
+
+	p.UpdateEndpointSlice(apiSlice("10.244.1.7"))
+	res, err := p.Sync(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Full {
+		t.Fatal("the forced sync was not full")
+	}
+	after := p.Applied()
+	if after[webName] != before[webName] {
+		t.Error("the unchanged Service's model was rebuilt and kept twice, not reused")
+	}
+	if after[api] == before[api] || !strings.Contains(nft.dump(), "10.244.1.7 . 8080") {
+		t.Errorf("the changed Service kept its old model or rules:\n%s", nft.dump())
+	}
+	if len(res.Changed) != 1 || res.Changed[0].Name != api {
+		t.Errorf("changed %+v, want only %v", res.Changed, api)
+	}
+}

@@ -228,9 +228,9 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("creating API client: %w", err)
 	}
-	gcPercent := tuneGC(os.Getenv, debug.SetGCPercent)
+	gcPercent := supervisor.TuneGC(os.Getenv, debug.SetGCPercent)
 	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv), Metrics: m,
-		FullSync: newGCTarget(gcPercent, debug.SetGCPercent)})
+		FullSync: supervisor.NewGCTarget(gcPercent, debug.SetGCPercent)})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,8 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -26,6 +27,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/netns"
@@ -35,20 +37,19 @@ import (
 // `nft` runs there natively and the child's memory is the proxy's alone. It prints one
 // JSON document on stdout.
 
-// dynsetSize matches the size line `nft list ruleset` prints for sets rules update.
-var dynsetSize = regexp.MustCompile(`(?m)^\s*size 65535\n`)
-
 // childOptions are the flags of a child.
 type childOptions struct {
-	mode       string // "single", "multi" or "load"
-	services   int
-	endpoints  int
-	instances  int
-	samples    int
-	dump       string        // single: write `nft list ruleset` after the full sync here
-	cpuProfile string        // single: write CPU and heap profiles into this directory
-	target     string        // load: Service 0's only endpoint, ip:port
-	lbMode     tables.LBMode // single: every Service's load-balancing mode
+	mode      string // "single", "multi" or "load"
+	services  int
+	endpoints int
+	instances int
+	samples   int
+	dump      string // single: write `nft list ruleset` after the full sync here
+	// fullSyncHook is the instances' instance.Options.FullSync (the GC target), not a flag.
+	fullSyncHook func() func()
+	cpuProfile   string        // single: write CPU and heap profiles into this directory
+	target       string        // load: Service 0's only endpoint, ip:port
+	lbMode       tables.LBMode // single: every Service's load-balancing mode
 	// ipv6Percent of the generated Services are IPv6.
 	ipv6Percent int
 }
@@ -84,6 +85,9 @@ func parseChild(args []string) (*childOptions, error) {
 
 // runChild runs one child and writes its result to out.
 func runChild(ctx context.Context, o *childOptions, out io.Writer) error {
+	// The garbage collector as the supervisor tunes it (cmd/shardproxy), so the memory
+	// and sync times measured are those of the daemon.
+	o.fullSyncHook = supervisor.NewGCTarget(supervisor.TuneGC(os.Getenv, debug.SetGCPercent), debug.SetGCPercent)
 	var res any
 	var err error
 	switch o.mode {
@@ -128,7 +132,7 @@ func tableConfig(slot int) tables.Config {
 
 // newInstance opens an instance as the supervisor does (both families), with timed nft,
 // every Service in load-balancing mode lb.
-func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error) {
+func newInstance(name string, slot int, lb tables.LBMode, fullSync func() func()) (*benchInstance, error) {
 	bi := &benchInstance{}
 	p, err := instance.New(instance.Options{
 		Name:     name,
@@ -155,6 +159,7 @@ func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error
 		},
 		ElementsPerCommand: tables.MaxElementsPerCommand,
 		LoadBalancing:      instance.LoadBalancing{Mode: lb},
+		FullSync:           fullSync,
 		Node:               instance.NodeInfo{Name: gen.NodeName},
 	})
 	if err != nil {
@@ -162,6 +167,53 @@ func newInstance(name string, slot int, lb tables.LBMode) (*benchInstance, error
 	}
 	bi.proxy = p
 	return bi, nil
+}
+
+// dumpRuleset writes `nft list ruleset` to path, line by line (at 100,000 Services the
+// listing is ~85 MB, which held in memory would count in the child's peak RSS), and
+// returns the bytes written. The kernel lists the bound it puts on every set a rule
+// updates (the affinity sets) as "size 65535"; loaded back, an explicit size
+// preallocates the hash table, which the proxy's own sets do not, and would inflate the
+// floor: those lines are left out.
+func dumpRuleset(ctx context.Context, path string) (int, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, "nft", "list", "ruleset")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("nft list ruleset: %w", err)
+	}
+	w := bufio.NewWriterSize(f, 1<<20)
+	n, copyErr := 0, error(nil)
+	lines := bufio.NewScanner(out)
+	lines.Buffer(make([]byte, 64<<10), 16<<20)
+	for lines.Scan() {
+		if strings.TrimSpace(lines.Text()) == "size 65535" {
+			continue
+		}
+		k, err := fmt.Fprintln(w, lines.Text())
+		n += k
+		if err != nil {
+			copyErr = err
+			break
+		}
+	}
+	if copyErr == nil {
+		copyErr = lines.Err()
+	}
+	if copyErr != nil {
+		_ = cmd.Process.Kill()
+	}
+	if err := errors.Join(copyErr, cmd.Wait(), w.Flush()); err != nil {
+		return n, fmt.Errorf("nft list ruleset into %s: %w", path, err)
+	}
+	return n, f.Close()
 }
 
 // keepScripts copies each family's scripts into a file next to dump (dump.<i>.nft)
@@ -280,7 +332,7 @@ func (bi *benchInstance) feed(c *gen.Cluster, keep func(i int) bool) {
 // populated table, and the partial syncs.
 func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	c := gen.GenerateFamilies(o.services, o.endpoints, o.ipv6Percent)
-	bi, err := newInstance("bench", 0, o.lbMode)
+	bi, err := newInstance("bench", 0, o.lbMode, o.fullSyncHook)
 	if err != nil {
 		return nil, err
 	}
@@ -313,18 +365,9 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	res.Full = first.full()
 
 	if o.dump != "" {
-		out, err := exec.CommandContext(ctx, "nft", "list", "ruleset").Output()
-		if err != nil {
-			return nil, fmt.Errorf("nft list ruleset: %w", err)
-		}
-		// The kernel lists the bound it puts on every set a rule updates (the affinity
-		// sets) as "size 65535"; loaded back, an explicit size preallocates the hash
-		// table, which the proxy's own sets do not, and would inflate the floor.
-		out = dynsetSize.ReplaceAll(out, nil)
-		if err := os.WriteFile(o.dump, out, 0o644); err != nil {
+		if res.DumpBytes, err = dumpRuleset(ctx, o.dump); err != nil {
 			return nil, err
 		}
-		res.DumpBytes = len(out)
 	}
 
 	again, err := bi.sync(ctx, true)
@@ -333,6 +376,7 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	}
 	again.txs = nil
 	res.Resync = again.full()
+	res.Memory.ResyncPeakRSSMB = rssMB("VmHWM")
 
 	res.Partial, err = partials(ctx, bi, c, o)
 	if err != nil {
@@ -453,7 +497,7 @@ func childMulti(ctx context.Context, o *childOptions) (*MultiResult, error) {
 	c := gen.GenerateFamilies(o.services, o.endpoints, o.ipv6Percent)
 	var insts []*benchInstance
 	for k := range o.instances {
-		bi, err := newInstance(fmt.Sprintf("bench-%c", 'a'+k), k, tables.LBRandom)
+		bi, err := newInstance(fmt.Sprintf("bench-%c", 'a'+k), k, tables.LBRandom, o.fullSyncHook)
 		if err != nil {
 			return nil, err
 		}
@@ -503,7 +547,7 @@ func childLoad(ctx context.Context, o *childOptions) error {
 	if c.Services[0].Spec.Type != corev1.ServiceTypeClusterIP {
 		return errors.New("Service 0 of the mix is not a ClusterIP Service")
 	}
-	bi, err := newInstance("bench", 0, tables.LBRandom)
+	bi, err := newInstance("bench", 0, tables.LBRandom, o.fullSyncHook)
 	if err != nil {
 		return err
 	}

@@ -157,10 +157,11 @@ func PrintTable(w io.Writer, rep *Report) {
 	}
 
 	section("Memory after the full sync (MiB)")
-	fmt.Fprintln(tw, "services\tmode\tobjects only RSS\tRSS\tpeak RSS\tGo heap in use\tpeak RSS at end\t")
+	fmt.Fprintln(tw, "services\tmode\tobjects only RSS\tRSS\tpeak RSS\tGo heap in use\tpeak RSS after resync\tpeak RSS at end\t")
 	for _, s := range rep.Scales {
 		mm := s.Memory
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", s.Services, s.Mode, mm.ObjectsRSSMB, mm.RSSMB, mm.PeakRSSMB, mm.HeapInuseMB, mm.EndPeakRSSMB)
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t\n", s.Services, s.Mode, mm.ObjectsRSSMB, mm.RSSMB, mm.PeakRSSMB, mm.HeapInuseMB,
+			mm.ResyncPeakRSSMB, mm.EndPeakRSSMB)
 	}
 
 	if len(rep.Scales) > 0 && rep.Scales[0].Multi != nil {

@@ -1,8 +1,8 @@
-package main
+package supervisor
 
 import "sync"
 
-// defaultGCPercent is the supervisor's garbage collector target when GOGC is not set.
+// DefaultGCPercent is the supervisor's garbage collector target when GOGC is not set.
 //
 // Its heap is mostly long-lived (the API caches, the instances' models, the syncers'
 // memory of every element), and its peak comes during full syncs, when the Go default
@@ -12,36 +12,36 @@ import "sync"
 // matters more than that CPU, and between full syncs the supervisor allocates little.
 // README.md, "Performance", has the measured figures (bench-compare at 10,000 Services ×
 // 10 endpoints, one run: peak RSS 338 MB at 50, 307 MB at 25).
-const defaultGCPercent = 25
+const DefaultGCPercent = 25
 
-// fullSyncGCPercent is the target while any instance runs a full sync (gcTarget): the
+// FullSyncGCPercent is the target while any instance runs a full sync (gcTarget): the
 // peak comes at the end of one, with the models, the ledger and the transaction built
 // beside the caches, and most of what it allocates before is garbage. README.md,
 // "Performance", fourth round: the largest part of 447.5 -> 337.6 MB of peak RSS at
 // 30,000 Services × 5, for a first full sync 0.7 s longer (7.4 -> 8.1 s).
-const fullSyncGCPercent = 10
+const FullSyncGCPercent = 10
 
-// tuneGC sets defaultGCPercent through setGCPercent unless the operator chose a value
+// TuneGC sets DefaultGCPercent through setGCPercent unless the operator chose a value
 // with GOGC; it reports the percent in force (-1: GOGC's own).
-func tuneGC(getenv func(string) string, setGCPercent func(int) int) int {
+func TuneGC(getenv func(string) string, setGCPercent func(int) int) int {
 	if getenv("GOGC") != "" {
 		return -1
 	}
-	setGCPercent(defaultGCPercent)
-	return defaultGCPercent
+	setGCPercent(DefaultGCPercent)
+	return DefaultGCPercent
 }
 
-// gcTarget lowers the collector's target to fullSyncGCPercent while at least one full
-// sync runs, and sets it back to defaultGCPercent when the last one ends.
+// gcTarget lowers the collector's target to FullSyncGCPercent while at least one full
+// sync runs, and sets it back to DefaultGCPercent when the last one ends.
 type gcTarget struct {
 	set     func(int) int
 	mu      sync.Mutex
 	running int
 }
 
-// newGCTarget returns the full syncs' hook (instance.Options.FullSync) for the percent
-// tuneGC put in force: nil when the operator chose GOGC, which stays as it is.
-func newGCTarget(percent int, setGCPercent func(int) int) func() func() {
+// NewGCTarget returns the full syncs' hook (instance.Options.FullSync) for the percent
+// TuneGC put in force: nil when the operator chose GOGC, which stays as it is.
+func NewGCTarget(percent int, setGCPercent func(int) int) func() func() {
 	if percent < 0 {
 		return nil
 	}
@@ -53,7 +53,7 @@ func (g *gcTarget) fullSync() (done func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.running++; g.running == 1 {
-		g.set(fullSyncGCPercent)
+		g.set(FullSyncGCPercent)
 	}
 	var once sync.Once
 	return func() {
@@ -61,7 +61,7 @@ func (g *gcTarget) fullSync() (done func()) {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			if g.running--; g.running == 0 {
-				g.set(defaultGCPercent)
+				g.set(DefaultGCPercent)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package main
+package supervisor
 
 import (
 	"slices"
@@ -11,43 +11,43 @@ func TestTuneGC(t *testing.T) {
 		want    int
 		wantSet int // 0: not called
 	}{
-		{"", defaultGCPercent, defaultGCPercent},
+		{"", DefaultGCPercent, DefaultGCPercent},
 		{"100", -1, 0},
 		{"off", -1, 0},
 	} {
 		set := 0
-		got := tuneGC(func(k string) string {
+		got := TuneGC(func(k string) string {
 			if k == "GOGC" {
 				return tc.gogc
 			}
 			return ""
 		}, func(p int) int { set = p; return 100 })
 		if got != tc.want || set != tc.wantSet {
-			t.Errorf("GOGC=%q: tuneGC = %d, set %d; want %d, set %d", tc.gogc, got, set, tc.want, tc.wantSet)
+			t.Errorf("GOGC=%q: TuneGC = %d, set %d; want %d, set %d", tc.gogc, got, set, tc.want, tc.wantSet)
 		}
 	}
 }
 
-// TestGCTargetDuringFullSyncs: the target is fullSyncGCPercent from the first full sync
-// that starts until the last that ends, however they overlap, and defaultGCPercent
+// TestGCTargetDuringFullSyncs: the target is FullSyncGCPercent from the first full sync
+// that starts until the last that ends, however they overlap, and DefaultGCPercent
 // otherwise; a done called twice counts once. With GOGC set there is no hook.
 func TestGCTargetDuringFullSyncs(t *testing.T) {
-	if newGCTarget(-1, func(int) int { return 0 }) != nil {
+	if NewGCTarget(-1, func(int) int { return 0 }) != nil {
 		t.Error("a hook with GOGC set")
 	}
 	var set []int
-	fullSync := newGCTarget(defaultGCPercent, func(p int) int { set = append(set, p); return 0 })
+	fullSync := NewGCTarget(DefaultGCPercent, func(p int) int { set = append(set, p); return 0 })
 	a := fullSync()
 	b := fullSync()
 	a()
 	a()
-	if want := []int{fullSyncGCPercent}; !slices.Equal(set, want) {
+	if want := []int{FullSyncGCPercent}; !slices.Equal(set, want) {
 		t.Fatalf("with one of two full syncs done: set %v, want %v", set, want)
 	}
 	b()
 	c := fullSync()
 	c()
-	if want := []int{fullSyncGCPercent, defaultGCPercent, fullSyncGCPercent, defaultGCPercent}; !slices.Equal(set, want) {
+	if want := []int{FullSyncGCPercent, DefaultGCPercent, FullSyncGCPercent, DefaultGCPercent}; !slices.Equal(set, want) {
 		t.Errorf("set %v, want %v", set, want)
 	}
 }
