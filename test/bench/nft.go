@@ -63,6 +63,15 @@ func (c countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteString passes strings on without the copy io.WriteString makes for a writer
+// that lacks it: the applier streams its script as strings, and the daemon, which
+// writes them to nft's pipe directly, makes no such garbage.
+func (c countingWriter) WriteString(s string) (int, error) {
+	n, err := io.WriteString(c.w, s)
+	*c.n += n
+	return n, err
+}
+
 func (t *timedNFT) record(start time.Time, tx *knftables.Transaction) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
