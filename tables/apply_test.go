@@ -67,9 +67,10 @@ func TestElementsPerCommand(t *testing.T) {
 	}
 }
 
-// TestStreamWritesTheTransaction: the script streamed to nft a chunk at a time is, byte
-// for byte, the one transaction knftables would run, for full and partial Diffs smaller
-// and larger than a chunk.
+// TestStreamWritesTheTransaction: the script streamed to nft a chunk at a time, its
+// element commands written straight from their ids, is, byte for byte, the one
+// transaction knftables would run, for full and partial Diffs smaller and larger than
+// a chunk.
 func TestStreamWritesTheTransaction(t *testing.T) {
 	s, _ := newFake(t, testConfig(IPv4))
 	full, _, err := s.fullDiff(generated(300), existing{known: true, chains: []string{"stale-chain"}})
