@@ -44,14 +44,14 @@ type childOptions struct {
 	endpoints int
 	instances int
 	samples   int
-	dump      string // single: write `nft list ruleset` after the full sync here
-	// fullSyncHook is the instances' instance.Options.FullSync (the GC target), not a flag.
-	fullSyncHook func() func()
-	cpuProfile   string        // single: write CPU and heap profiles into this directory
-	target       string        // load: Service 0's only endpoint, ip:port
-	lbMode       tables.LBMode // single: every Service's load-balancing mode
+	dump       string        // single: write `nft list ruleset` after the full sync here
+	cpuProfile string        // single: write CPU and heap profiles into this directory
+	target     string        // load: Service 0's only endpoint, ip:port
+	lbMode     tables.LBMode // single: every Service's load-balancing mode
 	// ipv6Percent of the generated Services are IPv6.
 	ipv6Percent int
+	// fullSyncHook is the instances' instance.Options.FullSync (the GC target), not a flag.
+	fullSyncHook func() func()
 }
 
 func (o *childOptions) args() []string {
@@ -85,8 +85,8 @@ func parseChild(args []string) (*childOptions, error) {
 
 // runChild runs one child and writes its result to out.
 func runChild(ctx context.Context, o *childOptions, out io.Writer) error {
-	// The garbage collector as the supervisor tunes it (cmd/shardproxy), so the memory
-	// and sync times measured are those of the daemon.
+	// The garbage collector as `shardproxy run` tunes it (supervisor.TuneGC and
+	// NewGCTarget), so the memory and sync times measured are the daemon's.
 	o.fullSyncHook = supervisor.NewGCTarget(supervisor.TuneGC(os.Getenv, debug.SetGCPercent), debug.SetGCPercent)
 	var res any
 	var err error
