@@ -39,11 +39,11 @@ import (
 
 // childOptions are the flags of a child.
 type childOptions struct {
-	mode      string // "single", "multi" or "load"
-	services  int
-	endpoints int
-	instances int
-	samples   int
+	mode       string // "single", "multi" or "load"
+	services   int
+	endpoints  int
+	instances  int
+	samples    int
 	dump       string        // single: write `nft list ruleset` after the full sync here
 	cpuProfile string        // single: write CPU and heap profiles into this directory
 	target     string        // load: Service 0's only endpoint, ip:port
