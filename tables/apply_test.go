@@ -80,6 +80,25 @@ func TestStreamWritesTheTransaction(t *testing.T) {
 	if full.Len() < 3*streamChunkOps {
 		t.Fatalf("the full Diff has %d operations: no several chunks to stream", full.Len())
 	}
+	// Two elements of every set and map the full sync fills: a delete carries no value,
+	// an add to a map does.
+	var eachSet []string
+	perSet := map[string]int{}
+	for _, id := range full.AddElements {
+		if perSet[idSet(id)] < 2 {
+			perSet[idSet(id)]++
+			eachSet = append(eachSet, id)
+		}
+	}
+	mapElems := 0
+	for _, id := range eachSet {
+		if elementFromID(id).isMap {
+			mapElems++
+		}
+	}
+	if mapElems < 4 || len(eachSet)-mapElems < 2 {
+		t.Fatalf("the elements picked hold %d map and %d set elements: want both kinds", mapElems, len(eachSet)-mapElems)
+	}
 	for _, tc := range []struct {
 		name string
 		diff *Diff
@@ -89,6 +108,7 @@ func TestStreamWritesTheTransaction(t *testing.T) {
 		{"partial, a few operations", &Diff{DeleteElements: full.AddElements[:3], FlushChains: []string{"a"},
 			WriteChains: []ChainRules{{Name: "b", Rules: []string{"counter"}, MayExist: true}}, AddElements: full.AddElements[3:5],
 			DeleteChains: []string{"a"}, DeleteSets: []string{"s"}}},
+		{"partial, deletes and adds in every set and map", &Diff{DeleteElements: eachSet, AddElements: eachSet}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, per := range []int{1, MaxElementsPerCommand} {

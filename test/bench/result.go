@@ -108,10 +108,10 @@ type Memory struct {
 	PeakRSSMB float64 `json:"peakRssMB"`
 	// HeapInuseMB is the Go heap in use after a GC.
 	HeapInuseMB float64 `json:"heapInuseMB"`
-	// ResyncPeakRSSMB is VmHWM after the second full sync (the periodic one, over the
-	// populated table).
+	// ResyncPeakRSSMB is the peak RSS of the second full sync (the periodic one, over
+	// the populated table): VmHWM reset before it.
 	ResyncPeakRSSMB float64 `json:"resyncPeakRssMB,omitempty"`
-	// EndPeakRSSMB is VmHWM at the end of the child (after the partial syncs).
+	// EndPeakRSSMB is the peak RSS of the whole child (after the partial syncs).
 	EndPeakRSSMB float64 `json:"endPeakRssMB,omitempty"`
 }
 
