@@ -77,12 +77,20 @@ const streamChunkOps = 256
 func (a *NFTApplier) stream(w io.Writer, d *Diff) error {
 	ops := &opWriter{tx: a.nft.NewTransaction(), direct: w, newTx: a.nft.NewTransaction}
 	ops.flush = func(tx *knftables.Transaction) error {
-		_, err := io.WriteString(w, tx.String())
+		text := tx.String()
+		// knftables keeps an operation that fails its checks, and every one after it,
+		// out of the text and ends the text with the error, which nft would take for a
+		// comment: the transaction would run without them.
+		if i := strings.LastIndexByte(text, '\n'); strings.HasPrefix(text[i+1:], "# ERROR: ") {
+			return fmt.Errorf("rendering the transaction: %s", strings.TrimPrefix(text[i+1:], "# ERROR: "))
+		}
+		_, err := io.WriteString(w, text)
 		ops.tx = a.nft.NewTransaction()
 		return err
 	}
 	a.write(ops, d)
-	if ops.err == nil && ops.tx.NumOperations() > 0 {
+	// Also when nothing is queued: a refused operation leaves none, only its error.
+	if ops.err == nil {
 		ops.err = ops.flush(ops.tx)
 	}
 	return ops.err

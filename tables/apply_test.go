@@ -165,3 +165,15 @@ func (r *chunkRecorder) Write(p []byte) (int, error) {
 	r.most = max(r.most, n)
 	return len(p), nil
 }
+
+// TestStreamStopsAtAnInvalidOperation: an operation knftables refuses (a set without a
+// type) fails the stream; knftables leaves it and what follows out of the text, which
+// nft would otherwise run without them.
+func TestStreamStopsAtAnInvalidOperation(t *testing.T) {
+	a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), MaxElementsPerCommand)
+	var b strings.Builder
+	d := &Diff{AddSets: []*knftables.Set{{Name: "typeless"}}, WriteChains: []ChainRules{{Name: "after", Rules: []string{"counter"}}}}
+	if err := a.stream(&b, d); err == nil {
+		t.Errorf("a set without a type streamed without an error:\n%s", b.String())
+	}
+}
