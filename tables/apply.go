@@ -85,7 +85,7 @@ func (a *NFTApplier) stream(w io.Writer, d *Diff) error {
 			return fmt.Errorf("rendering the transaction: %s", strings.TrimPrefix(text[i+1:], "# ERROR: "))
 		}
 		_, err := io.WriteString(w, text)
-		ops.tx = a.nft.NewTransaction()
+		ops.tx = ops.newTx()
 		return err
 	}
 	a.write(ops, d)
@@ -246,14 +246,7 @@ func (o *opWriter) writeElementsDirect(ids []string, del bool) {
 		o.err = err
 		return
 	}
-	b := append(o.line[:0], prefix...)
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ", "...)
-		}
-		b = appendIDText(b, id, !del)
-	}
-	b = append(b, " }\n"...)
+	b := append(appendIDsText(append(o.line[:0], prefix...), ids, !del), " }\n"...)
 	o.line = b
 	_, o.err = o.direct.Write(b)
 }
@@ -304,13 +297,21 @@ func multiElement(ids []string, del bool) *knftables.Element {
 	for _, id := range ids {
 		size += 3 * len(id) // text is longer than the binary id: a first guess
 	}
-	b := make([]byte, 0, size)
+	b := appendIDsText(make([]byte, 0, size), ids[:len(ids)-1], !del)
+	// The last element's value is el's, which knftables writes after the key.
+	b = appendIDText(append(b, ", "...), ids[len(ids)-1], false)
+	el.Key = []string{string(b)}
+	return el
+}
+
+// appendIDsText appends the text of the elements of ids, separated by ", ", each with
+// its value when withValues.
+func appendIDsText(b []byte, ids []string, withValues bool) []byte {
 	for i, id := range ids {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendIDText(b, id, !del && i < len(ids)-1)
+		b = appendIDText(b, id, withValues)
 	}
-	el.Key = []string{string(b)}
-	return el
+	return b
 }

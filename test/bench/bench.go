@@ -267,7 +267,7 @@ func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode
 
 	if dump != "" {
 		r.logf("%d Services: nft -f of the final ruleset (%d bytes) into a fresh namespace", n, sr.DumpBytes)
-		floor, err := r.floor(ctx, dump, o.FloorRuns)
+		floor, err := r.floor(ctx, []string{dump}, o.FloorRuns)
 		if err != nil {
 			return nil, err
 		}
@@ -276,7 +276,7 @@ func (r *runner) scale(ctx context.Context, o Options, n int, mode tables.LBMode
 		sr.FullOverFloor = sr.Full.Seconds / floor.Seconds
 
 		r.logf("%d Services: nft -f of the full sync's own scripts (%d families at once) into a fresh namespace", n, len(sr.Scripts))
-		scripts, err := r.scriptFloor(ctx, sr.Scripts, o.FloorRuns)
+		scripts, err := r.floor(ctx, sr.Scripts, o.FloorRuns)
 		if err != nil {
 			return nil, err
 		}
@@ -324,34 +324,12 @@ func (r *runner) childIn(ctx context.Context, ns string, co *childOptions, out a
 	return nil
 }
 
-// floor times `nft -f dump` into a fresh namespace, runs times, and keeps the best.
-func (r *runner) floor(ctx context.Context, dump string, runs int) (FloorResult, error) {
-	best := time.Duration(0)
-	for range runs {
-		ns, err := newNamespace("spfloor")
-		if err != nil {
-			return FloorResult{}, err
-		}
-		start := time.Now()
-		out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "nft", "-f", dump).CombinedOutput()
-		d := time.Since(start)
-		r.retire(ns)
-		if err != nil {
-			return FloorResult{}, fmt.Errorf("nft -f %s: %w: %s", dump, err, out)
-		}
-		if best == 0 || d < best {
-			best = d
-		}
-	}
-	return FloorResult{Seconds: best.Seconds(), Runs: runs}, nil
-}
-
-// scriptFloor times `nft -f` of every script at once (as the instance runs its
-// families' full syncs) into a fresh namespace, runs times, and keeps the best: what nft
-// and the kernel alone take for the full sync's own input.
-func (r *runner) scriptFloor(ctx context.Context, scripts []string, runs int) (FloorResult, error) {
-	if len(scripts) == 0 {
-		return FloorResult{}, errors.New("the full sync left no scripts to time")
+// floor times `nft -f` of every file at once (the full sync's scripts run as the
+// instance runs its families' syncs; a listing is one file) into a fresh namespace,
+// runs times, and keeps the best: what nft and the kernel alone take for that input.
+func (r *runner) floor(ctx context.Context, files []string, runs int) (FloorResult, error) {
+	if len(files) == 0 {
+		return FloorResult{}, errors.New("nothing to time nft -f of")
 	}
 	best := time.Duration(0)
 	for range runs {
@@ -360,9 +338,9 @@ func (r *runner) scriptFloor(ctx context.Context, scripts []string, runs int) (F
 			return FloorResult{}, err
 		}
 		start := time.Now()
-		errs := make([]error, len(scripts))
+		errs := make([]error, len(files))
 		var wg sync.WaitGroup
-		for i, f := range scripts {
+		for i, f := range files {
 			wg.Go(func() {
 				if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "nft", "-f", f).CombinedOutput(); err != nil {
 					errs[i] = fmt.Errorf("nft -f %s: %w: %s", f, err, out)

@@ -24,7 +24,7 @@ type timedNFT struct {
 	last     *knftables.Transaction
 	streamed int
 	// script, when set, gets a copy of every script run (not checked): the bench keeps
-	// the first full sync's, to time nft alone on the same input (runner.scriptFloor).
+	// the first full sync's, to time nft alone on the same input (runner.floor).
 	script io.Writer
 }
 
