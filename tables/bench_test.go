@@ -3,6 +3,7 @@ package tables
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"testing"
@@ -218,9 +219,11 @@ func BenchmarkPartialOneEndpoint(b *testing.B) {
 // BenchmarkPartialOverNetlink is BenchmarkPartialOneEndpoint into a real table: a full
 // sync of n Services × endpoints through nft into a new network namespace, then one
 // endpoint replaced per partial sync through a NetlinkWriter, as an instance does; the
-// median of the syncs is reported. It is where the kernel's share of a partial sync is
-// seen (consistentHash's moved slots, the chains every commit walks). Needs root; not
-// run by make test:
+// median of the syncs is reported, with the medians of the netlink transaction alone
+// (µs-tx-median) and of its operations (ops-median) over the syncs that went through
+// the writer (those that change a rule go through nft). It is where the kernel's share of a
+// partial sync is seen (consistentHash's moved slots, the chains every commit walks).
+// Needs root; not run by make test:
 //
 //	go test ./tables -run '^$' -bench PartialOverNetlink -benchtime 2000x
 func BenchmarkPartialOverNetlink(b *testing.B) {
@@ -240,11 +243,14 @@ func BenchmarkPartialOverNetlink(b *testing.B) {
 				}
 			}
 			s := netlinkSyncer(b, newNetns(b), testConfig(IPv4))
+			tx := &timedApplier{Applier: s.direct}
+			s.SetDirect(tx)
 			if _, err := s.Full(context.Background(), services); err != nil {
 				b.Fatal(err)
 			}
 			pod := netip.MustParseAddr("100.127.0.1")
 			var took []time.Duration
+			var ops []int
 			i := 0
 			for b.Loop() {
 				name := benchName(i * 7919 % sc.services)
@@ -258,13 +264,136 @@ func BenchmarkPartialOverNetlink(b *testing.B) {
 				pod = pod.Next()
 				services[name] = changed
 				start := time.Now()
-				if _, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed}); err != nil {
+				st, err := s.Partial(context.Background(), map[ServiceName][]*ServicePort{name: changed})
+				if err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, time.Since(start))
+				if st.Direct { // the few that change a rule go through nft
+					ops = append(ops, st.Operations)
+				}
+			}
+			b.ReportMetric(medianMicros(took), "µs-median")
+			b.ReportMetric(medianMicros(tx.took), "µs-tx-median")
+			slices.Sort(ops)
+			b.ReportMetric(float64(ops[len(ops)/2]), "ops-median")
+		})
+	}
+}
+
+// BenchmarkSlotRewritesOverNetlink is the kernel's share of a consistentHash partial
+// sync on its own: after a full sync of 10,000 consistentHash Services × 10 endpoints and
+// one endpoint replaced, it rewrites k of the slots that replacement moved, back and forth
+// (each slot a delete and an add in ch-slots, one transaction per step, nothing else),
+// straight through the NetlinkWriter. slots=26 is the least any 256-slot table can move
+// when one of 10 endpoints leaves (that endpoint's own slots), whatever way the table is
+// built; slots=all is what the replacement moved in ours. Compare with random's whole
+// partial sync in BenchmarkPartialOverNetlink (issue 14's bar is 2× of it). Needs root;
+// not run by make test:
+//
+//	go test ./tables -run '^$' -bench SlotRewritesOverNetlink -benchtime 2000x
+func BenchmarkSlotRewritesOverNetlink(b *testing.B) {
+	requireRoot(b)
+	services := benchServices(10_000, 10)
+	for _, ports := range services {
+		for _, sp := range ports {
+			sp.LoadBalancing = LBConsistentHash
+		}
+	}
+	s := netlinkSyncer(b, newNetns(b), testConfig(IPv4))
+	tx := &timedApplier{Applier: s.direct}
+	s.SetDirect(tx)
+	ctx := context.Background()
+	if _, err := s.Full(ctx, services); err != nil {
+		b.Fatal(err)
+	}
+	// One endpoint of a one-port ClusterIP Service replaced, as BenchmarkPartialOverNetlink does.
+	name := benchName(0)
+	ports := services[name]
+	if len(ports) != 1 {
+		b.Fatalf("Service %s has %d ports, want 1", name, len(ports))
+	}
+	c := *ports[0]
+	c.ClusterEndpoints = append([]Endpoint{{IP: netip.MustParseAddr("100.127.0.1"), Port: 8080}}, c.ClusterEndpoints[1:]...)
+	if st, err := s.Partial(ctx, map[ServiceName][]*ServicePort{name: {&c}}); err != nil || !st.Direct {
+		b.Fatalf("replacing an endpoint: direct %v, %v", st.Direct, err)
+	}
+	slotSet := byte(slices.Index(idSets[:], mapConsistentSlots))
+	ofSlots := func(ids []string) []string {
+		var out []string
+		for _, id := range ids {
+			if id[0] == slotSet {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out) // by slot, then entry: a slot's old and new element pair up
+		return out
+	}
+	gone, came := ofSlots(tx.last.DeleteElements), ofSlots(tx.last.AddElements)
+	if len(gone) != len(came) || len(gone) < 26 {
+		b.Fatalf("the replacement moved %d slots and added %d, want the same, at least 26", len(gone), len(came))
+	}
+	for _, k := range []int{26, len(gone)} {
+		label := fmt.Sprint(k)
+		if k == len(gone) {
+			label = fmt.Sprintf("all(%d)", k)
+		}
+		b.Run("slots="+label, func(b *testing.B) {
+			forth := &Diff{DeleteElements: came[:k], AddElements: gone[:k]}
+			back := &Diff{DeleteElements: gone[:k], AddElements: came[:k]}
+			var took []time.Duration
+			i := 0
+			for b.Loop() {
+				d := forth
+				if i%2 == 1 {
+					d = back
+				}
+				i++
+				start := time.Now()
+				if err := tx.Applier.Apply(ctx, d); err != nil {
 					b.Fatal(err)
 				}
 				took = append(took, time.Since(start))
 			}
-			slices.Sort(took)
-			b.ReportMetric(float64(took[len(took)/2].Nanoseconds())/1e3, "µs-median")
+			if i%2 == 1 { // leave the table as the replacement wrote it
+				if err := tx.Applier.Apply(ctx, back); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(medianMicros(took), "µs-median")
+			b.ReportMetric(float64(2*k), "ops")
 		})
 	}
+}
+
+// medianMicros is the median of d in microseconds.
+func medianMicros(d []time.Duration) float64 {
+	d = slices.Clone(d)
+	slices.Sort(d)
+	return float64(d[len(d)/2].Nanoseconds()) / 1e3
+}
+
+// timedApplier times each Apply of the Applier it wraps (the netlink transaction alone,
+// without the ledger and the compiler).
+type timedApplier struct {
+	Applier
+	took []time.Duration
+	// last is the last Diff applied.
+	last *Diff
+}
+
+func (t *timedApplier) Apply(ctx context.Context, d *Diff) error {
+	start := time.Now()
+	err := t.Applier.Apply(ctx, d)
+	t.took = append(t.took, time.Since(start))
+	t.last = d
+	return err
+}
+
+// Close closes the wrapped Applier's socket, as Syncer.Close would without the wrapper.
+func (t *timedApplier) Close() error {
+	if c, ok := t.Applier.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
