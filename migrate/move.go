@@ -163,6 +163,14 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 			return rep, err
 		}
 	}
+	owner := map[types.NamespacedName]*string{}
+	for _, s := range svcs {
+		if label, ok := s.Labels[selector.LabelServiceProxyName]; ok {
+			owner[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = &label
+		}
+	}
+	confirm := m.shadowConfirmation()
+	confirm.unchanged = sameInstance(func(n types.NamespacedName) *string { return owner[n] })
 	for i := 0; i < len(todo); i += m.BatchSize {
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
@@ -176,7 +184,7 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 				return rep, err
 			}
 		}
-		nodes, err := m.waitConfirmed(ctx, batch, to, before, m.shadowConfirmation())
+		nodes, err := m.waitConfirmed(ctx, batch, to, before, confirm)
 		if err != nil {
 			for _, n := range batch {
 				_ = m.patch(context.WithoutCancel(ctx), n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil})
@@ -308,7 +316,9 @@ func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from
 			return "", err
 		}
 	}
-	nodes, err := m.waitConfirmed(ctx, batch, from, before, m.handedBackConfirmation())
+	confirm := m.handedBackConfirmation()
+	confirm.unchanged = sameInstance(func(types.NamespacedName) *string { return label })
+	nodes, err := m.waitConfirmed(ctx, batch, from, before, confirm)
 	var handed string
 	switch {
 	case errors.Is(err, errNoLiveNode):
@@ -348,6 +358,27 @@ type confirmation struct {
 	// failed wraps the error of a wait that timed out.
 	failed  error
 	timeout time.Duration
+	// unchanged, if set, reports whether Service n changes nothing on the node of st:
+	// the instance inst serving the proxy name waited for is also the one serving the
+	// Service's other proxy name (its label before a move, after a hand-back). The router
+	// gives an instance no shadow of a Service it owns, so such a node has nothing to
+	// report, and nothing to program: it confirms the Service as it is.
+	unchanged func(st NodeStatus, inst string, n types.NamespacedName) bool
+}
+
+// sameInstance returns a confirmation's unchanged for the proxy name labelOf gives each
+// Service (nil: unlabeled, served by the node's default instance).
+func sameInstance(labelOf func(types.NamespacedName) *string) func(NodeStatus, string, types.NamespacedName) bool {
+	return func(st NodeStatus, inst string, n types.NamespacedName) bool {
+		is, ok := st.Instances[inst]
+		if !ok {
+			return false
+		}
+		if label := labelOf(n); label != nil {
+			return slices.Contains(is.ProxyNames, *label)
+		}
+		return is.Default
+	}
 }
 
 // shadowConfirmation: the instance programmed the Services in shadow.
@@ -438,6 +469,9 @@ func (m *Mover) waitConfirmed(ctx context.Context, batch []types.NamespacedName,
 			nodes = append(nodes, st.Node)
 			prev, seen := earlier[st.Node]
 			for _, n := range batch {
+				if c.unchanged != nil && c.unchanged(st.NodeStatus, inst, n) {
+					continue
+				}
 				listed := slices.Contains(c.listed(st.Instances[inst]), n.String())
 				stale := seen && prev.version == st.version && slices.Contains(c.listed(prev.Instances[inst]), n.String())
 				if !listed || stale {

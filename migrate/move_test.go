@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,11 +100,16 @@ type node struct {
 	handedBack map[string]time.Time
 	// heartbeat is the Publisher's Heartbeat (nil: always, the Publisher's default).
 	heartbeat func(NodeStatus) bool
+	// specs are the node's instances (nil: team-a alone, serving proxy name team-a).
+	specs []selector.Spec
 }
 
 func startNode(t *testing.T, c *cluster, n *node) {
 	t.Helper()
-	router, err := selector.NewRouter([]selector.Spec{{Name: "team-a", ProxyNames: []string{"team-a"}}})
+	if n.specs == nil {
+		n.specs = []selector.Spec{{Name: "team-a", ProxyNames: []string{"team-a"}}}
+	}
+	router, err := selector.NewRouter(n.specs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,34 +119,41 @@ func startNode(t *testing.T, c *cluster, n *node) {
 	t.Cleanup(func() { cancel(); <-done })
 	pub := &Publisher{Client: c.client, Namespace: statusNS, Node: n.name, Interval: 5 * time.Millisecond, Heartbeat: n.heartbeat,
 		Source: func() NodeStatus {
-			is := InstanceStatus{ProxyNames: []string{"team-a"}}
+			st := NodeStatus{Instances: map[string]InstanceStatus{}}
 			list, err := c.client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
-			if err == nil {
+			for _, spec := range n.specs {
+				is := InstanceStatus{Default: spec.Default, ProxyNames: spec.ProxyNames}
 				for _, s := range list.Items {
 					name := s.Namespace + "/" + s.Name
-					if router.Route(&s).Shadow == "team-a" && (n.confirm == nil || n.confirm(name)) {
+					if err == nil && router.Route(&s).Shadow == spec.Name && (n.confirm == nil || n.confirm(name)) {
 						is.Shadow = append(is.Shadow, name)
 						if _, labeled := s.Labels[selector.LabelServiceProxyName]; !labeled && (n.legacy == nil || n.legacy(name)) {
 							is.HandedBack = append(is.HandedBack, name)
 						}
 					}
 				}
+				n.record(is)
+				st.Instances[spec.Name] = is
 			}
-			n.mu.Lock()
-			for _, s := range is.Shadow {
-				if _, ok := n.listed[s]; !ok {
-					n.listed[s] = time.Now()
-				}
-			}
-			for _, s := range is.HandedBack {
-				if _, ok := n.handedBack[s]; !ok {
-					n.handedBack[s] = time.Now()
-				}
-			}
-			n.mu.Unlock()
-			return NodeStatus{Instances: map[string]InstanceStatus{"team-a": is}}
+			return st
 		}}
 	go func() { defer close(done); pub.Run(ctx) }()
+}
+
+// record notes when is first listed each of its shadows and hand-backs.
+func (n *node) record(is InstanceStatus) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range is.Shadow {
+		if _, ok := n.listed[s]; !ok {
+			n.listed[s] = time.Now()
+		}
+	}
+	for _, s := range is.HandedBack {
+		if _, ok := n.handedBack[s]; !ok {
+			n.handedBack[s] = time.Now()
+		}
+	}
 }
 
 func (n *node) firstHandedBack(svc string) (time.Time, bool) {
@@ -237,6 +250,78 @@ func TestRollbackStepsBackBeforeHandingBack(t *testing.T) {
 		if _, labeled := got.Labels[selector.LabelServiceProxyName]; labeled || got.Annotations[selector.AnnotationShadow] != "" {
 			t.Errorf("%s after the rollback: labels %v annotations %v", name, got.Labels, got.Annotations)
 		}
+	}
+}
+
+// TestMoveWithinOneInstance: moving Services between two proxy names that one instance
+// serves changes nothing on a node running it (the router gives an instance no shadow of
+// a Service it owns, so there is nothing for it to report), and the move must not wait
+// for a confirmation that never comes; a node where the two names are two instances
+// still confirms the shadow before the label moves. The same holds for a rollback
+// handing Services back to another name of the instance that served them, and for a
+// move of unlabeled Services to a node's default instance.
+func TestMoveWithinOneInstance(t *testing.T) {
+	shared := []selector.Spec{{Name: "team-a", Default: true, ProxyNames: []string{"team-a", "team-a-canary"}}}
+	split := []selector.Spec{
+		{Name: "team-a", ProxyNames: []string{"team-a"}},
+		{Name: "canary", ProxyNames: []string{"team-a-canary"}},
+	}
+	for _, tc := range []struct {
+		name     string
+		label    string // the Services' label before
+		rollback bool   // Rollback from label to "team-a-canary"; else Move to it
+		to       string
+	}{
+		{name: "move between names of one instance", label: "team-a", to: "team-a-canary"},
+		{name: "move of unlabeled Services to the default instance", label: "", to: "team-a-canary"},
+		{name: "rollback to another name of one instance", label: "team-a-canary", rollback: true, to: "team-a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, svc("shop", "cart", tc.label), svc("shop", "web", tc.label))
+			one, two := &node{name: "node-1", specs: shared}, &node{name: "node-2", specs: split}
+			nodes := []*node{one}
+			if !tc.rollback && tc.label != "" {
+				nodes = append(nodes, two) // a rollback to another instance waits for its legacy timeout
+			}
+			for _, n := range nodes {
+				startNode(t, c, n)
+			}
+			waitStatus(t, c, len(nodes))
+			var out bytes.Buffer
+			m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
+				Timeout: 5 * time.Second, LegacyTimeout: 5 * time.Second}
+			var rep Report
+			var err error
+			if tc.rollback {
+				rep, err = m.Rollback(context.Background(), Selection{Namespace: "shop"}, tc.label, tc.to)
+			} else {
+				rep, err = m.Move(context.Background(), Selection{Namespace: "shop"}, tc.to)
+			}
+			if err != nil || rep.Moved != 2 {
+				t.Fatalf("%+v %v\n%s", rep, err, out.String())
+			}
+			for _, name := range []string{"cart", "web"} {
+				got, err := c.client.CoreV1().Services("shop").Get(context.Background(), name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Labels[selector.LabelServiceProxyName] != tc.to || got.Labels[selector.LabelShadow] != "" || got.Annotations[selector.AnnotationShadow] != "" {
+					t.Errorf("%s after it: labels %v annotations %v", name, got.Labels, got.Annotations)
+				}
+				if _, ok := one.firstListed("shop/" + name); ok && !tc.rollback {
+					t.Errorf("%s: node-1's instance owns it under both names, yet listed it as a shadow", name)
+				}
+			}
+			if len(nodes) == 2 {
+				label := slices.IndexFunc(c.patchLog(), labelPatch)
+				for _, name := range []string{"shop/cart", "shop/web"} {
+					at, ok := two.firstListed(name)
+					if !ok || label < 0 || !at.Before(c.patchLog()[label].at) {
+						t.Errorf("%s: node-2 runs the two names as two instances, and must confirm the shadow before the label moves (listed %v at %v)", name, ok, at)
+					}
+				}
+			}
+		})
 	}
 }
 
