@@ -86,6 +86,9 @@ func (p *process) running() bool {
 	}
 }
 
+// killWait bounds the wait for a child to exit after SIGKILL.
+const killWait = time.Minute
+
 // stop asks the child to exit with SIGTERM and kills it if it is still there after grace.
 // A child that already exited is fine: stop only reports failing to end it.
 func (p *process) stop(grace time.Duration) error {
@@ -101,11 +104,13 @@ func (p *process) stop(grace time.Duration) error {
 	if err := p.cmd.Process.Kill(); err != nil && p.running() {
 		return fmt.Errorf("killing %s (pid %d): %w", p.name, p.cmd.Process.Pid, err)
 	}
+	// A killed process exits once it leaves the kernel; on a loaded CI host a containerd
+	// tearing down its state was seen to take over 10 s, so wait long for it.
 	select {
 	case <-p.exited:
 		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.name, p.cmd.Process.Pid)
+	case <-time.After(killWait):
+		return fmt.Errorf("%s (pid %d) did not exit within %v of SIGKILL", p.name, p.cmd.Process.Pid, killWait)
 	}
 }
 
