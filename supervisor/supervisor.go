@@ -363,6 +363,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); s.runOtherNodes(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); s.runServiceCIDRDrop(ctx, cidrDrop) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.auditSlices(ctx, w) }()
 	s.takeOverTables(ctx)
 	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
 		wg.Add(1)

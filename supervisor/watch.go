@@ -348,6 +348,23 @@ func shareValue[K comparable, V any](shared map[K]V, key K, val V) V {
 // names and numbers and namespaces, with room.
 const maxSharedNames = 20000
 
+// HeldServices lists the Services the node's watches hold, each once.
+func (w *Watches) HeldServices() []*corev1.Service {
+	var out []*corev1.Service
+	seen := map[string]bool{}
+	for _, inf := range w.services {
+		for _, o := range inf.GetStore().List() {
+			svc, ok := o.(*corev1.Service)
+			if !ok || seen[svc.Namespace+"/"+svc.Name] {
+				continue
+			}
+			seen[svc.Namespace+"/"+svc.Name] = true
+			out = append(out, svc)
+		}
+	}
+	return out
+}
+
 // SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister): of a
 // slice two watches hold, the newer version.
 func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSlice {

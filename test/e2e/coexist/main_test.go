@@ -166,6 +166,7 @@ func TestCoexist(t *testing.T) {
 	}
 	coexist := []step{
 		{"EachProxyServesItsOwnServices", testEachProxyServesItsOwnServices},
+		{"HealthEndpointsMatchKubeProxy", testHealthEndpointsMatchKubeProxy},
 		{"KubeProxyRestartLeavesShardproxyAlone", testKubeProxyRestartLeavesShardproxyAlone},
 		{"ShardproxyRestartLeavesKubeProxyAlone", testShardproxyRestartLeavesKubeProxyAlone},
 	}

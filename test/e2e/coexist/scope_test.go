@@ -4,8 +4,15 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -56,7 +63,54 @@ func testScopedWatch(t *testing.T) {
 	if log := e.SupervisorLog(); strings.Contains(log, "Reading an object that left a watch") {
 		t.Errorf("the supervisor could not read an object that left its watches:\n%s", tail(log, 30))
 	}
+	foreignSlices(t, e)
 }
+
+// foreignSlices: a selector-less Service labelled team-a whose EndpointSlice another
+// controller wrote without the Service's labels is outside this node's scoped slice
+// watch; the supervisor says so with a Warning event on the Service naming the label
+// (supervisor/sliceaudit.go), after its grace.
+func foreignSlices(t *testing.T, e *env.Env) {
+	ctx := context.Background()
+	name := passName("foreign")
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "coexist", Name: name,
+		Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}}}
+	svc, err := e.Client.CoreV1().Services("coexist").Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.DeleteService(context.Background(), "coexist", name) })
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "coexist", Name: name + "-foreign", Labels: map[string]string{
+			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "foreign-controller.example.com"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr(int32(8080))}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{netns.Pod1IPv4}}},
+	}
+	if _, err := e.Client.DiscoveryV1().EndpointSlices("coexist").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.Client.DiscoveryV1().EndpointSlices("coexist").Delete(context.Background(), sl.Name, metav1.DeleteOptions{})
+	})
+	var msg string
+	testutil.Eventually(t, 90*time.Second, "a Warning event EndpointSlicesNotWatched on "+name, func() bool {
+		list, err := e.Client.CoreV1().Events("coexist").List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.name=" + name + ",reason=EndpointSlicesNotWatched"})
+		if err != nil || len(list.Items) == 0 {
+			return false
+		}
+		msg = list.Items[0].Message
+		return list.Items[0].Type == corev1.EventTypeWarning
+	})
+	if !strings.Contains(msg, selector.LabelServiceProxyName+"=team-a") || !strings.Contains(msg, "1 EndpointSlice") {
+		t.Errorf("the event does not name the slice and the label it lacks: %q", msg)
+	}
+	t.Logf("event on %s: %s", name, msg)
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func relabel(t *testing.T, e *env.Env, name, proxyName string) {
 	t.Helper()

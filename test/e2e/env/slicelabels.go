@@ -37,9 +37,13 @@ func sliceLabels(svc *corev1.Service, name string, slice map[string]string) map[
 	return out
 }
 
+// sliceControllerName is the EndpointSlice controller's managed-by value.
+const sliceControllerName = "endpointslice-controller.k8s.io"
+
 // mirrorServiceLabels stands in for the EndpointSlice controller's label copy, which
 // the environment's control plane (no controller manager) lacks: whenever a Service's
-// labels change, its slices get them, after the Service, as in a cluster. It runs until
+// labels change, its slices get them, after the Service, as in a cluster; like the
+// controller it leaves the slices another controller manages alone. It runs until
 // Close. Options.NoLabelMirror turns it off.
 func (e *Env) mirrorServiceLabels() error {
 	if e.opts.NoLabelMirror {
@@ -74,6 +78,9 @@ func (e *Env) copyLabelsToSlices(ctx context.Context, svc *corev1.Service) error
 		return err
 	}
 	for _, sl := range list.Items {
+		if m, ok := sl.Labels[discoveryv1.LabelManagedBy]; ok && m != sliceControllerName {
+			continue // another controller's slice: the EndpointSlice controller leaves it alone
+		}
 		want := sliceLabels(svc, svc.Name, sl.Labels)
 		if maps.Equal(sl.Labels, want) {
 			continue
