@@ -3,6 +3,7 @@ package migrate
 import (
 	"bytes"
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -119,4 +121,32 @@ func TestMoveFromSteadyStateWithoutHeartbeats(t *testing.T) {
 		t.Fatalf("move: %+v %v\n%s", rep, err, out.String())
 	}
 	t.Logf("move:\n%s", out.String())
+}
+
+// TestMoveWithinOneInstanceFromSteadyState: between two proxy names of one instance, a
+// move changes nothing on the node, so its idle supervisor writes no status: its last
+// one, stale by then, answers for it, and the move neither blocks on the Ready node nor
+// finds "no live node".
+func TestMoveWithinOneInstanceFromSteadyState(t *testing.T) {
+	c := newCluster(t, svc("shop", "web", "team-a"), svc("shop", "cart", "team-a"))
+	specs := []selector.Spec{{Name: "team-a", ProxyNames: []string{"team-a", "team-a-canary"}}}
+	for _, name := range []string{"node-1", "node-2"} {
+		if _, err := c.client.CoreV1().Nodes().Create(context.Background(), nodeObject(name, corev1.ConditionTrue), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		startNode(t, c, &node{name: name, heartbeat: NodeStatus.Migrating, specs: specs})
+	}
+	waitStatus(t, c, 2)
+	const staleAfter = 2 * time.Second // managedFields times have whole seconds
+	time.Sleep(staleAfter + time.Second)
+	var out bytes.Buffer
+	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond,
+		Timeout: 5 * time.Second, StaleAfter: staleAfter}
+	rep, err := m.Move(context.Background(), Selection{Namespace: "shop"}, "team-a-canary")
+	if err != nil || rep.Moved != 2 {
+		t.Fatalf("move: %+v %v\n%s", rep, err, out.String())
+	}
+	if !strings.Contains(out.String(), "on 2 node(s) (node-1, node-2)") {
+		t.Errorf("the move does not name the two nodes that answered:\n%s", out.String())
+	}
 }

@@ -366,6 +366,21 @@ type confirmation struct {
 	unchanged func(st NodeStatus, inst string, n types.NamespacedName) bool
 }
 
+// unchangedOn tells whether every Service of batch is unchanged (c.unchanged) on the
+// node of st, whose instance serving proxyName answers for it.
+func (c confirmation) unchangedOn(st NodeStatus, proxyName string, batch []types.NamespacedName) bool {
+	inst, ok := st.ServesProxyName(proxyName)
+	if c.unchanged == nil || !ok {
+		return false
+	}
+	for _, n := range batch {
+		if !c.unchanged(st, inst, n) {
+			return false
+		}
+	}
+	return true
+}
+
 // sameInstance returns a confirmation's unchanged for the proxy name labelOf gives each
 // Service (nil: unlabeled, served by the node's default instance).
 func sameInstance(labelOf func(types.NamespacedName) *string) func(NodeStatus, string, types.NamespacedName) bool {
@@ -429,7 +444,8 @@ func (m *Mover) liveNodes(statuses []publishedStatus, proxyName string, serverNo
 
 // waitConfirmed waits until every live node running an instance for proxyName confirms
 // every Service of the batch (c.listed), and no Ready node whose status went stale is
-// left. It returns the nodes that confirmed.
+// left but those on which the batch changes nothing (c.unchanged, by their last status).
+// It returns the nodes that confirmed.
 //
 // before are the statuses read before the batch was annotated. A node whose status
 // already listed a Service then (a shadow of an earlier migration step the supervisor has
@@ -454,7 +470,13 @@ func (m *Mover) waitConfirmed(ctx context.Context, batch []types.NamespacedName,
 			return nil, err
 		}
 		for _, sn := range blocking {
-			if sn.blocks() {
+			switch {
+			case !sn.blocks():
+			case c.unchangedOn(sn.status, proxyName, batch):
+				// An idle node writes its status only when it changes, and a batch that
+				// changes nothing there changes none: its last status answers for it.
+				nodes = append(nodes, sn.name)
+			default:
 				missing = append(missing, sn.String())
 			}
 		}
@@ -507,6 +529,8 @@ type silentNode struct {
 	since time.Duration
 	// state is the Node object's: "Ready", "NotReady", or "gone" when there is none.
 	state string
+	// status is the node's last status.
+	status NodeStatus
 }
 
 // blocks tells whether the node holds up a batch: a Ready node whose supervisor stopped
@@ -527,7 +551,7 @@ func (m *Mover) silentNodes(ctx context.Context, statuses []publishedStatus, pro
 		if _, ok := st.ServesProxyName(proxyName); !ok || m.live(st, serverNow) {
 			continue
 		}
-		sn := silentNode{name: st.Node, since: serverNow.Sub(st.written), state: "gone"}
+		sn := silentNode{name: st.Node, since: serverNow.Sub(st.written), state: "gone", status: st.NodeStatus}
 		node, err := m.Client.CoreV1().Nodes().Get(ctx, st.Node, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):

@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
+	"hash/fnv"
 	"strings"
 	"time"
 
@@ -17,19 +19,22 @@ import (
 // proxy name's label (watchScope). The EndpointSlice controller copies a Service's labels
 // to its slices, but slices written by hand or by another controller often lack them,
 // and such a node then serves the Service as if it had no endpoints, with nothing to say
-// why. The audit finds those Services: held for sliceAuditGrace without any slice, it
-// asks the API server once for the Service's slices (label kubernetes.io/service-name,
-// whatever else they carry) and, if there are any, logs and records a Warning event on
-// the Service naming the labels they lack. It asks again after sliceAuditRecheck while
-// the Service stays without a slice (slices may be written later).
+// why. The audit finds those Services: one held without any slice for sliceAuditGrace,
+// plus a spread of up to sliceAuditSpread that differs per node and Service (so that the
+// nodes of a large cluster do not all ask at once), is asked about once per version of
+// the Service: one LIST of its slices by kubernetes.io/service-name, whatever else they
+// carry, from the API server's watch cache. If there are any, the node logs it and
+// records a Warning event on the Service naming the label they lack. The grace is long
+// enough for the controller to copy a relabelled Service's labels during a migration.
 const (
 	sliceAuditEvery   = 15 * time.Second
-	sliceAuditGrace   = 15 * time.Second
-	sliceAuditRecheck = 30 * time.Minute
+	sliceAuditGrace   = time.Minute
+	sliceAuditSpread  = time.Minute
+	sliceAuditTimeout = 10 * time.Second
 )
 
-// reasonSlicesUnlabeled is the reason of the audit's Warning event on a Service.
-const reasonSlicesUnlabeled = "EndpointSlicesNotWatched"
+// reasonSlicesNotWatched is the reason of the audit's Warning event on a Service.
+const reasonSlicesNotWatched = "EndpointSlicesNotWatched"
 
 // sliceAudit is the audit's state, apart from the API (count) and the warning (warn).
 type sliceAudit struct {
@@ -37,13 +42,17 @@ type sliceAudit struct {
 	count func(ctx context.Context, namespace, service string) (int, error)
 	// warn reports n slices of svc the node does not see.
 	warn func(svc *corev1.Service, n int)
-	// bare holds since when each Service has been held without a slice; asked when the
-	// API server was last asked about it.
-	bare, asked map[types.NamespacedName]time.Time
+	// node spreads the nodes' requests (sliceAuditSpread).
+	node string
+	// bare holds since when each Service has been held without a slice; asked the
+	// version of the Service the API server was asked about.
+	bare  map[types.NamespacedName]time.Time
+	asked map[types.NamespacedName]string
 }
 
-func newSliceAudit(count func(context.Context, string, string) (int, error), warn func(*corev1.Service, int)) *sliceAudit {
-	return &sliceAudit{count: count, warn: warn, bare: map[types.NamespacedName]time.Time{}, asked: map[types.NamespacedName]time.Time{}}
+func newSliceAudit(node string, count func(context.Context, string, string) (int, error), warn func(*corev1.Service, int)) *sliceAudit {
+	return &sliceAudit{count: count, warn: warn, node: node,
+		bare: map[types.NamespacedName]time.Time{}, asked: map[types.NamespacedName]string{}}
 }
 
 // check looks at the Services the node holds at now; hasSlices tells whether it holds a
@@ -61,17 +70,14 @@ func (a *sliceAudit) check(ctx context.Context, now time.Time, held []*corev1.Se
 			a.bare[name] = now
 			continue
 		}
-		if now.Sub(since) < sliceAuditGrace {
-			continue
-		}
-		if last, ok := a.asked[name]; ok && now.Sub(last) < sliceAuditRecheck {
+		if now.Sub(since) < sliceAuditGrace+a.spread(name) || a.asked[name] == svc.ResourceVersion {
 			continue
 		}
 		n, err := a.count(ctx, svc.Namespace, svc.Name)
 		if err != nil {
 			continue
 		}
-		a.asked[name] = now
+		a.asked[name] = svc.ResourceVersion
 		if n > 0 {
 			a.warn(svc, n)
 		}
@@ -84,6 +90,13 @@ func (a *sliceAudit) check(ctx context.Context, now time.Time, held []*corev1.Se
 	}
 }
 
+// spread is this node's delay for a Service, in [0, sliceAuditSpread).
+func (a *sliceAudit) spread(name types.NamespacedName) time.Duration {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%s/%s", a.node, name.Namespace, name.Name)
+	return time.Duration(h.Sum64() % uint64(sliceAuditSpread))
+}
+
 // hasEndpointSlices tells whether a Service's endpoints come in slices the node watches:
 // not an ExternalName Service, and not a headless one (their slices are left out).
 func hasEndpointSlices(svc *corev1.Service) bool {
@@ -93,10 +106,10 @@ func hasEndpointSlices(svc *corev1.Service) bool {
 // auditSlices runs the audit every sliceAuditEvery until ctx is done, on a node whose
 // watches are scoped (on others every slice is watched).
 func (s *Supervisor) auditSlices(ctx context.Context, w *Watches) {
-	if len(w.scope) == 1 && w.scope[0] == "" {
+	if !w.Scoped() {
 		return
 	}
-	a := newSliceAudit(s.countSlices, s.warnSlicesUnlabeled)
+	a := newSliceAudit(s.cfg.NodeName, s.countSlices, s.warnSlicesNotWatched)
 	t := time.NewTicker(sliceAuditEvery)
 	defer t.Stop()
 	for {
@@ -111,18 +124,21 @@ func (s *Supervisor) auditSlices(ctx context.Context, w *Watches) {
 
 // countSlices asks the API server (its watch cache) for the EndpointSlices of a Service.
 func (s *Supervisor) countSlices(ctx context.Context, namespace, service string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, sliceAuditTimeout)
+	defer cancel()
 	list, err := s.deps.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: discoveryv1.LabelServiceName + "=" + service, ResourceVersion: "0"})
 	if err != nil {
-		s.logger.V(2).Info("Listing the EndpointSlices of a Service held without any", "service", namespace+"/"+service, "err", err)
+		err = fmt.Errorf("listing the EndpointSlices of Service %s/%s: %w", namespace, service, err)
+		s.logger.V(2).Info("Slice audit", "err", err)
 		return 0, err
 	}
 	return len(list.Items), nil
 }
 
-// warnSlicesUnlabeled logs and records on the Service that n of its slices lack the
+// warnSlicesNotWatched logs and records on the Service that n of its slices lack the
 // labels this node's watches select on.
-func (s *Supervisor) warnSlicesUnlabeled(svc *corev1.Service, n int) {
+func (s *Supervisor) warnSlicesNotWatched(svc *corev1.Service, n int) {
 	var labels []string
 	for _, k := range []string{selector.LabelServiceProxyName, selector.LabelShadow} {
 		if v, ok := svc.Labels[k]; ok {
@@ -132,7 +148,7 @@ func (s *Supervisor) warnSlicesUnlabeled(svc *corev1.Service, n int) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	s.logger.Info("EndpointSlices of a Service lack its labels; this node does not watch them and serves the Service without their endpoints",
 		"service", name, "slices", n, "labels", labels)
-	s.deps.Recorder.Eventf(name, corev1.EventTypeWarning, reasonSlicesUnlabeled,
+	s.deps.Recorder.Eventf(name, corev1.EventTypeWarning, reasonSlicesNotWatched,
 		"%d EndpointSlice(s) of this Service lack its label %s: node %s runs no default instance and watches only the EndpointSlices that carry it, so it serves the Service without their endpoints (the EndpointSlice controller copies a Service's labels to its slices; slices written otherwise must carry them too)",
 		n, strings.Join(labels, " or "), s.cfg.NodeName)
 }

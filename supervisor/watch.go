@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -348,21 +349,26 @@ func shareValue[K comparable, V any](shared map[K]V, key K, val V) V {
 // names and numbers and namespaces, with room.
 const maxSharedNames = 20000
 
-// HeldServices lists the Services the node's watches hold, each once.
+// Scoped tells whether the node's watches hold only some Services (watchScope).
+func (w *Watches) Scoped() bool { return !(len(w.scope) == 1 && w.scope[0] == "") }
+
+// HeldServices lists the Services the node's watches hold, each once, in the newest
+// version a watch holds (two watches may both hold one). Read-only: the informers' own.
 func (w *Watches) HeldServices() []*corev1.Service {
-	var out []*corev1.Service
-	seen := map[string]bool{}
+	newest := map[string]*corev1.Service{}
 	for _, inf := range w.services {
 		for _, o := range inf.GetStore().List() {
 			svc, ok := o.(*corev1.Service)
-			if !ok || seen[svc.Namespace+"/"+svc.Name] {
+			if !ok {
 				continue
 			}
-			seen[svc.Namespace+"/"+svc.Name] = true
-			out = append(out, svc)
+			key := svc.Namespace + "/" + svc.Name
+			if cur, ok := newest[key]; !ok || resourceVersion(cur) < resourceVersion(svc) {
+				newest[key] = svc
+			}
 		}
 	}
-	return out
+	return slices.Collect(maps.Values(newest))
 }
 
 // SlicesOf lists the current EndpointSlices of a Service (a selector.SliceLister): of a

@@ -285,9 +285,9 @@ func BenchmarkPartialOverNetlink(b *testing.B) {
 // sync on its own: after a full sync of 10,000 consistentHash Services × 10 endpoints and
 // one endpoint replaced, it rewrites k of the slots that replacement moved, back and forth
 // (each slot a delete and an add in ch-slots, one transaction per step, nothing else),
-// straight through the NetlinkWriter. slots=26 is the least any 256-slot table can move
-// when one of 10 endpoints leaves (that endpoint's own slots), whatever way the table is
-// built; slots=all is what the replacement moved in ours. Compare with random's whole
+// straight through the NetlinkWriter. slots=26 is about the least any 256-slot table can
+// move when one of 10 endpoints leaves (that endpoint's own share, 25 or 26), whatever
+// way the table is built; slots=all is what the replacement moved in ours. Compare with random's whole
 // partial sync in BenchmarkPartialOverNetlink (issue 14's bar is 2× of it). Needs root;
 // not run by make test:
 //

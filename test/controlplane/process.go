@@ -104,8 +104,9 @@ func (p *process) stop(grace time.Duration) error {
 	if err := p.cmd.Process.Kill(); err != nil && p.running() {
 		return fmt.Errorf("killing %s (pid %d): %w", p.name, p.cmd.Process.Pid, err)
 	}
-	// A killed process exits once it leaves the kernel; on a loaded CI host a containerd
-	// tearing down its state was seen to take over 10 s, so wait long for it.
+	// A killed process exits once it leaves the kernel (a task in uninterruptible sleep,
+	// the unmapping of a large address space); on a loaded CI host containerd was seen to
+	// take over 10 s, so wait long for it.
 	select {
 	case <-p.exited:
 		return nil

@@ -29,6 +29,8 @@ func testScopedWatch(t *testing.T) {
 		t.Errorf("the supervisor does not log a watch scoped to its proxy names:\n%s", tail(log, 30))
 	}
 	ip := service(t, e, "scoped", "team-a")
+	// Early: the audit gives a Service a grace of a minute or two without slices.
+	waitForeignSlices := foreignSlices(t, e)
 	name := "scoped"
 	if mode == modeNFTables {
 		name += "-nft"
@@ -63,21 +65,21 @@ func testScopedWatch(t *testing.T) {
 	if log := e.SupervisorLog(); strings.Contains(log, "Reading an object that left a watch") {
 		t.Errorf("the supervisor could not read an object that left its watches:\n%s", tail(log, 30))
 	}
-	foreignSlices(t, e)
+	waitForeignSlices()
 }
 
 // foreignSlices: a selector-less Service labelled team-a whose EndpointSlice another
 // controller wrote without the Service's labels is outside this node's scoped slice
 // watch; the supervisor says so with a Warning event on the Service naming the label
-// (supervisor/sliceaudit.go), after its grace.
-func foreignSlices(t *testing.T, e *env.Env) {
+// (supervisor/sliceaudit.go), after its grace (a minute, and up to a minute's spread).
+// It creates both and returns the wait for the event.
+func foreignSlices(t *testing.T, e *env.Env) (wait func()) {
 	ctx := context.Background()
 	name := passName("foreign")
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "coexist", Name: name,
 		Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}}}
-	svc, err := e.Client.CoreV1().Services("coexist").Create(ctx, svc, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := e.Client.CoreV1().Services("coexist").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.DeleteService(context.Background(), "coexist", name) })
@@ -94,8 +96,15 @@ func foreignSlices(t *testing.T, e *env.Env) {
 	t.Cleanup(func() {
 		_ = e.Client.DiscoveryV1().EndpointSlices("coexist").Delete(context.Background(), sl.Name, metav1.DeleteOptions{})
 	})
+	return func() { waitNotWatched(t, e, name) }
+}
+
+// waitNotWatched waits for the EndpointSlicesNotWatched event on Service name.
+func waitNotWatched(t *testing.T, e *env.Env, name string) {
+	t.Helper()
+	ctx := context.Background()
 	var msg string
-	testutil.Eventually(t, 90*time.Second, "a Warning event EndpointSlicesNotWatched on "+name, func() bool {
+	testutil.Eventually(t, 3*time.Minute, "a Warning event EndpointSlicesNotWatched on "+name, func() bool {
 		list, err := e.Client.CoreV1().Events("coexist").List(ctx, metav1.ListOptions{
 			FieldSelector: "involvedObject.name=" + name + ",reason=EndpointSlicesNotWatched"})
 		if err != nil || len(list.Items) == 0 {
