@@ -110,16 +110,9 @@ func (s *Supervisor) auditSlices(ctx context.Context, w *Watches) {
 		return
 	}
 	a := newSliceAudit(s.cfg.NodeName, s.countSlices, s.warnSlicesNotWatched)
-	t := time.NewTicker(sliceAuditEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			a.check(ctx, time.Now(), w.HeldServices(), func(ns, name string) bool { return len(w.SlicesOf(ns, name)) > 0 })
-		}
-	}
+	runEvery(ctx, sliceAuditEvery, func() {
+		a.check(ctx, time.Now(), w.HeldServices(), func(ns, name string) bool { return len(w.SlicesOf(ns, name)) > 0 })
+	})
 }
 
 // countSlices asks the API server (its watch cache) for the EndpointSlices of a Service.

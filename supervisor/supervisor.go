@@ -707,15 +707,22 @@ const healthCheckRetryInterval = 5 * time.Second
 // another process held (a legacy kube-proxy that just let go of a migrated Service) opens
 // within seconds, not at the owner's next periodic sync.
 func (s *Supervisor) retryHealthChecks(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
+	runEvery(ctx, every, func() {
+		s.svcHC.RetryFailed()
+		s.reportUnboundHealthChecks()
+	})
+}
+
+// runEvery calls f every interval until ctx is done.
+func runEvery(ctx context.Context, interval time.Duration, f func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.svcHC.RetryFailed()
-			s.reportUnboundHealthChecks()
+			f()
 		}
 	}
 }
