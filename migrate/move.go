@@ -207,14 +207,16 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 // Rollback hands the selected Services labeled from back to the unlabeled (legacy)
 // proxy, or to the proxy named by to. Per batch:
 //
-//  1. The owner steps back: the annotation names from, the proxy the label names, so its
-//     instances keep programming the Services but only as a shadow and give up what an
-//     owner holds, the health-check node ports. Rollback waits until every live node
-//     running an instance for from reports them in shadow: the legacy proxy must find
-//     those ports free, because kube-proxy tries to bind one only when it syncs, and
-//     nothing makes it sync again once it has programmed the Service. If a node does not
-//     confirm within Timeout the rollback goes on regardless (with a warning): handing
-//     back is never less safe than keeping the Services, whose rules stay either way.
+//  1. The owner steps back (unless one instance serves from and to on every node that
+//     reports from: it keeps the Services): the annotation names from, the proxy the
+//     label names, so its instances keep programming the Services but only as a shadow
+//     and give up what an owner holds, the health-check node ports. Rollback waits
+//     until every live node running an instance for from reports them in shadow: the
+//     legacy proxy must find those ports free, because kube-proxy tries to bind one only
+//     when it syncs, and nothing makes it sync again once it has programmed the Service.
+//     If a node does not confirm within Timeout the rollback goes on regardless (with a
+//     warning): handing back is never less safe than keeping the Services, whose rules
+//     stay either way.
 //  2. One patch moves the label (removes it, or sets to); the shadow stays, so the
 //     instance keeps serving while the legacy proxy programs them (its rules run first).
 //  3. Once every live node running from reports the batch handed back (the new proxy
@@ -265,6 +267,10 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 		case len(m.liveNodes(before, from, serverNow)) == 0 && !m.anyBlocking(ctx, before, from, serverNow):
 			fmt.Fprintf(m.Out, "batch %d: warning: no live node reports an instance serving %q; handing back without confirming it stepped back\n",
 				rep.Batches, from)
+		case label != nil && oneInstance(before, from, *label):
+			// The owner keeps the Services under the other name: stepping back would only
+			// release their health-check node ports for a while, for no one.
+			stepped = fmt.Sprintf("%s and %s are one instance on every node, nothing to step back; ", from, to)
 		default:
 			for _, n := range batch {
 				if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: &from}, map[string]*string{selector.AnnotationShadow: &from}); err != nil {
@@ -379,6 +385,23 @@ func (c confirmation) unchangedOn(st NodeStatus, proxyName string, batch []types
 		}
 	}
 	return true
+}
+
+// oneInstance tells whether, on every node whose status names an instance serving proxy
+// name a (at least one), that instance serves proxy name b too.
+func oneInstance(statuses []publishedStatus, a, b string) bool {
+	found := false
+	for _, st := range statuses {
+		inst, ok := st.ServesProxyName(a)
+		if !ok {
+			continue
+		}
+		if !slices.Contains(st.Instances[inst].ProxyNames, b) {
+			return false
+		}
+		found = true
+	}
+	return found
 }
 
 // sameInstance returns a confirmation's unchanged for the proxy name labelOf gives each
