@@ -70,7 +70,7 @@ func (a *sliceAudit) check(ctx context.Context, now time.Time, held []*corev1.Se
 			a.bare[name] = now
 			continue
 		}
-		if now.Sub(since) < sliceAuditGrace+a.spread(name) || a.asked[name] == svc.ResourceVersion {
+		if v, ok := a.asked[name]; ok && v == svc.ResourceVersion || now.Sub(since) < sliceAuditGrace+a.spread(name) {
 			continue
 		}
 		n, err := a.count(ctx, svc.Namespace, svc.Name)

@@ -34,8 +34,9 @@ func TestSliceAudit(t *testing.T) {
 	failing := svc("flaky", "1") // the first request fails
 	headless := svc("headless", "1", func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone })
 	external := svc("ext", "1", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName; s.Spec.ClusterIP = "" })
-	all := []*corev1.Service{unlabeled, none, held, failing, headless, external}
-	dbChanged := []*corev1.Service{svc("db", "2"), none, held, failing, headless, external}
+	noVersion := svc("unversioned", "") // asked once all the same
+	all := []*corev1.Service{unlabeled, none, held, failing, headless, external, noVersion}
+	dbChanged := []*corev1.Service{svc("db", "2"), none, held, failing, headless, external, noVersion}
 
 	var asked, warned []string
 	fail := true
@@ -64,13 +65,13 @@ func TestSliceAudit(t *testing.T) {
 	}{
 		{0, all, nil, nil}, // first seen bare: the grace starts
 		{sliceAuditGrace / 2, all, nil, nil},
-		{past, all, []string{"db", "empty", "flaky"}, []string{"db"}},
+		{past, all, []string{"db", "empty", "flaky", "unversioned"}, []string{"db"}},
 		{past + sliceAuditEvery, all, []string{"flaky"}, []string{"flaky"}}, // the failed one again
 		{past + 2*sliceAuditEvery, all, nil, nil},                           // each version asked once
 		{past + 3*sliceAuditEvery, dbChanged, []string{"db"}, []string{"db"}},
 		{past + 4*sliceAuditEvery, []*corev1.Service{none}, nil, nil}, // db and flaky gone
 		{past + 5*sliceAuditEvery, all, nil, nil},                     // back: a new grace
-		{2*past + 5*sliceAuditEvery, all, []string{"db", "flaky"}, []string{"db", "flaky"}},
+		{2*past + 5*sliceAuditEvery, all, []string{"db", "flaky", "unversioned"}, []string{"db", "flaky"}},
 	} {
 		asked, warned = nil, nil
 		a.check(context.Background(), t0.Add(step.at), step.held, hasSlices)
