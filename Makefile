@@ -142,7 +142,7 @@ test-unit:
 	$(GO) test $(TEST_FLAGS) -short $(PKGS)
 
 fuzz:
-	$(GO) test ./instance -run '^$$' -fuzz FuzzBuild -fuzztime 20s
+	$(GO) test ./instance -run '^$$' -fuzz FuzzBuild -fuzztime 40000x
 
 fmt:
 	gofmt -l -w .
