@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -312,18 +313,30 @@ func TestDispatchHandover(t *testing.T) {
 	}
 }
 
+// TestDispatchHandoverBackBeforeProgrammedKeepsService: a Service relabeled away and
+// back before the new owner programmed it stays with the old owner when the first
+// handover times out; the instance it went to in between lets go of it.
+//
+// It runs in a synctest bubble: the handover timers run on the bubble's clock, and
+// synctest.Wait returns only once both release goroutines have finished, so the absence
+// of a delete is observed after the code that would have made it ran, not after a guess.
 func TestDispatchHandoverBackBeforeProgrammedKeepsService(t *testing.T) {
-	f := newDispatchFixture(t, false)
-	f.d.HandoverTimeout = 50 * time.Millisecond
-	f.d.ServiceChanged(service("a1", "web", ""))
-	f.d.ServiceChanged(service("a1", "web", "team-a"))
-	f.d.ServiceChanged(service("a1", "web", ""))
-	time.Sleep(200 * time.Millisecond) // the handover timeout must have fired
-	for _, l := range f.take() {
-		if l == "default: delete service a1/web" {
-			t.Fatal("the default instance dropped a Service it owns again")
+	synctest.Test(t, func(t *testing.T) {
+		f := newDispatchFixture(t, false)
+		f.d.HandoverTimeout = 50 * time.Millisecond
+		f.d.ServiceChanged(service("a1", "web", ""))
+		f.d.ServiceChanged(service("a1", "web", "team-a"))
+		f.d.ServiceChanged(service("a1", "web", ""))
+		time.Sleep(f.d.HandoverTimeout) // both handovers time out: nobody programs
+		synctest.Wait()
+		got := f.take()
+		if slices.Contains(got, "default: delete service a1/web") {
+			t.Errorf("the default instance dropped a Service it owns again: %q", got)
 		}
-	}
+		if !slices.Contains(got, "team-a: delete service a1/web") {
+			t.Errorf("team-a kept a Service handed back from it after the timeout: %q", got)
+		}
+	})
 }
 
 func TestDispatchIgnoresUnownedObjects(t *testing.T) {
@@ -621,7 +634,14 @@ func TestDispatchGoroutinesBoundedWhileInstancesCannotSync(t *testing.T) {
 // the shadow label to them after). The shadow's first sync has no endpoints and rejects,
 // so it must not be reported programmed (a migration would move the label onto it: ~200 ms
 // of refused connections on the real node); the sync after the first slice is.
+//
+// It runs in a synctest bubble: synctest.Wait returns once the goroutine that waits for
+// the first sync has acted on it, so "not reported programmed" is read after the decision.
 func TestDispatchShadowWaitsForSlices(t *testing.T) {
+	synctest.Test(t, testDispatchShadowWaitsForSlices)
+}
+
+func testDispatchShadowWaitsForSlices(t *testing.T) {
 	f := newDispatchFixture(t, false)
 	name := types.NamespacedName{Namespace: "a1", Name: "web"}
 	withSelector := func(svc *corev1.Service) *corev1.Service {
@@ -633,7 +653,7 @@ func TestDispatchShadowWaitsForSlices(t *testing.T) {
 		t.Fatalf("shadow without slices: %q", got)
 	}
 	f.sinks["team-a"].program(name)
-	time.Sleep(50 * time.Millisecond) // the goroutine that waits for the sync must have run
+	synctest.Wait() // the goroutine that waits for the sync has run
 	if got := f.d.Shadows(); len(got) != 0 {
 		t.Fatalf("reported programmed by a sync without the Service's slices: %v", got)
 	}
