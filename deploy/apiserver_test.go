@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/shardproxy/shardproxy/test/controlplane"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestServerDryRun sends every object of the base and of each overlay to a real
@@ -26,7 +27,7 @@ import (
 // ServiceAccount may do.
 func TestServerDryRun(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("skipping: the control-plane tests run as root (CI is root)")
+		testutil.Unavailable(t, "the control-plane tests run as root (CI is root)")
 	}
 	if _, err := exec.LookPath("etcd"); err != nil && !testing.Short() {
 		// controlplane.Start would skip; as root (CI) a missing etcd is a broken machine.

@@ -9,6 +9,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // releaseImage is the image the release of the VERSION file is published as: `make
@@ -70,7 +72,7 @@ func TestOverlaysNameTheImage(t *testing.T) {
 // version` in a pod says which image it is.
 func TestVersionMatchesImageTag(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("no make")
+		testutil.Unavailable(t, "make is not installed")
 	}
 	v := repoVersion(t)
 	out, err := exec.Command("make", "-s", "-C", "..", "print-image").Output()

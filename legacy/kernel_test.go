@@ -188,7 +188,7 @@ func fakeKubeProxy(t *testing.T, tp *netns.Topology, ns string) *netns.Process {
 	t.Helper()
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
-		t.Skip("no sleep binary")
+		testutil.Unavailable(t, "no sleep binary")
 	}
 	bin := filepath.Join(t.TempDir(), "kube-proxy")
 	testutil.CopyFile(t, sleep, bin, 0o755)
@@ -267,7 +267,7 @@ func TestKernelIPVSLeftovers(t *testing.T) {
 		return nil
 	})
 	if err != nil {
-		t.Skipf("this kernel cannot create ipsets: %v", err)
+		testutil.Unavailable(t, "this kernel cannot create ipsets (module ip_set missing?): %v", err)
 	}
 	rule := exec.Command("ip", "netns", "exec", tp.Node, "iptables-restore", "--noflush")
 	rule.Stdin = strings.NewReader("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT\nCOMMIT\n")

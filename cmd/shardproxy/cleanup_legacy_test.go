@@ -120,7 +120,7 @@ func mustLookPath(t *testing.T, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Skipf("no %s", name)
+		testutil.Unavailable(t, "%s is not installed", name)
 	}
 	return p
 }

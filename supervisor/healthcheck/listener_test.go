@@ -4,6 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestTCPListenerFamilies: each socket is of its address's family and bound to it.
@@ -18,7 +20,7 @@ func TestTCPListenerFamilies(t *testing.T) {
 		t.Run(tc.addr, func(t *testing.T) {
 			l, err := TCPListener{}.Listen(netip.MustParseAddr(tc.addr), 0)
 			if err != nil {
-				t.Skipf("no %s here: %v", tc.addr, err)
+				testutil.Unavailable(t, "no %s here: %v", tc.addr, err)
 			}
 			defer l.Close()
 			got := l.Addr().(*net.TCPAddr)

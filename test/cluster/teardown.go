@@ -278,8 +278,10 @@ func listNetns() []string {
 	return out
 }
 
-// RemoveStale tears down clusters whose test process died before it could.
-func RemoveStale(logf func(string, ...any)) {
+// RemoveStale tears down clusters whose test process died before it could, and
+// returns what it could not tear down (after trying every cluster).
+func RemoveStale(logf func(string, ...any)) error {
+	var errs []error
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, dir := range dirs {
 		data, err := os.ReadFile(filepath.Join(dir, stateFile))
@@ -293,8 +295,10 @@ func RemoveStale(logf func(string, ...any)) {
 		logf("cluster: tearing down %s, left by dead process %d", dir, s.Owner)
 		if err := errors.Join(teardownNode(&s, nil, logf), teardownHost(s)); err != nil {
 			logf("cluster: tearing down %s: %v", dir, err)
+			errs = append(errs, fmt.Errorf("tearing down %s: %w", dir, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // nsInode is the inode of a namespace file (/proc/PID/ns/net or a bind mount of one).

@@ -37,6 +37,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // Defaults for Options.
@@ -144,10 +146,10 @@ func Start(t testing.TB) *ControlPlane {
 func StartWith(t testing.TB, opts Options) *ControlPlane {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("skipping the real control plane in -short mode: needs etcd and a kube-apiserver build")
+		testutil.Unavailable(t, "skipping the real control plane in -short mode: needs etcd and a kube-apiserver build")
 	}
 	if _, err := exec.LookPath("etcd"); err != nil {
-		t.Skipf("skipping: %v", ErrEtcdNotFound)
+		testutil.Unavailable(t, "%v", ErrEtcdNotFound)
 	}
 	ctx := context.Background()
 	if deadline, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {

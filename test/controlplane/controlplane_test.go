@@ -27,6 +27,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clientcmdlatest "k8s.io/client-go/tools/clientcmd/api/latest"
 	"k8s.io/utils/ptr"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 func TestKubernetesVersionMatchesToolsModule(t *testing.T) {
@@ -180,16 +182,16 @@ func TestControlPlane(t *testing.T) {
 // makes that the endpoint of the "kubernetes" Service.
 func TestBindAllAddresses(t *testing.T) {
 	if testing.Short() {
-		t.Skip("skipping the real control plane in -short mode")
+		testutil.Unavailable(t, "skipping the real control plane in -short mode")
 	}
 	hostIP := globalIPv4(t)
 	if hostIP == "" {
-		t.Skip("skipping: this host has no global IPv4 address to advertise")
+		testutil.Unavailable(t, "this host has no global IPv4 address to advertise")
 	}
 	ctx := t.Context()
 	cp, stop, err := StartProcess(ctx, Options{BindAddress: "0.0.0.0", AdvertiseAddress: hostIP, Progress: t.Logf})
 	if errors.Is(err, ErrEtcdNotFound) {
-		t.Skipf("skipping: %v", err)
+		testutil.Unavailable(t, "%v", err)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -55,27 +55,48 @@ func (c *Clock) Step(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// RequireKernel skips a real-kernel test where it cannot run: not root (network
+// CIEnv is the environment variable that puts the tests in CI mode: .ci/run sets it to 1.
+// In CI mode a test whose environment lacks something (root, a tool, etcd, a kernel
+// module) fails with what is missing instead of skipping, so a broken machine cannot
+// turn into a green line.
+const CIEnv = "SHARDPROXY_CI"
+
+// CI reports whether the tests run in CI mode (CIEnv set to 1).
+func CI() bool {
+	return os.Getenv(CIEnv) == "1"
+}
+
+// Unavailable ends a test whose environment lacks something it needs: it skips with the
+// reason, or fails with it in CI mode.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if CI() {
+		t.Fatalf("%s=1 (CI mode) and this test cannot run here: "+format, append([]any{CIEnv}, args...)...)
+	}
+	t.Skipf(format, args...)
+}
+
+// RequireKernel ends a real-kernel test where it cannot run: not root (network
 // namespaces, nftables and conntrack need it; CI runs as root), -short, or one of tools
-// not installed (make deps installs them).
+// not installed (make deps installs them). It skips, or fails in CI mode.
 func RequireKernel(t testing.TB, tools ...string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("real-kernel test: needs root (CI runs as root)")
+		Unavailable(t, "real-kernel test: needs root (CI runs as root)")
 	}
 	if testing.Short() {
-		t.Skip("real-kernel test: skipped with -short")
+		Unavailable(t, "real-kernel test: skipped with -short")
 	}
 	RequireTools(t, tools...)
 }
 
-// RequireTools skips a test that runs tools when one of them is not installed (make deps
-// installs them).
+// RequireTools ends a test that runs tools when one of them is not installed (make deps
+// installs them): it skips, or fails in CI mode.
 func RequireTools(t testing.TB, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("real-kernel test: %s is not installed (make deps installs it)", tool)
+			Unavailable(t, "real-kernel test: %s is not installed (make deps installs it)", tool)
 		}
 	}
 }
