@@ -438,6 +438,16 @@ func TestMoveIgnoresStaleShadow(t *testing.T) {
 	if err := pub.write(context.Background(), stale); err != nil {
 		t.Fatal(err)
 	}
+	// The Mover reads the statuses once before it annotates the batch, then once per
+	// poll, and moves the label right after the read that confirms: a second read after
+	// the annotation means it judged the stale status and polled on rather than moving.
+	var readsAfterAnnotation atomic.Int32
+	c.client.PrependReactor("list", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if len(c.patchLog()) > 0 {
+			readsAfterAnnotation.Add(1)
+		}
+		return false, nil, nil
+	})
 	var out bytes.Buffer
 	m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond, Timeout: 5 * time.Second}
 	type result struct {
@@ -450,7 +460,10 @@ func TestMoveIgnoresStaleShadow(t *testing.T) {
 		res <- result{rep, err}
 	}()
 	// The node's supervisor starts only now: until then the stale status is all there is.
-	time.Sleep(200 * time.Millisecond)
+	// (A Move that finished on it is caught below: the label patch precedes any listing.)
+	testutil.Eventually(t, 5*time.Second, "the Mover to poll the stale status twice after annotating", func() bool {
+		return readsAfterAnnotation.Load() >= 2 || len(res) > 0
+	})
 	n := &node{name: "node-1"}
 	startNode(t, c, n)
 	r := <-res
