@@ -89,12 +89,12 @@ func (k tableKey) table() string { return tables.TableName(tablePrefix, k.instan
 // expected renders every instance's tables from the API's current objects, loads them
 // into the scratch namespace and lists them back, so that both sides of the comparison
 // are the kernel's own rendering.
-func (c *checker) expected(ctx context.Context) (map[tableKey]Ruleset, []string, error) {
+func (c *checker) expected(ctx context.Context) (map[tableKey]renderedTable, []string, error) {
 	objects, err := c.dumpObjects(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	out := map[tableKey]Ruleset{}
+	out := map[tableKey]renderedTable{}
 	var warnings []string
 	for _, inst := range c.instances {
 		var stderr bytes.Buffer
@@ -113,14 +113,63 @@ func (c *checker) expected(ctx context.Context) (map[tableKey]Ruleset, []string,
 		}
 		for _, fam := range families {
 			k := tableKey{inst, fam}
-			rs, err := c.list(ctx, c.scratch, k)
+			t, err := c.list(ctx, c.scratch, k)
 			if err != nil {
 				return nil, nil, err
 			}
-			out[k] = rs
+			out[k] = renderedTable{listedTable: t, Declared: declaredTables(script, fam)}
 		}
 	}
 	return out, warnings, nil
+}
+
+// listedTable is one instance's table of one family as one side of a checkpoint lists
+// it.
+type listedTable struct {
+	Rules Ruleset
+	// Present says the table exists: a missing one lists as no rules.
+	Present bool
+}
+
+// renderedTable is render's side: the table as the scratch namespace lists it once
+// render's script is loaded, and the tables of the family the script declares.
+type renderedTable struct {
+	listedTable
+	// Declared are the names of the tables of this family that render's script adds;
+	// none says the instance serves nothing in this family.
+	Declared []string
+}
+
+// declaredTables lists the names of the tables of family that an nft script adds.
+func declaredTables(script []byte, family string) []string {
+	var names []string
+	for _, line := range strings.Split(string(script), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 4 && f[0] == "add" && f[1] == "table" && f[2] == family {
+			names = append(names, f[3])
+		}
+	}
+	return names
+}
+
+// tableDiff lists how the kernel's table differs from render's, at most limit
+// differences after a header; nothing when they are equal. A table missing on both
+// sides compared nothing: it is a difference unless render serves nothing in that
+// family (its script adds no table of it), so that a table name the soak gets wrong
+// (or an instance render and the supervisor both left out) cannot pass as equal.
+func tableDiff(k tableKey, want renderedTable, got listedTable, limit int) []string {
+	if !want.Present && !got.Present {
+		if len(want.Declared) == 0 {
+			return nil
+		}
+		return []string{fmt.Sprintf("table %s is missing both in the kernel and in render's tables, yet render's script adds %s %s: nothing was compared",
+			k, k.family, strings.Join(want.Declared, ", "))}
+	}
+	lines, total := Diff(want.Rules, got.Rules, limit)
+	if total == 0 {
+		return nil
+	}
+	return append([]string{fmt.Sprintf("%d differences (- rendered only, + kernel only):", total)}, lines...)
 }
 
 // dumpObjects writes the API's Services, EndpointSlices and this node's Node as YAML for
@@ -170,30 +219,31 @@ func (c *checker) dumpObjects(ctx context.Context) (string, error) {
 
 // compare lists the node's tables and diffs them against want: one entry per table that
 // differs, with its first differences.
-func (c *checker) compare(ctx context.Context, want map[tableKey]Ruleset) (map[tableKey][]string, error) {
+func (c *checker) compare(ctx context.Context, want map[tableKey]renderedTable) (map[tableKey][]string, error) {
 	diffs := map[tableKey][]string{}
 	for k, w := range want {
 		got, err := c.list(ctx, c.e.TP.Node, k)
 		if err != nil {
 			return nil, err
 		}
-		if lines, total := Diff(w, got, 12); total > 0 {
-			diffs[k] = append([]string{fmt.Sprintf("%d differences (- rendered only, + kernel only):", total)}, lines...)
+		if lines := tableDiff(k, w, got, 12); len(lines) > 0 {
+			diffs[k] = lines
 		}
 	}
 	return diffs, nil
 }
 
-// list reads one table in namespace ns; a missing table is an empty ruleset.
-func (c *checker) list(ctx context.Context, ns string, k tableKey) (Ruleset, error) {
+// list reads one table in namespace ns; a missing table lists as not present.
+func (c *checker) list(ctx context.Context, ns string, k tableKey) (listedTable, error) {
 	out, err := c.run(ctx, ns, nil, "-j", "list", "table", k.family, k.table())
 	if err != nil {
 		if strings.Contains(err.Error(), "No such file or directory") {
-			return Ruleset{}, nil
+			return listedTable{}, nil
 		}
-		return nil, err
+		return listedTable{}, err
 	}
-	return ParseRuleset(out)
+	rs, err := ParseRuleset(out)
+	return listedTable{Rules: rs, Present: true}, err
 }
 
 // run runs the real nft in namespace ns and returns its standard output.

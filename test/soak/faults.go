@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -41,8 +42,11 @@ const (
 	// as much jitter again, after failed attempts (seen: up to 61 s).
 	relistTimeout = 150 * time.Second
 	// periodicWait is how long the kill fault waits for a periodic full sync to hold
-	// (fullSyncPeriod is 30 s per instance).
-	periodicWait     = 45 * time.Second
+	// (fullSyncPeriod is 30 s per instance): past twice fullSyncPeriod, and by more than
+	// a full sync takes, so that when none came every instance is over the full-sync
+	// watch's limit at the kill, and the stall fails the soak rather than being cut short
+	// by it (a CI soak saw the three instances' periodic full syncs stall 1m51s).
+	periodicWait     = 2*fullSyncPeriod + 15*time.Second
 	conntrackWindow  = 10 * time.Second
 	conntrackMark    = 0x50a1
 	victimsPerExpiry = 5
@@ -51,6 +55,11 @@ const (
 // watchExpiredLog is what client-go's reflector logs (at V(4)) when a watch resumed from a
 // compacted resource version: the API's message for 410 Gone.
 const watchExpiredLog = "The resourceVersion for the provided watch is too old."
+
+// errNoEffect marks a fault that changed nothing (no element to remove, every chain
+// already empty, a failure window in which nothing failed): it is not counted as
+// injected, and the summary says how many there were.
+var errNoEffect = errors.New("changed nothing")
 
 var faultKinds = []string{faultAPIServer, faultCompaction, faultKill, faultTable, faultChain, faultElement, faultNFT, faultNetlink, faultConntrack}
 
@@ -215,7 +224,8 @@ func (in *injector) partition(ctx context.Context, on bool) error {
 // while ctl/hold-full exists), kills the supervisor with SIGKILL while it waits, and
 // starts it again. When no full sync comes within periodicWait (they come every
 // fullSyncPeriod per instance), it kills the supervisor once first and catches the full
-// sync every start begins with.
+// sync every start begins with; the full-sync watch ends every instance's clock at each
+// kill, so a stall that fallback cuts short is still reported.
 func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 	s := in.s
 	hold := filepath.Join(s.ctl, "hold-full")
@@ -229,10 +239,13 @@ func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if held == "" {
-		how = "the full sync of its restart (no periodic one came within " + periodicWait.String() + ")"
+		how = fmt.Sprintf("the full sync of its restart (no periodic one came within %v; time since each instance's last full sync: %s)",
+			periodicWait, s.syncs.ages(time.Now()))
+		s.syncs.stopped(time.Now(), "kill -9 of the supervisor (no full sync held within "+periodicWait.String()+")")
 		if err := s.e.StopSupervisor(syscall.SIGKILL); err != nil {
 			return "", err
 		}
+		s.syncs.started()
 		if err := s.e.StartSupervisor(); err != nil {
 			return "", err
 		}
@@ -244,6 +257,7 @@ func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 		}
 	}
 	table, _ := os.ReadFile(held)
+	s.syncs.stopped(time.Now(), "kill -9 of the supervisor")
 	if err := s.e.StopSupervisor(syscall.SIGKILL); err != nil {
 		return "", err
 	}
@@ -253,6 +267,7 @@ func (in *injector) killDuringFullSync(ctx context.Context) (string, error) {
 			os.Remove(f)
 		}
 	}
+	s.syncs.started()
 	if err := s.e.StartSupervisor(); err != nil {
 		return "", err
 	}
@@ -296,46 +311,105 @@ func (in *injector) deleteTable(ctx context.Context, r *rand.Rand) (string, erro
 	return "", fmt.Errorf("table %s not rebuilt within 1m", name)
 }
 
-// flushChain flushes a random chain of a team instance's table; the next full sync
-// (fullSyncPeriod) restores it.
+// flushChain flushes a random chain with rules of a team instance's table; the next
+// full sync (fullSyncPeriod) restores it.
 func (in *injector) flushChain(ctx context.Context, r *rand.Rand) (string, error) {
 	k := tableKey{damagedInstances[r.IntN(len(damagedInstances))], families[r.IntN(len(families))]}
-	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "chains", k.family)
+	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "table", k.family, k.table())
 	if err != nil {
 		return "", err
 	}
-	var doc struct {
-		Nftables []struct {
-			Chain *struct{ Table, Name string } `json:"chain"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
+	chains, err := chainRules(out)
+	if err != nil {
 		return "", err
 	}
-	var chains []string
-	for _, o := range doc.Nftables {
-		if o.Chain != nil && o.Chain.Table == k.table() {
-			chains = append(chains, o.Chain.Name)
-		}
+	chain, err := pickChain(chains, r)
+	if err != nil {
+		return "", fmt.Errorf("table %s: %w", k, err)
 	}
-	if len(chains) == 0 {
-		return "", fmt.Errorf("table %s has no chains", k)
-	}
-	slices.Sort(chains)
-	chain := chains[r.IntN(len(chains))]
 	if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "flush", "chain", k.family, k.table(), chain); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("flushed chain %s of table %s", chain, k), nil
+	return fmt.Sprintf("flushed chain %s of table %s (%d rules)", chain, k, chains[chain]), nil
 }
 
-// removeElement removes one service-ips element of a churned Service from any instance.
-func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, error) {
-	k := tableKey{in.s.instances[r.IntN(len(in.s.instances))], families[r.IntN(len(families))]}
-	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "map", k.family, k.table(), "service-ips")
-	if err != nil {
-		return "", err
+// pickChain picks a random chain that has rules: flushing an empty one would change
+// nothing (errNoEffect when every chain is empty).
+func pickChain(chains map[string]int, r *rand.Rand) (string, error) {
+	if len(chains) == 0 {
+		return "", errors.New("no chains")
 	}
+	var withRules []string
+	for _, c := range slices.Sorted(maps.Keys(chains)) {
+		if chains[c] > 0 {
+			withRules = append(withRules, c)
+		}
+	}
+	if len(withRules) == 0 {
+		return "", fmt.Errorf("%w: all %d chains are empty", errNoEffect, len(chains))
+	}
+	return withRules[r.IntN(len(withRules))], nil
+}
+
+// chainRules counts the rules of each chain in `nft -j list table`.
+func chainRules(listing []byte) (map[string]int, error) {
+	var doc struct {
+		Nftables []struct {
+			Chain *struct{ Name string }  `json:"chain"`
+			Rule  *struct{ Chain string } `json:"rule"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(listing, &doc); err != nil {
+		return nil, fmt.Errorf("decoding nft's JSON: %w", err)
+	}
+	chains := map[string]int{}
+	for _, o := range doc.Nftables {
+		switch {
+		case o.Chain != nil:
+			chains[o.Chain.Name] += 0
+		case o.Rule != nil:
+			chains[o.Rule.Chain]++
+		}
+	}
+	return chains, nil
+}
+
+// removeElement removes one service-ips element of a churned Service, from a table of
+// any instance that has one.
+func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, error) {
+	var keys []tableKey
+	for _, inst := range in.s.instances {
+		for _, fam := range families {
+			keys = append(keys, tableKey{inst, fam})
+		}
+	}
+	r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	for _, k := range keys {
+		out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "map", k.family, k.table(), "service-ips")
+		if err != nil {
+			return "", err
+		}
+		elems, err := serviceIPKeys(out)
+		if err != nil {
+			return "", err
+		}
+		elems = slices.DeleteFunc(elems, func(e [3]string) bool { return in.s.steadyKey(e[0], e[2]) })
+		if len(elems) == 0 {
+			continue
+		}
+		e := elems[r.IntN(len(elems))]
+		key := strings.Join(e[:], " . ")
+		if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "delete", "element", k.family, k.table(), "service-ips", "{ "+key+" }"); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("removed element { %s } of service-ips in %s", key, k), nil
+	}
+	return "", fmt.Errorf("%w: no element of a churned Service in the service-ips map of any table", errNoEffect)
+}
+
+// serviceIPKeys lists the keys (address, protocol, port) of the service-ips map in
+// `nft -j list map`, sorted.
+func serviceIPKeys(listing []byte) ([][3]string, error) {
 	var doc struct {
 		Nftables []struct {
 			Map *struct {
@@ -343,10 +417,10 @@ func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, er
 			} `json:"map"`
 		} `json:"nftables"`
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return "", err
+	if err := json.Unmarshal(listing, &doc); err != nil {
+		return nil, fmt.Errorf("decoding nft's JSON: %w", err)
 	}
-	var keys []string
+	var keys [][3]string
 	for _, o := range doc.Nftables {
 		if o.Map == nil {
 			continue
@@ -358,25 +432,15 @@ func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, er
 			if len(el) != 2 || json.Unmarshal(el[0], &key) != nil || len(key.Concat) != 3 {
 				continue
 			}
-			parts := make([]string, len(key.Concat))
+			var k [3]string
 			for i, p := range key.Concat {
-				parts[i] = fmt.Sprint(p)
+				k[i] = fmt.Sprint(p)
 			}
-			if in.s.steadyKey(parts[0], parts[2]) {
-				continue
-			}
-			keys = append(keys, strings.Join(parts, " . "))
+			keys = append(keys, k)
 		}
 	}
-	if len(keys) == 0 {
-		return "no element to remove in " + k.String(), nil
-	}
-	slices.Sort(keys)
-	key := keys[r.IntN(len(keys))]
-	if _, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "delete", "element", k.family, k.table(), "service-ips", "{ "+key+" }"); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("removed element { %s } of service-ips in %s", key, k), nil
+	slices.SortFunc(keys, func(a, b [3]string) int { return strings.Compare(strings.Join(a[:], " "), strings.Join(b[:], " ")) })
+	return keys, nil
 }
 
 // failNFT makes the nft wrapper fail half of the supervisor's nft transactions for
@@ -411,7 +475,7 @@ func (in *injector) failureWindow(ctx context.Context, name, share, what string,
 	os.Remove(path)
 	n := failures() - before
 	if n == 0 {
-		return "", fmt.Errorf("no transaction failed in %v (nothing synced?)", time.Since(start).Round(time.Second))
+		return "", fmt.Errorf("%w: no transaction failed in %v (nothing synced?)", errNoEffect, time.Since(start).Round(time.Second))
 	}
 	return fmt.Sprintf("%s transactions set to fail for %v: %d failed", what, time.Since(start).Round(time.Second), n), nil
 }

@@ -4,8 +4,10 @@
 // expired by etcd compaction, kill -9 in the middle of a full sync, tables, chains and
 // elements broken by hand, nft and netlink failing, a full conntrack table). At quiescent
 // checkpoints it asserts that every instance's tables in the kernel equal what
-// `shardproxy render` makes of the API's current objects, and it counts the probes of
-// steady Services that nothing changes, which must never fail.
+// `shardproxy render` makes of the API's current objects; it counts the probes of
+// steady Services that nothing changes, which must never fail; and it follows every
+// instance's full syncs through the supervisor's metrics, none of which may come later
+// than twice fullSyncPeriod after the last.
 package soak
 
 import (
@@ -110,6 +112,9 @@ type soak struct {
 	instances []string
 	inject    *injector
 	res       resources
+	// syncs follows every instance's full syncs; stopSyncs stops its reading of /metrics.
+	syncs     *fullSyncWatch
+	stopSyncs func()
 
 	// steadyIPs are the steady Services' cluster IPs; steadyNodePort their NodePort.
 	steadyIPs      map[string]bool
@@ -122,9 +127,12 @@ type soak struct {
 	// has no watch to expire).
 	watchFaults sync.Mutex
 
-	mu          sync.Mutex
-	faults      map[string]int
+	mu     sync.Mutex
+	faults map[string]int
+	// noEffect counts the faults that changed nothing (errNoEffect), by kind.
+	noEffect    map[string]int
 	faultErrors []string
+	fullSyncs   FullSyncs
 	checkpoints []checkpointResult
 	start       time.Time
 }
@@ -135,8 +143,10 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &soak{opts: opts, instances: []string{"default", "team-a", "team-b"}, faults: map[string]int{}, steadyIPs: map[string]bool{}}
+	s := &soak{opts: opts, instances: []string{"default", "team-a", "team-b"}, faults: map[string]int{}, noEffect: map[string]int{}, steadyIPs: map[string]bool{}}
 	s.inject = &injector{s: s}
+	s.syncs = newFullSyncWatch(2*fullSyncPeriod, s.instances, s.logf)
+	s.stopSyncs = func() {}
 	s.ctl = filepath.Join(opts.WorkDir, "ctl")
 	s.dir = opts.WorkDir
 	if err := os.MkdirAll(s.ctl, 0o755); err != nil {
@@ -150,6 +160,7 @@ func Run(ctx context.Context, opts Options) (*Summary, error) {
 			}
 		}()
 	}
+	defer func() { s.stopSyncs() }()
 	if err != nil {
 		if e != nil {
 			s.logf("supervisor log (end):\n%s", lastLines(e.SupervisorLog(), 40))
@@ -225,6 +236,8 @@ func (s *soak) setUp(ctx context.Context) (*env.Env, error) {
 		return e, err
 	}
 	s.logf("created %d Services and their EndpointSlices in %v", len(s.churn.services), time.Since(start).Round(time.Millisecond))
+	s.syncs.started()
+	s.stopSyncs = sync.OnceFunc(s.syncs.watch(ctx, e))
 	if err := e.StartSupervisor(); err != nil {
 		return e, err
 	}
@@ -370,6 +383,11 @@ func (s *soak) run(ctx context.Context) (*Summary, error) {
 	if err := s.checkpoint(ctx, "end"); err != nil {
 		return nil, err
 	}
+	s.stopSyncs()
+	fullSyncs := s.syncs.finish(time.Now())
+	s.mu.Lock()
+	s.fullSyncs = fullSyncs
+	s.mu.Unlock()
 	s.probes.Stop()
 	stopSampler()
 	return s.summary(), nil
@@ -417,15 +435,26 @@ func (s *soak) schedule(ctx context.Context, kind string, r *rand.Rand) {
 		if exclusive {
 			s.watchFaults.Unlock()
 		}
-		s.mu.Lock()
-		if err != nil {
-			s.faultErrors = append(s.faultErrors, fmt.Sprintf("%s %s #%d: %v", stamp(), kind, i+1, err))
-			s.logf("fault %s #%d: FAILED after %v: %v", kind, i+1, time.Since(start).Round(time.Millisecond), err)
-		} else {
-			s.faults[kind]++
-			s.logf("fault %s #%d: done in %v: %s", kind, i+1, time.Since(start).Round(time.Millisecond), detail)
-		}
-		s.mu.Unlock()
+		s.recordFault(kind, i+1, time.Since(start), detail, err)
+	}
+}
+
+// recordFault counts a fault that took took: injected when it changed something, apart
+// when it changed nothing (errNoEffect), and its error when it failed.
+func (s *soak) recordFault(kind string, n int, took time.Duration, detail string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	took = took.Round(time.Millisecond)
+	switch {
+	case errors.Is(err, errNoEffect):
+		s.noEffect[kind]++
+		s.logf("fault %s #%d: NO EFFECT after %v, not counted as injected: %v", kind, n, took, err)
+	case err != nil:
+		s.faultErrors = append(s.faultErrors, fmt.Sprintf("%s %s #%d: %v", stamp(), kind, n, err))
+		s.logf("fault %s #%d: FAILED after %v: %v", kind, n, took, err)
+	default:
+		s.faults[kind]++
+		s.logf("fault %s #%d: done in %v: %s", kind, n, took, detail)
 	}
 }
 

@@ -144,11 +144,13 @@ const (
 
 // Summary is what a soak did and found.
 type Summary struct {
-	Seed          uint64
-	Duration      time.Duration
-	Checkpoints   []checkpointResult
-	Changes       map[string]int
-	Faults        map[string]int
+	Seed        uint64
+	Duration    time.Duration
+	Checkpoints []checkpointResult
+	Changes     map[string]int
+	Faults      map[string]int
+	// NoEffect counts the faults that changed nothing, by kind: not in Faults.
+	NoEffect      map[string]int
 	FaultErrors   []string
 	FaultsPerKind int
 	// Kinds are the kinds of fault the soak injected.
@@ -158,6 +160,7 @@ type Summary struct {
 	PeakRSS         int64
 	PeakGoroutines  int
 	ResourceProblem string
+	FullSyncs       FullSyncs
 }
 
 func (s *soak) summary() *Summary {
@@ -165,9 +168,9 @@ func (s *soak) summary() *Summary {
 	defer s.mu.Unlock()
 	sum := &Summary{
 		Seed: s.opts.Seed, Duration: s.opts.Duration, Checkpoints: slices.Clone(s.checkpoints),
-		Changes: s.churn.Applied(), Faults: maps.Clone(s.faults), FaultErrors: slices.Clone(s.faultErrors),
+		Changes: s.churn.Applied(), Faults: maps.Clone(s.faults), NoEffect: maps.Clone(s.noEffect), FaultErrors: slices.Clone(s.faultErrors),
 		FaultsPerKind: s.opts.FaultsPerKind, Kinds: s.kinds(), Probes: s.probes.Results(), ProbesPaused: s.probes.Paused(),
-		PeakRSS: s.res.peakRSS, PeakGoroutines: s.res.peakGoroutines,
+		PeakRSS: s.res.peakRSS, PeakGoroutines: s.res.peakGoroutines, FullSyncs: s.fullSyncs,
 	}
 	// The "start" checkpoint precedes any churn; growth is judged from the first one after.
 	if len(sum.Checkpoints) >= 3 {
@@ -197,9 +200,14 @@ func (sum *Summary) Problems() []string {
 	}
 	for _, kind := range sum.Kinds {
 		if sum.Faults[kind] < sum.FaultsPerKind {
-			out = append(out, fmt.Sprintf("fault %s injected %d times, want %d", kind, sum.Faults[kind], sum.FaultsPerKind))
+			msg := fmt.Sprintf("fault %s injected %d times, want %d", kind, sum.Faults[kind], sum.FaultsPerKind)
+			if n := sum.NoEffect[kind]; n > 0 {
+				msg += fmt.Sprintf(" (%d more changed nothing)", n)
+			}
+			out = append(out, msg)
 		}
 	}
+	out = append(out, sum.FullSyncs.Problems()...)
 	out = append(out, sum.FaultErrors...)
 	if sum.ResourceProblem != "" {
 		out = append(out, sum.ResourceProblem)
@@ -221,6 +229,7 @@ func (sum *Summary) String() string {
 	}
 	p("checkpoints: %d passed, %d mismatched (kernel = render for every instance and family; slowest convergence %v)",
 		passed, len(sum.Checkpoints)-passed, slowest.Round(time.Millisecond))
+	p("%s", sum.FullSyncs)
 	total := 0
 	var kinds []string
 	for _, k := range slices.Sorted(maps.Keys(sum.Changes)) {
@@ -232,7 +241,20 @@ func (sum *Summary) String() string {
 	for _, k := range sum.Kinds {
 		faults = append(faults, fmt.Sprintf("%s %d", k, sum.Faults[k]))
 	}
-	p("faults injected: %s (want ≥ %d each; %d failed to inject)", strings.Join(faults, ", "), sum.FaultsPerKind, len(sum.FaultErrors))
+	noEffect := 0
+	var noEffectKinds []string
+	for _, k := range sum.Kinds {
+		if n := sum.NoEffect[k]; n > 0 {
+			noEffect += n
+			noEffectKinds = append(noEffectKinds, fmt.Sprintf("%s %d", k, n))
+		}
+	}
+	noEffectDetail := ""
+	if noEffect > 0 {
+		noEffectDetail = ": " + strings.Join(noEffectKinds, ", ")
+	}
+	p("faults injected: %s (want ≥ %d each; %d failed to inject; %d changed nothing, not counted%s)",
+		strings.Join(faults, ", "), sum.FaultsPerKind, len(sum.FaultErrors), noEffect, noEffectDetail)
 	ok, failed := 0, 0
 	for _, pr := range sum.Probes {
 		ok += pr.OK
