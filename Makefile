@@ -27,10 +27,11 @@ print-image:
 
 # deps installs the host tools (nftables, conntrack, iproute2, etcd; containerd, runc, CNI
 # plugins, mmdebstrap, umoci for the cluster layer) that the proxy and the tests use, and
-# builds kube-apiserver v1.36.3 from the Go module into the cache (~/.cache/shardproxy;
-# minutes the first time, seconds after), kube-proxy v1.36.3 for the coexistence and
-# migration e2e, and the cluster layer's kubelet, kube-controller-manager,
-# kube-scheduler, kubectl and CoreDNS, and upstream's e2e.test and agnhost.
+# builds kube-apiserver v1.36.3 from the Go module into the cache (~/.cache/shardproxy,
+# keyed by a hash of the build's inputs; minutes the first time, seconds after),
+# kube-proxy v1.36.3 for the coexistence and migration e2e, and the cluster layer's
+# kubelet, kube-controller-manager, kube-scheduler, kubectl and CoreDNS, and upstream's
+# e2e.test and agnhost.
 deps:
 	hack/install-deps.sh
 	hack/build-apiserver.sh --all --node --dns --conformance

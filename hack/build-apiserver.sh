@@ -3,10 +3,17 @@
 # components of the cluster layer) from the k8s.io/kubernetes Go module pinned in
 # hack/tools/go.mod, into a cache directory:
 #
-#   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/bin/<name>-<version>
+#   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/bin/<name>-<version>-<key>
 #
-# A binary that is already there is not rebuilt. The first kube-apiserver build takes
-# several minutes on two cores; kube-proxy shares most of the build cache afterwards.
+# The key is a hash of every input of the build besides the module cache, which go.sum
+# pins: this script (the build commands, their flags and ldflags), the Go toolchain and the
+# go env settings that change its output, and the module the binary is built from:
+# hack/tools' go.mod (with its replaces), go.sum and *.go for Kubernetes' binaries,
+# hack/tools/coredns's (its main.go holds CoreDNS's plugin list) for CoreDNS. A binary whose
+# key is there is not rebuilt; a change to any input makes a new key, so a binary built
+# from other inputs is never taken. Keys nobody used for a week are removed after a build.
+# The first kube-apiserver build takes several minutes on two cores; kube-proxy shares most
+# of the build cache afterwards.
 #
 # Usage: hack/build-apiserver.sh [--kube-proxy | --all | --node | --print-path] [NAME...]
 #   (no arguments)  build kube-apiserver
@@ -16,8 +23,10 @@
 #                   (test/cluster)
 #   --conformance   build upstream's e2e.test and agnhost (test/cluster's conformance run)
 #   --dns           build CoreDNS from hack/tools/coredns (test/cluster's cluster DNS),
-#                   cached as coredns-<CoreDNS version>
-#   --print-path    print the cached path of each NAME (default kube-apiserver), build nothing
+#                   cached as coredns-<CoreDNS version>-<key>
+#   --print-path    print the cached path of each NAME (default kube-apiserver), build
+#                   nothing: the tests find the binaries this way, so the key has one
+#                   definition, here
 #   NAME...         any of: kube-apiserver kube-proxy kubelet kube-controller-manager
 #                   kube-scheduler kubectl e2e.test agnhost coredns
 set -euo pipefail
@@ -67,9 +76,40 @@ version_of() {
 	if [[ "$1" == coredns ]]; then echo "${coredns_version}"; else echo "${version}"; fi
 }
 
+# sources_of NAME prints the module directory NAME is built in.
+sources_of() {
+	if [[ "$1" == coredns ]]; then echo "${tools}/coredns"; else echo "${tools}"; fi
+}
+
+# module_key DIR hashes what the build reads besides the module cache: this script, the
+# toolchain the module selects and the go env that changes its output, and the module's
+# go.mod, go.sum and *.go (contents only, so that every checkout shares the cache).
+module_key() {
+	local dir="$1" f
+	{
+		cat "${BASH_SOURCE[0]}"
+		(cd "${dir}" && go env GOVERSION GOOS GOARCH GOAMD64 GOARM64 GOFLAGS GOEXPERIMENT)
+		for f in "${dir}"/go.mod "${dir}"/go.sum "${dir}"/*.go; do
+			echo "--- ${f##*/}"
+			cat "${f}"
+		done
+	} | sha256sum | cut -c1-16
+}
+
+# out_of[NAME] is where NAME's binary is cached. The name is part of the path, so one key
+# per module serves every binary built from it.
+declare -A module_keys=() out_of=()
+for name in "${names[@]}"; do
+	dir="$(sources_of "${name}")"
+	if [[ -z "${module_keys[${dir}]:-}" ]]; then
+		module_keys[${dir}]="$(module_key "${dir}")"
+	fi
+	out_of[${name}]="${bindir}/${name}-$(version_of "${name}")-${module_keys[${dir}]}"
+done
+
 if ${print_path}; then
 	for name in "${names[@]}"; do
-		echo "${bindir}/${name}-$(version_of "${name}")"
+		echo "${out_of[${name}]}"
 	done
 	exit 0
 fi
@@ -78,9 +118,14 @@ mkdir -p "${bindir}"
 
 # Nothing to do when every binary is there: return without waiting for another build's
 # lock (a long e2e.test build must not hold up a test that only needs the cached kubelet).
+# A used binary is touched, so that pruning (below) sees it as in use.
 all_there=true
 for name in "${names[@]}"; do
-	[[ -x "${bindir}/${name}-$(version_of "${name}")" ]] || all_there=false
+	if [[ -x "${out_of[${name}]}" ]]; then
+		touch -c "${out_of[${name}]}"
+	else
+		all_there=false
+	fi
 done
 if ${all_there}; then
 	exit 0
@@ -109,7 +154,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 for name in "${names[@]}"; do
-	out="${bindir}/${name}-$(version_of "${name}")"
+	out="${out_of[${name}]}"
 	if [[ -x "${out}" ]]; then
 		echo "build-apiserver: ${out} exists, not rebuilding"
 		continue
@@ -153,4 +198,9 @@ for name in "${names[@]}"; do
 	trap - EXIT
 	size="$(du -h "${out}" | cut -f1)"
 	echo "build-apiserver: built ${out} (${size}) in $((SECONDS - start))s"
+
+	# Binaries of other keys (inputs that changed) that nobody used for a week go.
+	find "${bindir}" -maxdepth 1 -regextype posix-extended -type f ! -path "${out}" -mtime +6 \
+		-regex ".*/${name//./\\.}-v[^/-]+-[0-9a-f]{16}" -print -delete |
+		sed 's/^/build-apiserver: removed unused /'
 done

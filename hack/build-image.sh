@@ -2,17 +2,30 @@
 # build-image.sh builds container images offline, as OCI archives that
 # `ctr images import --base-name localhost/NAME` takes, into
 #
-#   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/images/<name>-<tag>.tar
+#   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/images/<name>-<key>/<name>-<tag>.tar
 #
 # No registry is reachable here, so nothing is pulled: a Debian root filesystem comes from
-# mmdebstrap (Debian's packages, the host's apt sources), is cached per package list, and
-# umoci packs it with the binaries into an image. Images:
+# mmdebstrap (Debian's packages), is cached, and umoci packs it with the binaries into an
+# image. Each is cached under a key, a hash of its inputs, and reused while the key is there:
+#
+#   rootfs-<suite>-<key>  this script, the suite, the package list and mmdebstrap's
+#                         version (not what the Debian mirror serves at the time: a root
+#                         filesystem is a snapshot of it, refreshed when the key changes)
+#   <name>-<key>          this script, the name and tag, umoci's version, the root
+#                         filesystem's key and the contents of the binaries in the image:
+#                         built here from the repository (Go's build cache makes that
+#                         seconds) or by hack/build-apiserver.sh, whose own keys cover
+#                         their inputs (Go version, module pins and replaces, ldflags)
+#
+# so a change to any input builds a new archive beside the old ones, and two checkouts
+# sharing the cache never take each other's. Keys nobody used for a day are removed.
+# Images:
 #
 #   shardproxy  what deploy/Dockerfile describes: Debian bookworm with the packages of
 #               ${shardproxy_packages[@]}, the binary built from this repository with the
 #               Dockerfile's flags, cap_net_admin on it and on nft, user 65532, the binary
 #               as entrypoint (deploy/image_test.go keeps the two in step). Tag: $TAG
-#               (default: the VERSION file); always rebuilt (the repository changes).
+#               (default: the VERSION file).
 #   pause       hack/pause, the node's sandbox image (static, nothing else).
 #   coredns     CoreDNS from hack/tools/coredns (static, nothing else).
 #   kube-proxy  upstream kube-proxy (built from the same module) on the shardproxy image's
@@ -23,6 +36,8 @@
 #               dig, ...). Busybox's wget crashes on these machines.
 #
 # Usage: hack/build-image.sh NAME...   prints each archive's path, one a line, on stdout
+#
+# The tests take the paths it prints, so the keys have one definition, here.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +59,13 @@ suite=bookworm
 
 log() { echo "build-image: $*" >&2; }
 
+# hash prints a key of its standard input.
+hash() { sha256sum | cut -c1-16; }
+# sum FILE prints FILE's sha256: an input by content, wherever it lies.
+sum() { sha256sum <"$1" | cut -d' ' -f1; }
+
+script_sum="$(sum "${BASH_SOURCE[0]}")"
+
 for tool in mmdebstrap umoci setcap; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${tool}" >/dev/null; then
 		log "${tool} is missing: run hack/install-deps.sh"
@@ -55,12 +77,18 @@ mkdir -p "${images}"
 work="$(mktemp -d "${TMPDIR:-/tmp}/shardproxy-image.XXXXXX")"
 trap 'rm -rf "${work}"' EXIT
 
+# rootfs_dir PACKAGE... prints where the root filesystem with the packages is cached.
+rootfs_dir() {
+	local key
+	key="$(printf '%s\n' "${script_sum}" "${suite}" "$@" "$(mmdebstrap --version)" | hash)"
+	echo "${images}/rootfs-${suite}-${key}"
+}
+
 # rootfs PACKAGE... prints a directory holding a cached Debian root filesystem with the
 # packages (minbase: dpkg, apt, coreutils, bash, ...), building it the first time.
 rootfs() {
-	local key dir
-	key="$(printf '%s\n' "${suite}" "$@" | sha256sum | cut -c1-12)"
-	dir="${images}/rootfs-${suite}-${key}"
+	local dir
+	dir="$(rootfs_dir "$@")"
 	# One build of a root filesystem at a time; other images need not wait.
 	exec 9>"${dir}.lock"
 	flock 9
@@ -78,17 +106,44 @@ rootfs() {
 			"${suite}" "${dir}.tmp" >&2
 		rm -rf "${dir}.tmp/var/lib/apt/lists"/* "${dir}.tmp/var/cache/apt"/*
 		mv "${dir}.tmp" "${dir}"
+		prune "rootfs-${suite}" "${dir}"
 	fi
+	touch -c "${dir}"
 	exec 9>&-
 	echo "${dir}"
 }
 
-# pack NAME TAG ROOTFS_DIR ENTRYPOINT USER [CMD...] writes the OCI archive of one layer
+# archive NAME TAG INPUT... prints the path of NAME's archive for the key of its inputs
+# (besides this script, the name, the tag and umoci, which every archive has).
+archive() {
+	local name="$1" ref="$2" key
+	shift 2
+	key="$(printf '%s\n' "${script_sum}" "${name}" "${ref}" "$(umoci --version)" "$@" | hash)"
+	echo "${images}/${name}-${key}/${name}-${ref}.tar"
+}
+
+# reuse ARCHIVE prints ARCHIVE and succeeds if it is built already.
+reuse() {
+	[[ -f "$1" ]] || return 1
+	touch -c "$1" "$(dirname "$1")"
+	log "$1 is built, not rebuilding"
+	echo "$1"
+}
+
+# prune PREFIX KEEP removes the cached PREFIX-<key> entries other than KEEP that nobody
+# used (touched) for a day, with their locks.
+prune() {
+	find "${images}" -mindepth 1 -maxdepth 1 -regextype posix-extended \
+		-regex ".*/${1//./\\.}-[0-9a-f]{16}(\.lock)?" ! -path "$2" ! -path "$2.lock" -mtime +0 \
+		-print -exec rm -rf {} + | sed 's/^/build-image: removed unused /' >&2
+}
+
+# pack ARCHIVE TAG ROOTFS_DIR ENTRYPOINT USER [CMD...] writes the OCI archive of one layer
 # (ROOTFS_DIR) and prints its path.
 pack() {
-	local name="$1" ref="$2" dir="$3" entrypoint="$4" user="$5"
+	local out="$1" ref="$2" dir="$3" entrypoint="$4" user="$5"
 	shift 5
-	local layout="${work}/${name}-layout" out="${images}/${name}-${ref}.tar"
+	local layout="${work}/layout"
 	rm -rf "${layout}"
 	umoci init --layout "${layout}"
 	umoci new --image "${layout}:${ref}"
@@ -99,20 +154,24 @@ pack() {
 	for c in "$@"; do args+=(--config.cmd "${c}"); done
 	umoci config "${args[@]}"
 	umoci gc --layout "${layout}"
+	mkdir -p "$(dirname "${out}")"
 	tar -C "${layout}" -cf "${out}.tmp.$$" .
 	mv -f "${out}.tmp.$$" "${out}"
 	log "built ${out} ($(du -h "${out}" | cut -f1))"
+	prune "$(basename "${out%-"${ref}".tar}")" "$(dirname "${out}")"
 	echo "${out}"
 }
 
 # static NAME TAG BINARY ENTRY [CMD...]: an image of one static binary at /ENTRY.
 static() {
-	local name="$1" ref="$2" bin="$3" entry="$4"
+	local name="$1" ref="$2" bin="$3" entry="$4" out
 	shift 4
+	out="$(archive "${name}" "${ref}" "$(sum "${bin}")")"
+	reuse "${out}" && return
 	local dir="${work}/${name}-root"
 	mkdir -p "${dir}/$(dirname "${entry}")"
 	cp "${bin}" "${dir}${entry}"
-	pack "${name}" "${ref}" "${dir}" "${entry}" "" "$@"
+	pack "${out}" "${ref}" "${dir}" "${entry}" "" "$@"
 }
 
 # copyroot SRC DST: a writable copy of a cached root filesystem (hard links are not
@@ -121,41 +180,58 @@ copyroot() {
 	cp -a "$1" "$2"
 }
 
+# version_of BINARY prints the version in the path hack/build-apiserver.sh caches a binary
+# at (<name>-<version>-<key>).
+version_of() {
+	local v="${1##*/}"
+	v="${v%-*}"
+	echo "${v##*-}"
+}
+
 build_shardproxy() {
-	local base dir
+	local bin base dir out
+	bin="${work}/shardproxy"
+	log "building shardproxy ${tag}"
+	(cd "${root}" && CGO_ENABLED=0 ${go} build -trimpath -buildvcs=false \
+		-ldflags "${shardproxy_ldflags}" -o "${bin}" ./cmd/shardproxy)
+	out="$(archive shardproxy "${tag}" "$(rootfs_dir "${shardproxy_packages[@]}")" "$(sum "${bin}")")"
+	reuse "${out}" && return
 	base="$(rootfs "${shardproxy_packages[@]}")"
 	dir="${work}/shardproxy-root"
 	copyroot "${base}" "${dir}"
-	log "building shardproxy ${tag}"
-	(cd "${root}" && CGO_ENABLED=0 ${go} build -trimpath -buildvcs=false \
-		-ldflags "${shardproxy_ldflags}" -o "${dir}${shardproxy_entrypoint}" ./cmd/shardproxy)
+	cp "${bin}" "${dir}${shardproxy_entrypoint}"
 	for bin in "${shardproxy_caps[@]}"; do
 		setcap cap_net_admin=ep "${dir}${bin}"
 	done
-	pack shardproxy "${tag}" "${dir}" "${shardproxy_entrypoint}" "${shardproxy_user}"
+	pack "${out}" "${tag}" "${dir}" "${shardproxy_entrypoint}" "${shardproxy_user}"
 }
 
 build_agnhost() {
-	local base dir bin ref
-	bin="$("${root}/hack/build-apiserver.sh" --print-path agnhost)"
+	local base dir bin ref out
 	"${root}/hack/build-apiserver.sh" agnhost >&2
+	bin="$("${root}/hack/build-apiserver.sh" --print-path agnhost)"
 	ref="$(agnhost_version)"
+	out="$(archive agnhost "${ref}" "$(rootfs_dir "${agnhost_packages[@]}")" "$(sum "${bin}")")"
+	reuse "${out}" && return
 	base="$(rootfs "${agnhost_packages[@]}")"
 	dir="${work}/agnhost-root"
 	copyroot "${base}" "${dir}"
 	cp "${bin}" "${dir}/agnhost"
-	pack agnhost "${ref}" "${dir}" /agnhost "" pause
+	pack "${out}" "${ref}" "${dir}" /agnhost "" pause
 }
 
 build_kube_proxy() {
-	local base dir bin
+	local base dir bin ref out
 	"${root}/hack/build-apiserver.sh" --kube-proxy >&2
 	bin="$("${root}/hack/build-apiserver.sh" --print-path kube-proxy)"
+	ref="$(version_of "${bin}")"
+	out="$(archive kube-proxy "${ref}" "$(rootfs_dir "${shardproxy_packages[@]}")" "$(sum "${bin}")")"
+	reuse "${out}" && return
 	base="$(rootfs "${shardproxy_packages[@]}")"
 	dir="${work}/kube-proxy-root"
 	copyroot "${base}" "${dir}"
 	cp "${bin}" "${dir}/usr/local/bin/kube-proxy"
-	pack kube-proxy "${bin##*-}" "${dir}" /usr/local/bin/kube-proxy ""
+	pack "${out}" "${ref}" "${dir}" /usr/local/bin/kube-proxy ""
 }
 
 # agnhost_version is the agnhost tag upstream's e2e tests ask for (their image manifest
@@ -177,7 +253,7 @@ for name in "$@"; do
 	coredns)
 		"${root}/hack/build-apiserver.sh" --dns >&2
 		bin="$("${root}/hack/build-apiserver.sh" --print-path --dns)"
-		static coredns "${bin##*-}" "${bin}" /coredns
+		static coredns "$(version_of "${bin}")" "${bin}" /coredns
 		;;
 	agnhost) build_agnhost ;;
 	kube-proxy) build_kube_proxy ;;

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/shardproxy/shardproxy/test/buildcache"
 )
 
 // nodeBinaries are the Kubernetes binaries the cluster runs, built by
@@ -42,51 +44,12 @@ func buildBinaries(ctx context.Context, opts Options) (map[string]string, error)
 // BuildBinaries returns the paths of the named binaries of hack/build-apiserver.sh,
 // building the missing ones (minutes the first time).
 func BuildBinaries(ctx context.Context, repoRoot string, names ...string) (map[string]string, error) {
-	script := filepath.Join(repoRoot, "hack", "build-apiserver.sh")
-	out, err := exec.CommandContext(ctx, script, append([]string{"--print-path"}, names...)...).Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s --print-path: %w", script, err)
-	}
-	paths := strings.Fields(string(out))
-	if len(paths) != len(names) {
-		return nil, fmt.Errorf("%s --print-path printed %q", script, out)
-	}
-	bins := map[string]string{}
-	var missing []string
-	for i, name := range names {
-		bins[name] = paths[i]
-		if _, err := os.Stat(paths[i]); err != nil {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		cmd := exec.CommandContext(ctx, script, missing...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("building %v: %w: %s", missing, err, out)
-		}
-	}
-	return bins, nil
+	return buildcache.Binaries(ctx, repoRoot, nil, names...)
 }
 
 // BuildImages runs hack/build-image.sh for the named images and returns each archive.
 func BuildImages(ctx context.Context, repoRoot string, env []string, names ...string) (map[string]string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(repoRoot, "hack", "build-image.sh"), names...)
-	cmd.Env = append(os.Environ(), env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("hack/build-image.sh %v: %w: %s", names, err, stderr.String())
-	}
-	paths := strings.Fields(string(out))
-	if len(paths) != len(names) {
-		return nil, fmt.Errorf("hack/build-image.sh %v printed %q", names, out)
-	}
-	archives := map[string]string{}
-	for i, name := range names {
-		archives[name] = paths[i]
-	}
-	return archives, nil
+	return buildcache.Images(ctx, repoRoot, env, names...)
 }
 
 // importImages builds the node's own images (pause, CoreDNS) and imports them with the
