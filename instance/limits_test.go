@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables"
 )
@@ -32,103 +34,180 @@ func sliceOf(svc, name string, ports []discoveryv1.EndpointPort, eps []discovery
 	return s
 }
 
+// fullSyncAdds is what a full sync of an instance (both families, NodePorts on two
+// IPv4 addresses and one IPv6 one, mode) writes for svc and its slices into each
+// family's table beyond what it writes with no Service at all: set and map elements,
+// and rules. It also returns the node port address counts the instance gives the
+// estimate. (Small shapes: the fake's cost grows with the square of its elements.)
+func fullSyncAdds(t *testing.T, svc *corev1.Service, slices []*discoveryv1.EndpointSlice, mode tables.LBMode) (elements, rules map[tables.Family]int, npAddrs map[tables.Family]int) {
+	t.Helper()
+	fakes := map[tables.Family]*knftables.Fake{
+		tables.IPv4: knftables.NewFake(knftables.IPv4Family, "shardproxy-test"),
+		tables.IPv6: knftables.NewFake(knftables.IPv6Family, "shardproxy-test"),
+	}
+	p, err := New(Options{
+		Name: "test",
+		Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14,
+			NodePortIPs: ips("192.168.0.1", "192.168.0.2", "127.0.0.1", "fd00::1")},
+		Families:           []tables.Family{tables.IPv4, tables.IPv6},
+		NFT:                func(f tables.Family, _ string) (knftables.Interface, error) { return fakes[f], nil },
+		Node:               thisNode(),
+		MaxServiceElements: -1, // measure it, never refuse it
+		LoadBalancing:      LoadBalancing{Mode: mode},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func() (elements, rules map[tables.Family]int) {
+		elements, rules = map[tables.Family]int{}, map[tables.Family]int{}
+		for f, fake := range fakes {
+			for _, set := range fake.Table.Sets {
+				elements[f] += len(set.Elements)
+			}
+			for _, m := range fake.Table.Maps {
+				elements[f] += len(m.Elements)
+			}
+			for _, ch := range fake.Table.Chains {
+				rules[f] += len(ch.Rules)
+			}
+		}
+		return elements, rules
+	}
+	ctx := context.Background()
+	if _, err := p.Sync(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	baseElements, baseRules := held()
+	p.UpdateService(svc)
+	for _, sl := range slices {
+		p.UpdateEndpointSlice(sl)
+	}
+	res, err := p.Sync(ctx, true)
+	if err != nil || !res.Full {
+		t.Fatalf("full sync: full=%v, %v", res.Full, err)
+	}
+	if m := p.Applied()[webName]; m != nil && m.Refused != "" {
+		t.Fatalf("the Service was refused: %s", m.Refused)
+	}
+	elements, rules = held()
+	for f := range fakes {
+		elements[f] -= baseElements[f]
+		rules[f] -= baseRules[f]
+	}
+	return elements, rules, p.nodePortAddrs()
+}
+
+// TestElementEstimate: for every shape of Service, the estimate that decides whether a
+// Service is refused is at least the number of elements a full sync actually writes
+// for it into the larger family's table: it is a bound, not a guess that a shape it
+// forgot could pass under.
 func TestElementEstimate(t *testing.T) {
-	np := map[tables.Family]int{tables.IPv4: 3, tables.IPv6: 1}
 	http := []discoveryv1.EndpointPort{slicePort("http", 8080)}
 	twoPorts := []discoveryv1.EndpointPort{slicePort("http", 8080), slicePort("https", 8443)}
 	addPort := func(s *corev1.Service) {
 		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP})
 	}
+	ten := []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("2", 10)...)}
+	// Two of them on this node: a Local policy gives entries endpoints of their own.
+	tenTwoLocal := []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, twoPorts,
+		append(endpointsOn("2", 8), ep("10.244.1.1", thisNodeName), ep("10.244.1.2", thisNodeName))...)}
+	// More endpoints than a consistent-hash table of ConsistentTableSlots holds, two on
+	// this node.
+	many := []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http,
+		append(endpointsOn("2", 250), append(endpointsOn("3", 8), ep("10.244.1.1", thisNodeName), ep("10.244.1.2", thisNodeName))...)...)}
+	lb := func(s *corev1.Service) {
+		ofType(corev1.ServiceTypeLoadBalancer)(s)
+		s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1"}
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}, {IP: "2001:db8::2"}, {Hostname: "lb.example"}}
+		s.Spec.HealthCheckNodePort = 30999
+	}
+	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+	internalLocal := func(s *corev1.Service) {
+		s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	}
+	affinity := func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }
+	sourceRanges := func(s *corev1.Service) {
+		s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "2001:db8::/32"}
+	}
+	modes := []tables.LBMode{tables.LBRandom, tables.LBRoundRobin, tables.LBSourceHash, tables.LBConsistentHash}
 	for _, tc := range []struct {
 		name   string
 		svc    *corev1.Service
 		slices []*discoveryv1.EndpointSlice
-		mode   tables.LBMode
-		want   int
+		// empty: the Service gets no rules.
+		empty bool
+		// affinity: the port's rules, one pair per endpoint in its bucket chain, are
+		// outside the estimate (it counts elements); the test checks they are there.
+		affinity bool
 	}{
-		{name: "cluster IP without endpoints", svc: service(), want: 1},
-		{
-			name: "each endpoint of each port", svc: service(addPort),
-			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, twoPorts, endpointsOn("1", 10)...)},
-			want:   1 * (2 + 2*10),
-		},
-		{
-			name: "every slice counts",
-			svc:  service(),
-			slices: []*discoveryv1.EndpointSlice{
-				epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...),
-				epSlice("web-2", discoveryv1.AddressTypeIPv4, http, endpointsOn("2", 5)...),
-			},
-			want: 1 * (1 + 15),
-		},
-		{
-			name: "external IPs, load-balancer IPs and NodePort addresses multiply",
-			svc: service(ofType(corev1.ServiceTypeLoadBalancer), func(s *corev1.Service) {
-				s.Spec.ExternalIPs = []string{"192.0.2.1", "192.0.2.2", "2001:db8::1"}
-				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}, {Hostname: "lb.example"}}
-			}),
-			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
-			// cluster IP + 2 external IPv4 + 1 LB + 3 NodePort addresses; the IPv6
-			// external IP has no IPv6 cluster IP to go with.
-			want: (1 + 2 + 1 + 3) * (1 + 10),
-		},
-		{
-			name: "no NodePort addresses without a node port",
-			svc: service(func(s *corev1.Service) {
-				s.Spec.Type = corev1.ServiceTypeNodePort
-			}),
-			want: 1,
-		},
-		{
-			name: "load-balancer status of a ClusterIP Service is not read",
-			svc: service(func(s *corev1.Service) {
-				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
-			}),
-			want: 1,
-		},
-		{
-			name: "the larger family",
-			svc:  service(dualStack),
-			slices: []*discoveryv1.EndpointSlice{
-				epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...),
-				epSlice("web-2", discoveryv1.AddressTypeIPv6, http, ep("fd00:10:244:1::1", ""), ep("fd00:10:244:1::2", "")),
-				epSlice("web-3", discoveryv1.AddressTypeFQDN, http, endpointsOn("3", 50)...),
-			},
-			want: 1 + 10,
-		},
-		{name: "headless", svc: service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), want: 0},
-		{
-			name: "ExternalName",
-			svc: service(func(s *corev1.Service) {
-				s.Spec.Type = corev1.ServiceTypeExternalName
-				s.Spec.ExternalIPs = []string{"192.0.2.1"}
-			}),
-			want: 0,
-		},
-		{name: "legacy clusterIP field only", svc: service(func(s *corev1.Service) { s.Spec.ClusterIPs = nil }), want: 1},
-		{
-			name:   "consistentHash: the entries share the cluster IP's table",
-			svc:    service(ofType(corev1.ServiceTypeNodePort)),
-			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
-			mode:   tables.LBConsistentHash,
-			// cluster IP + 3 NodePort addresses, 3 elements each, and one table.
-			want: (1+3)*3 + tables.ConsistentTableSlots,
-		},
-		{
-			name: "consistentHash with Local external policy: every entry holds a table",
-			svc: service(ofType(corev1.ServiceTypeNodePort), func(s *corev1.Service) {
-				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-			}),
-			slices: []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...)},
-			mode:   tables.LBConsistentHash,
-			want:   (1 + 3) * (1 + tables.ConsistentTableSlots),
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := elementEstimate(tc.svc, tc.slices, np, tc.mode); got != tc.want {
-				t.Errorf("elementEstimate = %d, want %d", got, tc.want)
+		{name: "cluster IP without endpoints", svc: service()},
+		{name: "each endpoint of each port", svc: service(addPort), slices: []*discoveryv1.EndpointSlice{
+			epSlice("web-1", discoveryv1.AddressTypeIPv4, twoPorts, endpointsOn("1", 10)...)}},
+		{name: "every slice counts", svc: service(), slices: []*discoveryv1.EndpointSlice{
+			epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...),
+			epSlice("web-2", discoveryv1.AddressTypeIPv4, http, endpointsOn("2", 5)...)}},
+		{name: "external IPs, load-balancer IPs and NodePort addresses", svc: service(lb), slices: ten},
+		{name: "load balancer without endpoints", svc: service(lb)},
+		{name: "NodePort without node port", svc: service(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }), slices: ten},
+		{name: "load-balancer status of a ClusterIP Service", svc: service(func(s *corev1.Service) {
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+		}), slices: ten},
+		{name: "Local external policy with local endpoints", svc: service(lb, addPort, local), slices: tenTwoLocal},
+		{name: "Local external policy without local endpoints", svc: service(lb, local), slices: ten},
+		{name: "Local external policy, every endpoint local", svc: service(lb, local), slices: []*discoveryv1.EndpointSlice{
+			epSlice("web-1", discoveryv1.AddressTypeIPv4, http, ep("10.244.1.1", thisNodeName), ep("10.244.1.2", thisNodeName))}},
+		{name: "Local internal policy", svc: service(lb, addPort, internalLocal), slices: tenTwoLocal},
+		{name: "both policies Local", svc: service(lb, addPort, local, internalLocal), slices: tenTwoLocal},
+		{name: "loadBalancerSourceRanges", svc: service(lb, addPort, sourceRanges), slices: tenTwoLocal},
+		{name: "many loadBalancerSourceRanges", svc: service(lb, func(s *corev1.Service) {
+			for i := range 40 {
+				s.Spec.LoadBalancerSourceRanges = append(s.Spec.LoadBalancerSourceRanges, "10."+strconv.Itoa(i)+".0.0/16")
 			}
-		})
+		}), slices: ten},
+		{name: "loadBalancerSourceRanges with Local policy", svc: service(lb, addPort, local, sourceRanges), slices: tenTwoLocal},
+		{name: "ClientIP affinity", svc: service(addPort, affinity), slices: tenTwoLocal, affinity: true},
+		{name: "ClientIP affinity on a load balancer", svc: service(lb, addPort, affinity), slices: tenTwoLocal, affinity: true},
+		{name: "ClientIP affinity with Local policy", svc: service(lb, addPort, local, affinity), slices: tenTwoLocal, affinity: true},
+		{name: "more endpoints than a consistent-hash table", svc: service(ofType(corev1.ServiceTypeNodePort)), slices: many},
+		{name: "more endpoints than a consistent-hash table, Local policy", svc: service(ofType(corev1.ServiceTypeNodePort), local), slices: many},
+		{name: "one endpoint", svc: service(lb), slices: []*discoveryv1.EndpointSlice{
+			epSlice("web-1", discoveryv1.AddressTypeIPv4, http, ep("10.244.1.1", thisNodeName))}},
+		{name: "dual-stack: the larger family", svc: service(dualStack, lb), slices: []*discoveryv1.EndpointSlice{
+			epSlice("web-1", discoveryv1.AddressTypeIPv4, http, endpointsOn("1", 10)...),
+			epSlice("web-2", discoveryv1.AddressTypeIPv6, http, ep("fd00:10:244:1::1", ""), ep("fd00:10:244:1::2", "")),
+			epSlice("web-3", discoveryv1.AddressTypeFQDN, http, endpointsOn("3", 50)...)}},
+		{name: "legacy clusterIP field only", svc: service(func(s *corev1.Service) { s.Spec.ClusterIPs = nil }), slices: ten},
+		{name: "headless", svc: service(func(s *corev1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }),
+			slices: ten, empty: true},
+		{name: "ExternalName", svc: service(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+			s.Spec.ExternalIPs = []string{"192.0.2.1"}
+		}), slices: ten, empty: true},
+	} {
+		for _, mode := range modes {
+			t.Run(tc.name+"/"+string(mode), func(t *testing.T) {
+				elements, rules, np := fullSyncAdds(t, tc.svc, tc.slices, mode)
+				actual := max(elements[tables.IPv4], elements[tables.IPv6])
+				estimate := elementEstimate(tc.svc, tc.slices, np, mode)
+				t.Logf("estimate %d, elements written %v, rules %v", estimate, elements, rules)
+				if tc.empty != (actual == 0) {
+					t.Fatalf("the full sync wrote %d elements; want none: %v", actual, tc.empty)
+				}
+				if estimate < actual {
+					t.Errorf("estimate %d is under the %d elements a full sync writes (by family: %v)", estimate, actual, elements)
+				}
+				if tc.affinity {
+					endpoints := 0
+					for _, sl := range tc.slices {
+						endpoints += len(sl.Endpoints) * len(sl.Ports)
+					}
+					if rules[tables.IPv4] < 2*endpoints {
+						t.Errorf("ClientIP affinity wrote %d rules, want its 2 per endpoint and port (%d), which the estimate does not count", rules[tables.IPv4], 2*endpoints)
+					}
+				}
+			})
+		}
 	}
 }
 
@@ -149,7 +228,7 @@ func TestServiceOverLimitRefused(t *testing.T) {
 	http := []discoveryv1.EndpointPort{slicePort("http", 8080)}
 	twoPorts := []discoveryv1.EndpointPort{slicePort("http", 8080), slicePort("other", 9090)}
 
-	p, nft := newTestProxy(t, nil, func(o *Options) { o.MaxServiceElements = 20 })
+	p, nft := newTestProxy(t, nil, func(o *Options) { o.MaxServiceElements = 40 })
 	var mu sync.Mutex
 	var refusals []string
 	p.logger = funcr.New(func(_, args string) {
@@ -184,7 +263,8 @@ func TestServiceOverLimitRefused(t *testing.T) {
 				p.UpdateService(service())
 				p.UpdateEndpointSlice(v4Slice("web-1", endpointsOn("1", 5)...))
 				p.UpdateService(bigSvc())
-				// 1 entry × (1 port + 2 ports × 15 endpoints) = 31
+				// The cluster IP and 15 hairpins, 2 ports dispatched to 15 endpoints
+				// each: 1 + 15 + 2 + 2 × 15 = 48
 				p.UpdateEndpointSlice(sliceOf(big.Name, "big-1", twoPorts, endpointsOn("2", 15)))
 			},
 			full: true, wantRefused: true, wantLogs: 1,
@@ -198,7 +278,7 @@ func TestServiceOverLimitRefused(t *testing.T) {
 		},
 		{
 			name: "shrunk under the limit: programmed",
-			// 1 × (1 + 1 × 15) = 16
+			// 1 + 15 + 1 + 1 × 15 = 32
 			do:      func() { p.UpdateEndpointSlice(sliceOf(big.Name, "big-1", http, endpointsOn("2", 15))) },
 			wantIPs: []string{clusterIP4, bigIP, "10.244.2.15 . 8080"},
 		},
@@ -215,7 +295,8 @@ func TestServiceOverLimitRefused(t *testing.T) {
 			do: func() {
 				p.DeleteEndpointSlice(sliceOf(big.Name, "big-2", nil, nil))
 				p.UpdateService(bigSvc(ofType(corev1.ServiceTypeNodePort)))
-				// 16 before; (1 + 1 node address) × 16 = 32 after.
+				// 32 before; with a node address, one more entry: its dispatch
+				// element, its policy mark, and 15 endpoints: 49 after.
 				if err := p.Reconfigure(func(c *tables.Config) { c.NodePortIPs = ips("192.168.0.1", "127.0.0.1") }); err != nil {
 					t.Fatal(err)
 				}
@@ -242,7 +323,7 @@ func TestServiceOverLimitRefused(t *testing.T) {
 		if refused := m.Refused != ""; refused != step.wantRefused {
 			t.Errorf("%s: refused = %q, want refused %v", step.name, m.Refused, step.wantRefused)
 		}
-		if step.wantRefused && (len(m.Ports) != 0 || !strings.Contains(m.Refused, "over the limit of 20 per Service")) {
+		if step.wantRefused && (len(m.Ports) != 0 || !strings.Contains(m.Refused, "over the limit of 40 per Service")) {
 			t.Errorf("%s: refused model %+v, want no ports and the limit in Refused", step.name, m)
 		}
 		if w := p.Applied()[webName]; w == nil || w.Refused != "" || len(w.Ports[tables.IPv4]) != 1 {

@@ -28,9 +28,9 @@ const (
 
 	// DefaultMaxServiceElements is the default of Options.MaxServiceElements. Legitimate
 	// big Services fit with room to spare (5,000 endpoints on 6 ports with 6 dispatch
-	// addresses each is 180,000), a 1,000-port × 1,000-endpoint one does not. Measured with
-	// nft 1.0.6, loading 100,000 map elements takes 1.5 s and 210 MB of nft's memory,
-	// 1,000,000 take 16 s and 2 GB.
+	// addresses each is about 185,000), a 1,000-port × 1,000-endpoint one does not.
+	// Measured with nft 1.0.6, loading 100,000 map elements takes 1.5 s and 210 MB of
+	// nft's memory, 1,000,000 take 16 s and 2 GB.
 	DefaultMaxServiceElements = 200_000
 )
 
@@ -108,18 +108,27 @@ func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeIn
 	return b.model
 }
 
-// elementEstimate is about how many nftables elements svc with its EndpointSlices brings
+// elementEstimate bounds how many nftables elements svc with its EndpointSlices brings
 // into one family's table (the larger family's count), read from the objects without
 // building the model, so that refusing a Service too large to program costs little.
-// Every dispatch entry of a port (the cluster IP, each external and load-balancer IP
-// and, with a node port, each of the family's nodePortAddrs) gets an element of its own
-// and one per endpoint of the port: entries × (ports + the slices' endpoint-port pairs),
-// an upper bound.
+// TestElementEstimate holds it against what a full sync writes.
 //
-// Under consistentHash a port's table (tables.ConsistentTableSlots elements at least)
-// replaces the elements per endpoint; the cluster IP entry holds it and the other
-// entries use it through three elements per port, unless a Local traffic policy gives
-// them endpoints of their own, and then each holds a table (the upper bound again).
+// A port has an entry per dispatch address: the cluster IP, each external and
+// load-balancer IP and, with a node port, each of the family's nodePortAddrs. Per entry
+// and port there is a dispatch element; per external entry and port also the mark of
+// its traffic policy, with a Local external policy the short circuit's dispatch, and,
+// where entries reach the cluster IP's endpoints through it (roundRobin,
+// consistentHash, ClientIP affinity), the two elements that rewrite the destination.
+// The endpoint elements are one per endpoint and port for every entry (and for the
+// short circuit of a Local external policy), so entries × the slices' endpoint-port
+// pairs; under consistentHash a table per port (tables.ConsistentTableSize of its
+// endpoints) instead, held by the cluster IP entry alone unless a Local traffic policy
+// gives other entries endpoints of their own; under roundRobin also the shared picks.
+// Then the cluster IP's element, a hairpin element per endpoint, and per load-balancer
+// IP and port the loadBalancerSourceRanges firewall: one element per range and two more.
+//
+// It counts elements only: a ClientIP-affinity port's rules (two per endpoint, in its
+// bucket chain) and sets (one per endpoint) are not elements and are not counted.
 func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int, mode tables.LBMode) int {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return 0
@@ -130,22 +139,27 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 	}
 	// entries per family; a family without a cluster IP gets no rules.
 	entries := map[tables.Family]int{}
+	lbIPs := map[tables.Family]int{}
 	for _, s := range clusterIPs {
 		if a, ok := parseIP(s); ok {
 			entries[familyOf(a)] = 1
 		}
 	}
-	count := func(s string) {
+	count := func(s string) bool {
 		if a, ok := parseIP(s); ok && entries[familyOf(a)] > 0 {
 			entries[familyOf(a)]++
+			return true
 		}
+		return false
 	}
 	for _, s := range svc.Spec.ExternalIPs {
 		count(s)
 	}
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
-			count(ing.IP)
+			if a, ok := parseIP(ing.IP); ok && count(ing.IP) {
+				lbIPs[familyOf(a)]++
+			}
 		}
 	}
 	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer || svc.Spec.Type == corev1.ServiceTypeNodePort {
@@ -155,24 +169,65 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 			}
 		}
 	}
+	ports := len(svc.Spec.Ports)
+	extLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	viaClusterIP := mode == tables.LBRoundRobin || mode == tables.LBConsistentHash ||
+		svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
 	largest := 0
 	for f, n := range entries {
-		pairs := 0
+		pairs, endpoints := 0, 0
+		perPort := map[string]int{} // endpoints per slice port name, for consistentHash
 		for _, sl := range epSlices {
-			if sl != nil && sl.AddressType == addressType(f) {
-				pairs += len(sl.Ports) * len(sl.Endpoints)
-			}
-		}
-		if mode == tables.LBConsistentHash {
-			pairs = max(pairs, len(svc.Spec.Ports)*tables.ConsistentTableSlots)
-			if !hasLocalPolicy(svc) {
-				largest = max(largest, n*3*len(svc.Spec.Ports)+pairs)
+			if sl == nil || sl.AddressType != addressType(f) {
 				continue
 			}
+			pairs += len(sl.Ports) * len(sl.Endpoints)
+			endpoints += len(sl.Endpoints)
+			for _, p := range sl.Ports {
+				perPort[ptrOr(p.Name)] += len(sl.Endpoints)
+			}
 		}
-		largest = max(largest, n*(len(svc.Spec.Ports)+pairs))
+		ext := n - 1
+		dispatch := n + ext // a dispatch element per entry, a policy mark per external one
+		if extLocal {
+			dispatch += ext
+		}
+		if viaClusterIP {
+			dispatch += 2 * ext
+		}
+		own := n // entries with endpoint elements of their own
+		if extLocal {
+			own += ext
+		}
+		var endpointElements int
+		switch mode {
+		case tables.LBConsistentHash:
+			table := 0
+			for _, k := range perPort {
+				table += tables.ConsistentTableSize(k)
+			}
+			if !hasLocalPolicy(svc) {
+				own = 1
+			}
+			endpointElements = own * table
+		case tables.LBRoundRobin:
+			endpointElements = own*pairs + 2*pairs
+		default:
+			endpointElements = own * pairs
+		}
+		firewall := lbIPs[f] * ports * (2 + len(svc.Spec.LoadBalancerSourceRanges))
+		total := 1 + endpoints + ports*dispatch + endpointElements + firewall
+		largest = max(largest, total)
 	}
 	return largest
+}
+
+// ptrOr returns *p, or "" for nil.
+func ptrOr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }
 
 // hasLocalPolicy reports whether svc's external or internal traffic policy is Local.
