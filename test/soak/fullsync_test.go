@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"sigs.k8s.io/yaml"
 
 	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
@@ -205,5 +206,38 @@ func TestSyncCountsOfTheSupervisorsMetrics(t *testing.T) {
 	want := map[string]syncCounts{"default": {Full: 6}, "team-a": {Failed: 2}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
+	}
+}
+
+// TestSoakConfigLeavesAMargin: every instance of the soak's configuration has the
+// fullSyncPeriod the watch assumes, and its full syncs' legitimate latest (fullSyncPeriod
+// + syncPeriod, as a full sync rides on the next sync) stays clear of the watch's limit,
+// so that a gap over the limit is a stall, not an idle instance's timing.
+func TestSoakConfigLeavesAMargin(t *testing.T) {
+	var instances []struct {
+		Name           string `json:"name"`
+		SyncPeriod     string `json:"syncPeriod"`
+		FullSyncPeriod string `json:"fullSyncPeriod"`
+	}
+	if err := yaml.Unmarshal([]byte(instancesConfig), &instances); err != nil {
+		t.Fatal(err)
+	}
+	if len(instances) == 0 {
+		t.Fatal("no instances")
+	}
+	const margin = 10 * time.Second
+	for _, in := range instances {
+		full, err := time.ParseDuration(in.FullSyncPeriod)
+		if err != nil || full != fullSyncPeriod {
+			t.Errorf("%s: fullSyncPeriod %q, want %v (%v)", in.Name, in.FullSyncPeriod, fullSyncPeriod, err)
+		}
+		sync, err := time.ParseDuration(in.SyncPeriod)
+		if err != nil {
+			t.Errorf("%s: syncPeriod %q (the default, 30s, leaves no margin): %v", in.Name, in.SyncPeriod, err)
+			continue
+		}
+		if latest := full + sync; latest > 2*fullSyncPeriod-margin {
+			t.Errorf("%s: full syncs may legitimately come %v apart, within %v of the limit %v", in.Name, latest, margin, 2*fullSyncPeriod)
+		}
 	}
 }

@@ -61,12 +61,18 @@ const (
 	fullSyncPeriod = 30 * time.Second
 	// instancesConfig: the default instance serves the steady Services (namespace
 	// soak-steady) and unlabeled churn; each team admits its own namespaces and has its
-	// own external and load-balancer ranges (addressRanges).
+	// own external and load-balancer ranges (addressRanges). A periodic full sync rides on
+	// the first sync after fullSyncPeriod, which may come syncPeriod after the last
+	// partial one: full syncs come within fullSyncPeriod + syncPeriod + a sync. At the
+	// default syncPeriod (30s) that is just over the full-sync watch's limit (2 ×
+	// fullSyncPeriod) whenever an instance falls idle right before its full sync is due
+	// (a 2-minute soak came within 9s of it); syncPeriod 15s leaves a margin.
 	instancesConfig = `
 - name: default
   default: true
   slot: 0
   minSyncPeriod: 250ms
+  syncPeriod: 15s
   fullSyncPeriod: 30s
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
   tenant: {externalIPCIDRs: [100.64.0.0/16], loadBalancerCIDRs: [100.65.0.0/16]}
@@ -74,6 +80,7 @@ const (
   proxyNames: [team-a]
   slot: 1
   minSyncPeriod: 250ms
+  syncPeriod: 15s
   fullSyncPeriod: 30s
   detectLocal: {mode: ClusterCIDR, clusterCIDRs: [10.244.0.0/16, "fd00:10:244::/48"]}
   tenant:
@@ -84,6 +91,7 @@ const (
   proxyNames: [team-b]
   slot: 2
   minSyncPeriod: 250ms
+  syncPeriod: 15s
   fullSyncPeriod: 30s
   detectLocal: {mode: InterfaceNamePrefix, interfaceNamePrefix: vpod}
   tenant:
