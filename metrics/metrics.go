@@ -110,9 +110,11 @@ func syncLatencyBuckets() []float64 {
 
 // networkProgrammingBuckets matches upstream kube-proxy's
 // NetworkProgrammingLatency buckets: fine-grained under a minute, then
-// coarser up to five minutes.
+// coarser up to five minutes. Upstream joins them with component-base's
+// MergeBuckets, which starts from a 0 bound, so its histogram has an le="0"
+// bucket, and so has this one.
 func networkProgrammingBuckets() []float64 {
-	var b []float64
+	b := []float64{0}
 	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...)
 	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
 	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)

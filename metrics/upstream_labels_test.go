@@ -1,11 +1,12 @@
 package metrics
 
 import (
-	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	basemetrics "k8s.io/component-base/metrics"
 )
 
 // upstreamKubeProxyLabels are the kube-proxy series of nftables mode and their labels,
@@ -94,24 +95,21 @@ func TestKubeProxySeriesHaveUpstreamLabels(t *testing.T) {
 	}
 }
 
-// upstreamBuckets are the upper bounds of upstream's histograms, from pkg/proxy/metrics
-// of k8s.io/kubernetes v1.36.3: ExponentialBuckets(0.001, 2, 15) for the sync and
-// conntrack reconciler durations.
+// upstreamBuckets are the upper bounds of upstream's histograms, written as
+// pkg/proxy/metrics of k8s.io/kubernetes v1.36.3 writes them and computed by the same
+// k8s.io/component-base/metrics helpers. (MergeBuckets starts from a 0 bound: upstream's
+// network programming histogram has an le="0" bucket.)
 var upstreamBuckets = map[string][]float64{
-	"kubeproxy_sync_proxy_rules_duration_seconds":          exponential(0.001, 2, 15),
-	"kubeproxy_sync_full_proxy_rules_duration_seconds":     exponential(0.001, 2, 15),
-	"kubeproxy_sync_partial_proxy_rules_duration_seconds":  exponential(0.001, 2, 15),
-	"kubeproxy_conntrack_reconciler_sync_duration_seconds": exponential(0.001, 2, 15),
-}
-
-// exponential returns count bounds from start, each factor times the previous.
-func exponential(start, factor float64, count int) []float64 {
-	out := make([]float64, count)
-	for i := range out {
-		out[i] = start
-		start *= factor
-	}
-	return out
+	"kubeproxy_sync_proxy_rules_duration_seconds":          basemetrics.ExponentialBuckets(0.001, 2, 15),
+	"kubeproxy_sync_full_proxy_rules_duration_seconds":     basemetrics.ExponentialBuckets(0.001, 2, 15),
+	"kubeproxy_sync_partial_proxy_rules_duration_seconds":  basemetrics.ExponentialBuckets(0.001, 2, 15),
+	"kubeproxy_conntrack_reconciler_sync_duration_seconds": basemetrics.ExponentialBuckets(0.001, 2, 15),
+	"kubeproxy_network_programming_duration_seconds": basemetrics.MergeBuckets(
+		basemetrics.LinearBuckets(0.25, 0.25, 2), // 0.25s, 0.50s
+		basemetrics.LinearBuckets(1, 1, 59),      // 1s, 2s, 3s, ... 59s
+		basemetrics.LinearBuckets(60, 5, 12),     // 60s, 65s, 70s, ... 115s
+		basemetrics.LinearBuckets(120, 30, 7),    // 2min, 2.5min, 3min, ..., 5min
+	),
 }
 
 // TestHistogramsHaveUpstreamBuckets: the histograms shardproxy shares with upstream
@@ -122,6 +120,7 @@ func TestHistogramsHaveUpstreamBuckets(t *testing.T) {
 	m.ObserveSync("team-a", IPv4, true, time.Millisecond)
 	m.ObserveSync("team-a", IPv4, false, time.Millisecond)
 	m.ObserveConntrackReconcile(IPv4, time.Millisecond)
+	m.ObserveNetworkProgramming("team-a", IPv4, time.Second)
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +136,7 @@ func TestHistogramsHaveUpstreamBuckets(t *testing.T) {
 		for _, b := range f.GetMetric()[0].GetHistogram().GetBucket() {
 			got = append(got, b.GetUpperBound())
 		}
-		if !slices.EqualFunc(got, want, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }) {
+		if !slices.EqualFunc(got, want, approx) {
 			t.Errorf("%s buckets %v, want upstream's %v", f.GetName(), got, want)
 		}
 	}
