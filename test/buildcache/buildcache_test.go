@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The scripts run in a copy of their part of the repository, with a cache in a temporary
@@ -390,4 +391,47 @@ func TestImageKeyFollowsInputs(t *testing.T) {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// TestUnusedKeysPruned checks what a build removes: entries of other keys of the same
+// artifact unused for longer than the scripts keep them (a week for binaries, a day for
+// images), and nothing else: not recent ones (another checkout may use them), not other
+// artifacts, not files of other shapes.
+func TestUnusedKeysPruned(t *testing.T) {
+	s := newSandbox(t)
+	ctx := context.Background()
+	bin := filepath.Join(s.cache, "bin")
+	images := filepath.Join(s.cache, "images")
+	old := time.Now().Add(-9 * 24 * time.Hour)
+	entries := map[string]bool{ // path: pruned
+		filepath.Join(bin, "coredns-v1.14.6-0123456789abcdef"):        true,
+		filepath.Join(bin, "coredns-v1.14.7-fedcba9876543210"):        true,
+		filepath.Join(bin, "kube-apiserver-v1.36.3-0123456789abcdef"): false, // not built now
+		filepath.Join(bin, "coredns-v1.14.7"):                         false, // not of a key
+		filepath.Join(images, "pause-0123456789abcdef"):               true,
+		filepath.Join(images, "pausefoo-0123456789abcdef"):            false,
+		filepath.Join(images, "shardproxy-0123456789abcdef"):          false, // not built now
+		filepath.Join(images, "pause-3.10.tar"):                       false,
+	}
+	for path := range entries {
+		writeFile(t, path, "old", 0o755)
+		if err := os.Chtimes(path, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recent := filepath.Join(bin, "coredns-v1.14.7-aaaaaaaaaaaaaaaa")
+	writeFile(t, recent, "recent", 0o755)
+	entries[recent] = false
+
+	if _, err := Binaries(ctx, s.root, nil, "coredns"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Images(ctx, s.root, nil, "pause"); err != nil {
+		t.Fatal(err)
+	}
+	for path, pruned := range entries {
+		if got := !exists(path); got != pruned {
+			t.Errorf("%s removed: %v, want %v", path, got, pruned)
+		}
+	}
 }
