@@ -74,6 +74,17 @@ func TestInstances(t *testing.T) {
 
 	underLoad := func(name string, disrupt func()) {
 		t.Run(name, func(t *testing.T) {
+			// What each Service's endpoints were through the disruption, from before the
+			// first request: a failure is excused only while its Service had none ready.
+			timelines := map[string]*ReadyTimeline{}
+			for _, w := range instanceWebs {
+				tl, err := c.WatchReady(ctx, w.ns, "web")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tl.Stop()
+				timelines[w.ns] = tl
+			}
 			loopCtx, stop := context.WithCancel(ctx)
 			var counters []*Counter
 			var waits []func()
@@ -99,14 +110,6 @@ func TestInstances(t *testing.T) {
 				n, err := c.PodLoop(ctx, "team-a", agnhostImage, "http://web.team-a.svc.cluster.local/hostname", 200, 100*time.Millisecond)
 				podDone <- podResult{n, err}
 			}()
-			before := map[string]map[string]podState{}
-			for _, w := range instanceWebs {
-				pods, err := c.BackendPods(ctx, w.ns)
-				if err != nil {
-					t.Fatal(err)
-				}
-				before[w.ns] = pods
-			}
 			start := time.Now()
 			disrupt()
 			// The loops go on past the disruption: until the pod's loop has finished.
@@ -118,6 +121,9 @@ func TestInstances(t *testing.T) {
 			stop()
 			for _, wait := range waits {
 				wait()
+			}
+			for _, tl := range timelines {
+				tl.Stop()
 			}
 			if podCounter != nil {
 				counters, namespaces = append(counters, podCounter), append(namespaces, "team-a")
@@ -131,17 +137,15 @@ func TestInstances(t *testing.T) {
 				if n.Failed.Load() == 0 {
 					continue
 				}
-				why, err := c.BackendsDisturbed(ctx, namespaces[i], before[namespaces[i]], start)
-				switch {
-				case err != nil:
-					t.Error(err)
-				case why == "":
-					t.Errorf("%s: %s: %s while its backends stayed ready and in place; want 0 failed", name, labels[i], n)
-				default:
-					// Not the proxy's doing: a Service whose endpoints went away
-					// must be refused.
-					fmt.Printf("cluster: %s: %s: the failures above are the backends', not the proxy's: %s\n", name, labels[i], why)
+				tl := timelines[namespaces[i]]
+				bad, windows := tl.Unexcused(n.FailedAt())
+				if len(bad) > 0 {
+					t.Errorf("%s: %s: %s; %d sent while the Service had a ready endpoint (first at %s), want 0 failed outside %v (%v before, %v after); %s",
+						name, labels[i], n, len(bad), bad[0].Format("15:04:05.000"), windows, excuseBefore, excuseAfter, tl)
+					continue
 				}
+				// Not the proxy's doing: a Service without a ready endpoint must refuse.
+				fmt.Printf("cluster: %s: %s: every failure above was sent while the Service had no ready endpoint (%v); %s\n", name, labels[i], windows, tl)
 			}
 			t.Logf("%s: disruption and loops took %v", name, time.Since(start).Round(time.Millisecond))
 		})

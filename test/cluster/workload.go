@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -89,10 +91,18 @@ type Counter struct {
 	firstErr   string
 	// firstFail and lastFail bound the failures in time, to line them up with logs.
 	firstFail, lastFail time.Time
-	servedBy            map[string]int
+	// failedAt are the times the failed requests were sent (zero: not known), to line
+	// them up with what the Service's endpoints were then (ReadyTimeline).
+	failedAt []time.Time
+	servedBy map[string]int
 }
 
+// record counts a request that just ended; recordAt one sent at sent.
 func (n *Counter) record(body string, err error) {
+	n.recordAt(time.Now(), body, err)
+}
+
+func (n *Counter) recordAt(sent time.Time, body string, err error) {
 	if err != nil {
 		n.Failed.Add(1)
 		now := time.Now()
@@ -101,6 +111,7 @@ func (n *Counter) record(body string, err error) {
 			n.firstErr, n.firstFail = err.Error(), now
 		}
 		n.lastFail = now
+		n.failedAt = append(n.failedAt, sent)
 		n.mu.Unlock()
 		return
 	}
@@ -116,7 +127,7 @@ func (n *Counter) record(body string, err error) {
 // add counts m's requests in n too.
 func (n *Counter) add(m *Counter) {
 	m.mu.Lock()
-	servedBy, firstErr := m.servedBy, m.firstErr
+	servedBy, firstErr, failedAt := m.servedBy, m.firstErr, slices.Clone(m.failedAt)
 	m.mu.Unlock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -125,6 +136,7 @@ func (n *Counter) add(m *Counter) {
 	if n.firstErr == "" {
 		n.firstErr = firstErr
 	}
+	n.failedAt = append(n.failedAt, failedAt...)
 	if n.servedBy == nil {
 		n.servedBy = map[string]int{}
 	}
@@ -146,6 +158,13 @@ func (n *Counter) String() string {
 		s += ")"
 	}
 	return s
+}
+
+// FailedAt returns the times the failed requests were sent (zero where not known).
+func (n *Counter) FailedAt() []time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.failedAt)
 }
 
 // ServedBy is the set of pods that answered.
@@ -196,8 +215,9 @@ func (c *Cluster) Loop(ctx context.Context, ns, url string, interval time.Durati
 				return
 			case <-ticker.C:
 			}
+			sent := time.Now()
 			body, err := c.Get(context.Background(), ns, url)
-			n.record(body, err)
+			n.recordAt(sent, body, err)
 		}
 	}()
 	return n, func() { <-done }
@@ -205,9 +225,10 @@ func (c *Cluster) Loop(ctx context.Context, ns, url string, interval time.Durati
 
 // PodLoop runs a client loop in a pod of its own in ns (not kubectl exec, whose stream a
 // containerd restart cuts): count requests of curl to url, one every interval. It
-// returns the counter once the pod has finished, from the pod's log.
+// returns the counter once the pod has finished, from the pod's log, each request with
+// the time it was sent (the pod shares the test's clock: one kernel).
 func (c *Cluster) PodLoop(ctx context.Context, ns, image, url string, count int, interval time.Duration) (*Counter, error) {
-	script := fmt.Sprintf(`for i in $(seq 1 %d); do if out=$(curl -sS --max-time 2 %s 2>&1); then echo "ok $out"; else echo "fail $out"; fi; sleep %.2f; done`, count, url, interval.Seconds())
+	script := fmt.Sprintf(`for i in $(seq 1 %d); do t=$(date +%%s.%%N); if out=$(curl -sS --max-time 2 %s 2>&1); then echo "ok $t $out"; else echo "fail $t $out"; fi; sleep %.2f; done`, count, url, interval.Seconds())
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "loop-"},
 		Spec: corev1.PodSpec{
@@ -250,16 +271,35 @@ func (c *Cluster) PodLoop(ctx context.Context, ns, image, url string, count int,
 	n := &Counter{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		status, rest, _ := strings.Cut(line, " ")
+		stamp, rest, _ := strings.Cut(rest, " ")
+		sent := parseUnixTime(stamp)
 		if status == "ok" {
-			n.record(rest, nil)
+			n.recordAt(sent, rest, nil)
 		} else {
-			n.record("", fmt.Errorf("%s", line))
+			n.recordAt(sent, "", fmt.Errorf("%s", line))
 		}
 	}
 	if got := n.OK.Load() + n.Failed.Load(); got != int64(count) {
 		return nil, fmt.Errorf("pod %s logged %d results, want %d:\n%s", name, got, count, out)
 	}
 	return n, nil
+}
+
+// parseUnixTime reads date +%s.%N; the zero time if it cannot.
+func parseUnixTime(s string) time.Time {
+	secs, frac, _ := strings.Cut(s, ".")
+	sec, err := strconv.ParseInt(secs, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	var nsec int64
+	if frac != "" {
+		frac = (frac + "000000000")[:9]
+		if nsec, err = strconv.ParseInt(frac, 10, 64); err != nil {
+			return time.Time{}
+		}
+	}
+	return time.Unix(sec, nsec)
 }
 
 // WaitServedByAll waits until GET url from inside ns has been answered by want distinct
