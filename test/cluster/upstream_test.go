@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,42 +16,126 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/shardproxy/shardproxy/test/cluster/e2ereport"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 )
 
-// conformanceEnv selects the focus: "full" runs every single-node [sig-network] Services
-// test (`make conformance`), "off" none, empty ServicesConformanceFocus (CI); anything
-// else is a focus regexp of its own (to rerun one test).
-const conformanceEnv = "SHARDPROXY_CONFORMANCE"
+// TestConformance's environment.
+const (
+	// conformanceEnv selects the focus: empty ServicesConformanceFocus (CI, the record
+	// testdata/conformance-<version>-ci.txt), "full" every single-node [sig-network]
+	// Services test (`make conformance`, testdata/conformance-<version>-full.txt), "off"
+	// none; anything else is a focus regexp of its own (to rerun one test), with no
+	// record.
+	conformanceEnv = "SHARDPROXY_CONFORMANCE"
+	// baselineEnv set runs upstream kube-proxy's baseline after shardproxy's run ("full"
+	// always does): the two runs must select the same tests, and kube-proxy must pass
+	// every test it runs. CI leaves it out (minutes of the cluster layer) and holds
+	// shardproxy's run to the record instead.
+	baselineEnv = "SHARDPROXY_CONFORMANCE_BASELINE"
+	// recordEnv set runs the baseline and rewrites the focus's record from it, as a
+	// golden update: after a new e2e.test or a change of focus or skip.
+	recordEnv = "SHARDPROXY_CONFORMANCE_RECORD"
+)
 
 // ciMustRun are tests of ServicesConformanceFocus beyond [Conformance]: a run of that
-// focus that did not select them fails, so a broken regexp cannot drop them silently.
+// focus that did not select them fails, so a broken regexp cannot drop them silently
+// (nor be recorded).
 var ciMustRun = []string{
 	"should implement service.kubernetes.io/service-proxy-name",
 	"should be able to up and down services",
 }
 
-// TestConformance runs upstream's [sig-network] Services tests against the node twice:
-// with shardproxy's DaemonSet (the replace overlay) as the node's only Service proxy, then
-// with upstream kube-proxy v1.36.3 in nftables mode instead, and prints both results side
-// by side. Every test kube-proxy passes here must pass with shardproxy.
+// conformancePlan is what TestConformance runs.
+type conformancePlan struct {
+	// name is the focus's name in its record's file name; empty for a focus of one's
+	// own, which has no record.
+	name  string
+	focus string
+	// suiteTimeout is each e2e.test run's --ginkgo.timeout.
+	suiteTimeout     time.Duration
+	baseline, record bool
+}
+
+// planConformance reads TestConformance's environment (mode is $SHARDPROXY_CONFORMANCE,
+// not "off").
+func planConformance(mode string, baseline, record bool) (conformancePlan, error) {
+	// The full focus has two session-affinity timeout tests that each wait out a 125 s
+	// affinity timeout, maybe several times: 14 minutes timed the second out.
+	p := conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute, baseline: baseline || record, record: record}
+	switch mode {
+	case "":
+	case "full":
+		p.name, p.focus, p.suiteTimeout, p.baseline = "full", ServicesFocus, 30*time.Minute, true
+	default:
+		p.name, p.focus = "", mode
+	}
+	if p.record && p.name == "" {
+		return p, fmt.Errorf("$%s: a focus of one's own (%q) has no record to write", recordEnv, mode)
+	}
+	return p, nil
+}
+
+// timeout is TestConformance's context: each run's suite timeout, plus 10 minutes for
+// the overlay, the switch to kube-proxy and e2e.test's own setup and cleanup. The
+// package's `go test -timeout` must be longer: CI's 24 minutes, 38 with the baseline,
+// `make conformance`'s 70.
+func (p conformancePlan) timeout() time.Duration {
+	runs := time.Duration(1)
+	if p.baseline {
+		runs = 2
+	}
+	return runs*p.suiteTimeout + 10*time.Minute
+}
+
+// recordPath is the plan's record, per e2e.test version and focus.
+func (p conformancePlan) recordPath() string {
+	return filepath.Join("testdata", "conformance-"+controlplane.KubernetesVersion+"-"+p.name+".txt")
+}
+
+// TestConformance runs upstream's [sig-network] Services tests against the node with
+// shardproxy's DaemonSet (the replace overlay) as the node's only Service proxy, and,
+// when asked (baselineEnv, "full"), again with upstream kube-proxy v1.36.3 in nftables
+// mode instead. The verdict is absolute (e2ereport.Judge): every selected test passes
+// with shardproxy or skips itself with a reason (listed); the run selects exactly the
+// tests of the record (testdata) and of kube-proxy's run; kube-proxy's run, when there
+// is one, passes every test it runs (else the harness is at fault); e2e.test's exit
+// status agrees with its report.
 func TestConformance(t *testing.T) {
 	c := need(t)
 	mode := os.Getenv(conformanceEnv)
 	if mode == "off" {
 		t.Skipf("$%s=off", conformanceEnv)
 	}
-	// The full focus has two session-affinity timeout tests that each wait out a
-	// 125 s affinity timeout, maybe several times: 14 minutes timed the second out.
-	focus, suiteTimeout := ServicesConformanceFocus, 14*time.Minute
-	switch mode {
-	case "":
-	case "full":
-		focus, suiteTimeout = ServicesFocus, 30*time.Minute
-	default:
-		focus = mode
+	plan, err := planConformance(mode, os.Getenv(baselineEnv) != "", os.Getenv(recordEnv) != "")
+	if err != nil {
+		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*suiteTimeout+10*time.Minute)
+	sel := e2ereport.Selection{Version: controlplane.KubernetesVersion, Focus: plan.focus, Skip: ServicesSkip}
+	// The record is read before the minutes of running: without it (or kube-proxy's
+	// run) nothing would check which tests the run selected.
+	var record *e2ereport.Record
+	if plan.name != "" && !plan.record {
+		data, err := os.ReadFile(plan.recordPath())
+		switch {
+		case err == nil:
+			rec, err := e2ereport.ParseRecord(data)
+			if err != nil {
+				t.Fatalf("%s: %v", plan.recordPath(), err)
+			}
+			record = &rec
+		case errors.Is(err, fs.ErrNotExist) && plan.baseline:
+			t.Logf("no record %s: kube-proxy's run is the only reference ($%s=1 writes the record)", plan.recordPath(), recordEnv)
+		case errors.Is(err, fs.ErrNotExist):
+			t.Fatalf("no record %s of the tests e2e.test %s selects: $%s=1 writes it from a kube-proxy run", plan.recordPath(), sel.Version, recordEnv)
+		default:
+			t.Fatal(err)
+		}
+	}
+	if plan.name == "" && !plan.baseline {
+		t.Logf("a focus of one's own has no record: only kube-proxy's run ($%s=1) would check which tests it selects", baselineEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), plan.timeout())
 	defer cancel()
 	e2eTest := c.conformanceSetup(ctx, t)
 
@@ -57,45 +143,82 @@ func TestConformance(t *testing.T) {
 		APIServer: true, Config: conformanceConfig(t, c)})
 	fmt.Printf("cluster: replace-kube-proxy overlay (its example external IP range enabled) Ready in %v\n", took.Round(time.Millisecond))
 	start := time.Now()
-	withShardproxy, err := c.RunE2E(ctx, e2eTest, "shardproxy", focus, ServicesSkip, suiteTimeout)
+	withShardproxy, err := c.RunE2E(ctx, e2eTest, "shardproxy", plan.focus, ServicesSkip, plan.suiteTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
-	shardproxyTime := time.Since(start).Round(time.Second)
-	t.Logf("shardproxy: %s in %v", Totals(withShardproxy), shardproxyTime)
+	times := fmt.Sprintf("shardproxy %v", time.Since(start).Round(time.Second))
+	t.Logf("shardproxy: %s (e2e.test exit: %v)", e2ereport.Totals(withShardproxy.Report.Results), exitText(withShardproxy.Exit))
 
-	c.replaceWithKubeProxy(ctx, t)
-	start = time.Now()
-	withKubeProxy, err := c.RunE2E(ctx, e2eTest, "kube-proxy", focus, ServicesSkip, suiteTimeout)
-	if err != nil {
-		t.Fatal(err)
+	var baseline *e2ereport.Run
+	refName, ref := "no record", []e2ereport.Result(nil)
+	if record != nil {
+		refName, ref = "recorded", record.Tests
 	}
-	kubeProxyTime := time.Since(start).Round(time.Second)
-	t.Logf("kube-proxy: %s in %v", Totals(withKubeProxy), kubeProxyTime)
-	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (shardproxy %v, kube-proxy %v):\n", controlplane.KubernetesVersion, focus, ServicesSkip, shardproxyTime, kubeProxyTime)
-	for _, line := range strings.Split(strings.TrimSpace(CompareTable("shardproxy", withShardproxy, "kube-proxy", withKubeProxy)), "\n") {
+	if plan.baseline {
+		c.replaceWithKubeProxy(ctx, t)
+		start = time.Now()
+		run, err := c.RunE2E(ctx, e2eTest, "kube-proxy", plan.focus, ServicesSkip, plan.suiteTimeout)
+		if err != nil {
+			t.Fatalf("harness fault: kube-proxy's baseline run: %v", err)
+		}
+		baseline = &run
+		times += fmt.Sprintf(", kube-proxy %v", time.Since(start).Round(time.Second))
+		t.Logf("kube-proxy: %s (e2e.test exit: %v)", e2ereport.Totals(run.Report.Results), exitText(run.Exit))
+		refName, ref = "kube-proxy", run.Report.Results
+	}
+	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (%s):\n", sel.Version, plan.focus, ServicesSkip, times)
+	for _, line := range strings.Split(strings.TrimSpace(e2ereport.CompareTable("[sig-network] Services ", "shardproxy", withShardproxy.Report.Results, refName, ref)), "\n") {
 		fmt.Printf("cluster:   %s\n", line)
 	}
 
-	passedUpstream := map[string]bool{}
-	for _, r := range withKubeProxy {
-		passedUpstream[r.Name] = r.State == "passed"
+	v := e2ereport.Judge(sel, withShardproxy, baseline, record)
+	for _, s := range v.Skipped {
+		fmt.Printf("cluster:   skipped by e2e.test itself: %s\n", s)
 	}
-	for _, r := range withShardproxy {
-		if r.State != "passed" && r.State != "skipped" && passedUpstream[r.Name] {
-			t.Errorf("kube-proxy passes, shardproxy %s: %s: %s", r.State, r.Name, r.Failure)
-		}
+	for _, f := range v.Failures {
+		t.Errorf("shardproxy: %s", f)
 	}
-	if len(withShardproxy) == 0 {
-		t.Error("the focus selected no test")
+	for _, f := range v.HarnessFaults {
+		t.Errorf("harness fault: %s", f)
 	}
-	if mode == "" {
-		for _, name := range ciMustRun {
-			if !slices.ContainsFunc(withShardproxy, func(r E2EResult) bool { return strings.HasSuffix(r.Name, name) }) {
-				t.Errorf("the focus did not select %q", name)
+	selectionOK := len(v.HarnessFaults) == 0
+	if plan.name == "ci" {
+		for _, run := range []*e2ereport.Run{&withShardproxy, baseline} {
+			for _, name := range ciMustRun {
+				if run != nil && !slices.ContainsFunc(run.Report.Results, func(r e2ereport.Result) bool { return strings.HasSuffix(r.Name, name) }) {
+					t.Errorf("%s run: %q did not run: the focus must select it", run.Proxy, name)
+					selectionOK = false
+				}
 			}
 		}
 	}
+	if plan.record {
+		// A shardproxy failure does not stop the record (it is kube-proxy's); a harness
+		// fault or a selection short of ciMustRun does.
+		if !selectionOK {
+			t.Fatalf("not rewriting %s: see the harness faults above", plan.recordPath())
+		}
+		rec, err := e2ereport.NewRecord(sel, baseline.Report)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Dir(plan.recordPath()), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(plan.recordPath(), rec.Format(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("cluster: wrote %s (%d tests)\n", plan.recordPath(), len(rec.Tests))
+	}
+}
+
+// exitText describes e2e.test's exit status.
+func exitText(err error) string {
+	if err == nil {
+		return "0"
+	}
+	return err.Error()
 }
 
 // exampleTenant is the replace overlay's commented example of the ranges the default

@@ -12,7 +12,10 @@ import (
 // The reports in testdata are real Ginkgo v2.28.1 JSON reports (the Ginkgo e2e.test
 // v1.36.3 is built with) of a stand-in suite, recorded with their exit statuses by
 // testdata/standin/gen.sh: five [sig-network] Services tests the focus selects (one
-// skips itself: "Requires at least 2 nodes (not 1)"), two it leaves out.
+// skips itself: "Requires at least 2 nodes (not 1)"), two it leaves out. Beside them,
+// e2e-v1.36.3-ci.json is e2e.test's own report of CI's focus with kube-proxy on the
+// cluster layer's node (2026-11-28), trimmed: the captured output and events of each
+// spec, and all but three of the 7,562 specs the focus left out, removed.
 const (
 	basic      = "[sig-network] Services should serve a basic endpoint from pods [Conformance]"
 	affinity   = "[sig-network] Services should have session affinity timeout work for service with type clusterIP [LinuxOnly]"
@@ -99,6 +102,10 @@ func TestParse(t *testing.T) {
 		},
 		suiteFailures: []string{"Suite Timeout Elapsed"},
 	}, {
+		name:    "e2e-v1.36.3-ci",
+		willRun: 17,
+		want:    realCI,
+	}, {
 		name:          "suite-broken",
 		willRun:       5,
 		suiteFailures: []string{"SynchronizedBeforeSuite failed: error waiting for all pods to be running and ready: node-1 is not ready"},
@@ -125,6 +132,33 @@ func TestParse(t *testing.T) {
 		})
 	}
 }
+
+// realCI is what e2e.test v1.36.3 ran of CI's focus: every test passed.
+var realCI = func() []Result {
+	var rs []Result
+	for _, name := range []string{
+		"should be able to change the type from ClusterIP to ExternalName [Conformance]",
+		"should be able to change the type from ExternalName to ClusterIP [Conformance]",
+		"should be able to change the type from ExternalName to NodePort [Conformance]",
+		"should be able to change the type from NodePort to ExternalName [Conformance]",
+		"should be able to create a functioning NodePort service [Conformance]",
+		"should be able to switch session affinity for NodePort service [LinuxOnly] [Conformance]",
+		"should be able to switch session affinity for service with type clusterIP [LinuxOnly] [Conformance]",
+		"should be able to up and down services",
+		"should complete a service status lifecycle [Conformance]",
+		"should delete a collection of services [Conformance]",
+		"should find a service from listing all namespaces [Conformance]",
+		"should have session affinity work for NodePort service [LinuxOnly] [Conformance]",
+		"should have session affinity work for service with type clusterIP [LinuxOnly] [Conformance]",
+		"should implement service.kubernetes.io/service-proxy-name",
+		"should serve a basic endpoint from pods [Conformance]",
+		"should serve endpoints on same port and different protocols [Conformance]",
+		"should serve multiport endpoints from pods [Conformance]",
+	} {
+		rs = append(rs, Result{Name: "[sig-network] Services " + name, State: "passed"})
+	}
+	return rs
+}()
 
 func equalResults(a, b []Result) bool {
 	if len(a) != len(b) {
@@ -417,5 +451,32 @@ func TestCompareTable(t *testing.T) {
 		"shardproxy: 1 passed, 1 failed, 0 skipped; kube-proxy: 1 passed, 0 failed, 0 skipped\n"
 	if got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestRepositoryRecords parses the records TestConformance keeps (test/cluster/testdata),
+// and holds e2e.test's real report of CI's focus to the one of its version.
+func TestRepositoryRecords(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("..", "testdata", "conformance-*.txt"))
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("no record in ../testdata (%v)", err)
+	}
+	for _, path := range paths {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := ParseRecord(data)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		if filepath.Base(path) != "conformance-"+standinVer+"-ci.txt" {
+			continue
+		}
+		rep, exit := recorded(t, "e2e-v1.36.3-ci")
+		if v := Judge(rec.Selection, Run{Proxy: "shardproxy", Report: rep, Exit: exit}, nil, &rec); !v.OK() {
+			t.Errorf("e2e.test's report of CI's focus against %s:\n%s", path, strings.Join(append(v.Failures, v.HarnessFaults...), "\n"))
+		}
 	}
 }
