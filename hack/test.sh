@@ -131,9 +131,13 @@ fi
 
 source "${root}/hack/layers.sh"
 
-golayer unit 10m 8m 2 ${unit}
+# The unit and integration layers run under the race detector: the dispatcher,
+# supervisor, health servers and conntrack sweeper are concurrent (on this 2-core machine
+# -race adds ~45 s to the two with a warm build cache; the kernel layer's tables package
+# alone would take 3+ minutes under it, so that layer runs without).
+golayer unit 10m 8m 2 -race -- ${unit}
 golayer real-kernel 10m 8m 2 ${kernel}
-golayer integration 8m 6m 2 ${integration}
+golayer integration 8m 6m 2 -race -- ${integration}
 # The e2e packages run one at a time: their scenarios count failed connections during
 # restarts and handovers, and two environments on two cores would skew the timing.
 golayer e2e 16m 12m 1 ${e2e}
