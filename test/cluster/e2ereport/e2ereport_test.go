@@ -85,7 +85,7 @@ func TestParse(t *testing.T) {
 		name:    "one-failed",
 		willRun: 5,
 		want: []Result{
-			{Name: upDown, State: "failed", Message: "service is not reachable within 2m0s timeout on endpoint 10.96.12.7:80 over TCP protocol"},
+			{Name: upDown, State: "failed", Message: "service is not reachable within 2m0s timeout on endpoint 10.96.12.7:80 over TCP protocol more detail"},
 			{Name: fallback, State: "skipped", Message: twoNodes},
 			{Name: affinity, State: "passed"},
 			{Name: proxyName, State: "passed"},
@@ -477,6 +477,19 @@ func TestRepositoryRecords(t *testing.T) {
 		rep, exit := recorded(t, "e2e-v1.36.3-ci")
 		if v := Judge(rec.Selection, Run{Proxy: "shardproxy", Report: rep, Exit: exit}, nil, &rec); !v.OK() {
 			t.Errorf("e2e.test's report of CI's focus against %s:\n%s", path, strings.Join(append(v.Failures, v.HarnessFaults...), "\n"))
+		}
+	}
+}
+
+func TestSummary(t *testing.T) {
+	long := strings.Repeat("x", 400)
+	for _, tc := range []struct{ in, want string }{
+		{"Timed out after 300.000s.\nexpected pod to be running\n  <*v1.Pod>: ...", "Timed out after 300.000s. expected pod to be running"},
+		{"\n  one line  \n\n", "one line"},
+		{long, long[:300] + "..."},
+	} {
+		if got := summary(tc.in); got != tc.want {
+			t.Errorf("summary(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

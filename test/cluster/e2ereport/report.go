@@ -22,7 +22,8 @@ type Result struct {
 	// aborted.
 	State    string
 	Duration time.Duration
-	// Message is the first line of the failure, or the reason the test skipped itself.
+	// Message is the start of the failure message, or the reason the test skipped
+	// itself.
 	Message string
 }
 
@@ -89,7 +90,7 @@ func Parse(data []byte) (Report, error) {
 		out.WillRun += s.PreRunStats.SpecsThatWillRun
 		out.SuiteFailures = append(out.SuiteFailures, s.SpecialSuiteFailureReasons...)
 		for _, r := range s.SpecReports {
-			msg := firstLine(r.Failure.Message)
+			msg := summary(r.Failure.Message)
 			if r.LeafNodeType != "It" {
 				// Suite-level nodes: only their failures matter.
 				if r.State != "passed" && r.State != "skipped" && r.State != "" {
@@ -112,10 +113,18 @@ func Parse(data []byte) (Report, error) {
 	return out, nil
 }
 
-func firstLine(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = strings.TrimSpace(s[:i])
+// summary is the start of a failure message: its first two non-empty lines (Gomega's
+// first is often only "Timed out after 300.000s."), at most 300 bytes.
+func summary(s string) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && len(lines) < 2 {
+			lines = append(lines, l)
+		}
+	}
+	s = strings.Join(lines, " ")
+	if len(s) > 300 {
+		s = strings.ToValidUTF8(s[:300], "") + "..."
 	}
 	return s
 }
