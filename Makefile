@@ -48,7 +48,7 @@ image:
 # CoreDNS) on a throwaway control plane running deploy/'s overlays with the image built
 # from the repository, then torn down. Root only.
 cluster: deps
-	$(GO) test -count=1 -timeout 30m -v ./test/cluster
+	$(GO) test -count=1 -timeout 40m -v ./test/cluster
 
 # conformance runs every single-node [sig-network] Services test of upstream's e2e.test
 # v1.36.3 (built from the same module) on the cluster layer's node, once with shardproxy as
