@@ -149,16 +149,7 @@ func Totals(rs []Result) string {
 // line (without prefix), with each side's totals last. A test one side lacks shows "-".
 func CompareTable(prefix, aName string, a []Result, bName string, b []Result) string {
 	am, bm := byName(a), byName(b)
-	var names []string
-	for n := range am {
-		names = append(names, n)
-	}
-	for n := range bm {
-		if _, ok := am[n]; !ok {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
+	names := union(am, bm)
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%-12s %-12s test\n", aName, bName)
 	cell := func(r Result, ok bool) string {
