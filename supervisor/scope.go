@@ -83,6 +83,12 @@ type getFunc func(ctx context.Context, namespace, name, rv string) (metav1.Objec
 // (the second watch's event follows, at a version already delivered), so a handover
 // between a shadow and an owner never falls into a gap. The read costs one GET per
 // object leaving the node's scope, from the apiserver's watch cache.
+//
+// The read runs on the merger's own goroutine (run), never in a watch's handler or
+// under its lock: one watch carries every tenant's Services, and a tenant deleting or
+// unlabelling many of its own must not hold the others' events behind its reads (the
+// client's rate limit makes each wait). Until its read answers, an object that left
+// stays held, with no watch.
 type merger struct {
 	what      string
 	selectors []labels.Selector
@@ -94,6 +100,11 @@ type merger struct {
 	// held are the objects some watch holds: which watches, and the newest version
 	// delivered.
 	held map[string]*heldObject
+	// leaving are the objects that left every watch and wait for run's read, by key,
+	// as the watch delivered them; leaveOrder is the order they left in.
+	leaving    map[string]any
+	leaveOrder []string
+	wake       chan struct{} // run has leaving objects to read
 }
 
 type heldObject struct {
@@ -102,7 +113,8 @@ type heldObject struct {
 }
 
 func newMerger(what string, selectors []string, get getFunc, changed, deleted func(any)) (*merger, error) {
-	m := &merger{what: what, get: get, changed: changed, deleted: deleted, held: map[string]*heldObject{}}
+	m := &merger{what: what, get: get, changed: changed, deleted: deleted, held: map[string]*heldObject{},
+		leaving: map[string]any{}, wake: make(chan struct{}, 1)}
 	for _, s := range selectors {
 		sel, err := labels.Parse(s)
 		if err != nil {
@@ -170,7 +182,56 @@ func (m *merger) onDelete(i int, obj any) {
 	if h.by != 0 {
 		return // another watch holds it: its events carry it on
 	}
-	if cur := m.stillInScope(o); cur != nil {
+	if _, queued := m.leaving[key]; !queued {
+		m.leaveOrder = append(m.leaveOrder, key)
+	}
+	m.leaving[key] = obj
+	select {
+	case m.wake <- struct{}{}:
+	default: // run is already woken
+	}
+}
+
+// run confirms, one at a time and in order, that the objects which left every watch
+// left the node's scope, until ctx ends.
+func (m *merger) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+		}
+		for {
+			m.mu.Lock()
+			if len(m.leaveOrder) == 0 {
+				m.mu.Unlock()
+				break
+			}
+			key := m.leaveOrder[0]
+			m.leaveOrder = m.leaveOrder[1:]
+			obj := m.leaving[key]
+			delete(m.leaving, key)
+			m.mu.Unlock()
+			m.confirmLeave(ctx, key, obj)
+		}
+	}
+}
+
+// confirmLeave reads an object that left every watch (outside the lock) and delivers
+// the outcome unless a watch took it back, or it left again, meanwhile.
+func (m *merger) confirmLeave(ctx context.Context, key string, obj any) {
+	o, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	cur := m.stillInScope(ctx, o)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	h := m.held[key]
+	if _, again := m.leaving[key]; h == nil || h.by != 0 || again {
+		return // held again (its events carry it on), or a newer leave waits its turn
+	}
+	if cur != nil {
 		if rv := resourceVersion(cur); rv == 0 || rv > h.rv {
 			h.rv = rv
 			m.changed(cur)
@@ -183,12 +244,12 @@ func (m *merger) onDelete(i int, obj any) {
 
 // stillInScope reads an object that left a watch: the current version if it exists and
 // another watch will receive it, else nil. A single watch needs no read.
-func (m *merger) stillInScope(o metav1.Object) metav1.Object {
+func (m *merger) stillInScope(ctx context.Context, o metav1.Object) metav1.Object {
 	if len(m.selectors) < 2 {
 		return nil
 	}
-	// Bounded: the watch's handler (and so this resource's events) waits for the read.
-	ctx, cancel := context.WithTimeout(context.Background(), leaveReadTimeout)
+	// Bounded: the objects that left after this one wait for the read.
+	ctx, cancel := context.WithTimeout(ctx, leaveReadTimeout)
 	defer cancel()
 	cur, err := m.get(ctx, o.GetNamespace(), o.GetName(), o.GetResourceVersion())
 	if err != nil && !apierrors.IsNotFound(err) {

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
@@ -185,32 +187,40 @@ func TestMergerJoinsOverlappingWatches(t *testing.T) {
 		want: []string{"changed web@5", "changed web@7", "deleted web@8"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			rec := &mergerRecorder{}
-			get := func(_ context.Context, ns, name, rv string) (metav1.Object, error) {
-				if tc.current == nil {
-					return nil, nil
+			synctest.Test(t, func(t *testing.T) {
+				rec := &mergerRecorder{}
+				get := func(_ context.Context, ns, name, rv string) (metav1.Object, error) {
+					if tc.current == nil {
+						return nil, nil
+					}
+					return tc.current, nil
 				}
-				return tc.current, nil
-			}
-			m, err := newMerger("Services", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), get,
-				func(o any) { rec.add("changed", o) }, func(o any) { rec.add("deleted", o) })
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, s := range tc.steps {
-				h := m.handlers(s.watch)
-				if s.delete {
-					h.OnDelete(s.obj)
-				} else {
-					h.OnAdd(s.obj, false)
+				m, err := newMerger("Services", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), get,
+					func(o any) { rec.add("changed", o) }, func(o any) { rec.add("deleted", o) })
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			if !slices.Equal(rec.events, tc.want) {
-				t.Errorf("delivered %q, want %q", rec.events, tc.want)
-			}
-			if tc.want[len(tc.want)-1][:7] == "deleted" && len(m.held) != 0 {
-				t.Errorf("the merger still holds %v", m.held)
-			}
+				go m.run(t.Context())
+				for _, s := range tc.steps {
+					h := m.handlers(s.watch)
+					if s.delete {
+						h.OnDelete(s.obj)
+					} else {
+						h.OnAdd(s.obj, false)
+					}
+					synctest.Wait() // the leave's read answered, as when the watches are slower than it
+				}
+				rec.mu.Lock()
+				defer rec.mu.Unlock()
+				if !slices.Equal(rec.events, tc.want) {
+					t.Errorf("%s: delivered %q, want %q", tc.name, rec.events, tc.want)
+				}
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				if tc.want[len(tc.want)-1][:7] == "deleted" && len(m.held) != 0 {
+					t.Errorf("%s: the merger still holds %v", tc.name, m.held)
+				}
+			})
 		})
 	}
 }
@@ -247,4 +257,71 @@ func TestSlicesOfJoinsWatches(t *testing.T) {
 	if want := map[string]string{"web-1": "7", "web-2": "5", "web-3": "9"}; !maps.Equal(got, want) {
 		t.Errorf("SlicesOf = %v, want %v", got, want)
 	}
+}
+
+// TestMergerLeaveReadsDoNotHoldOtherEvents: a tenant deleting 60 of its Services makes
+// 60 reads through the client's real rate limiter (QPS 5, burst 10: 10 s of waiting),
+// and another tenant's change on the same watch is still delivered at once, while the
+// reads wait; the deletions are all delivered when their reads answer. (In a synctest
+// bubble: the limiter's waits pass on the bubble's clock.)
+func TestMergerLeaveReadsDoNotHoldOtherEvents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		limiter := flowcontrol.NewTokenBucketRateLimiter(5, 10)
+		get := func(ctx context.Context, ns, name, rv string) (metav1.Object, error) {
+			if err := limiter.Wait(ctx); err != nil {
+				return nil, err
+			}
+			return nil, nil // gone
+		}
+		start := time.Now()
+		var mu sync.Mutex
+		delivered := map[string]time.Duration{}
+		note := func(kind string) func(any) {
+			return func(o any) {
+				mu.Lock()
+				defer mu.Unlock()
+				delivered[kind+" "+o.(*corev1.Service).Name] = time.Since(start)
+			}
+		}
+		m, err := newMerger("Services", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a", "team-b"}}}, true), get,
+			note("changed"), note("deleted"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go m.run(t.Context())
+		owned := func(name, team, rv string) *corev1.Service {
+			return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, ResourceVersion: rv,
+				Labels: map[string]string{selector.LabelServiceProxyName: team}}}
+		}
+		watch := m.handlers(0) // the owners' watch carries both tenants
+		for i := range 60 {
+			watch.OnAdd(owned(fmt.Sprintf("a-%d", i), "team-a", "1"), false)
+		}
+		for i := range 60 {
+			watch.OnDelete(owned(fmt.Sprintf("a-%d", i), "team-a", "2"))
+		}
+		watch.OnAdd(owned("b", "team-b", "3"), false)
+		mu.Lock()
+		took, ok := delivered["changed b"]
+		mu.Unlock()
+		if !ok || took != 0 {
+			t.Errorf("team-b's change delivered after %v (delivered: %v), want at once", took, ok)
+		}
+		time.Sleep(time.Minute) // the bubble's clock: the reads' limiter waits pass
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		var last time.Duration
+		for i := range 60 {
+			d, ok := delivered[fmt.Sprintf("deleted a-%d", i)]
+			if !ok {
+				t.Fatalf("a-%d never deleted", i)
+			}
+			last = max(last, d)
+		}
+		// (60-10)/5 s: the limiter really made the reads wait.
+		if last < 9*time.Second {
+			t.Errorf("the last deletion came after %v, want the limiter's ~10s", last)
+		}
+	})
 }

@@ -67,6 +67,9 @@ type Watches struct {
 	// handlers are Connect's event handlers: Start waits until each has been given the
 	// whole initial list, not only until the caches hold it.
 	handlers []cache.ResourceEventHandlerRegistration
+	// mergers join the watches of a resource when there are several; Start runs their
+	// reads of objects leaving every watch.
+	mergers []*merger
 }
 
 // NewWatches creates the informers (nothing runs before Start) for the Services and
@@ -476,6 +479,7 @@ func (w *Watches) resourceHandlers(what string, get getFunc, changed, deleted fu
 	if err != nil {
 		return nil, fmt.Errorf("watching %s: %w", what, err)
 	}
+	w.mergers = append(w.mergers, m)
 	var out []cache.ResourceEventHandlerFuncs
 	for i := range w.scope {
 		out = append(out, m.handlers(i))
@@ -510,6 +514,9 @@ func (w *Watches) getSlice(ctx context.Context, namespace, name, rv string) (met
 // an informer's own HasSynced says only that its cache is full, while the handlers may
 // still be thousands of events behind).
 func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
+	for _, m := range w.mergers {
+		go m.run(ctx)
+	}
 	for _, f := range w.factories {
 		f.Start(ctx.Done())
 	}
