@@ -157,7 +157,7 @@ if ! skipped soak; then
 	out="$(mktemp)"
 	SOAK_DURATION="${soak_ci_duration}" timeout --kill-after=1m 8m hack/soak.sh 2>&1 | tee "${out}" | grep -E '^SOAK|fault|checkpoint|soak: (seed|could not)'
 	status=${PIPESTATUS[0]}
-	detail="$(grep -E '^SOAK (checkpoints|steady connections|full syncs|faults):' "${out}" | sed 's/^SOAK //' | tr '\n' ';')"
+	detail="$(grep -E '^SOAK (checkpoints|steady connections|full syncs|faults injected):' "${out}" | sed 's/^SOAK //' | tr '\n' ';')"
 	if [[ ${status} -eq 0 ]] && grep -q '^SOAK checkpoints:' "${out}"; then
 		summary+=("LAYER soak         ok: ${detail} $(($(date +%s) - start))s")
 	else
