@@ -266,6 +266,55 @@ func TestSyncReportsProgrammingLatency(t *testing.T) {
 	}
 }
 
+// TestSyncLatencyOfWrittenTriggers: the latency a sync reports for an endpoint change
+// is measured from a trigger time held between when the slice's previous version and
+// this one were seen, whatever its writer put in the annotation.
+func TestSyncLatencyOfWrittenTriggers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		trigger time.Duration // from when the change is seen, 10 minutes after the previous version
+		want    []time.Duration
+	}{
+		{name: "an honest trigger before the change was seen", trigger: -2 * time.Second, want: []time.Duration{2500 * time.Millisecond}},
+		{name: "a trigger in the future counts from when the change was seen", trigger: time.Hour, want: []time.Duration{500 * time.Millisecond}},
+		{name: "a trigger years ahead is no negative latency", trigger: 100 * 365 * 24 * time.Hour, want: []time.Duration{500 * time.Millisecond}},
+		{name: "a trigger between the previous version and this one", trigger: -5 * time.Minute, want: []time.Duration{5*time.Minute + 500*time.Millisecond}},
+		{name: "a trigger older than the previous version, newer than the Service, is not counted", trigger: -10*time.Minute - 500*time.Millisecond},
+		{name: "a trigger older than the Service is not counted", trigger: -time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := testutil.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+			nft := knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
+			p, err := New(Options{
+				Name: "test", Tables: tables.Config{TablePrefix: "shardproxy", MasqueradeBit: 14},
+				Families: []tables.Family{tables.IPv4},
+				NFT:      func(tables.Family, string) (knftables.Interface, error) { return nft, nil },
+				Node:     thisNode(), Clock: clock,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			p.UpdateService(service())
+			clock.Step(time.Second)
+			p.UpdateEndpointSlice(triggered(v4Slice("web-1", ep("10.244.1.5", thisNodeName)), "2", clock.Now()))
+			if _, err := p.Sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			clock.Step(10 * time.Minute)
+			p.UpdateEndpointSlice(triggered(v4Slice("web-1", ep("10.244.1.6", thisNodeName)), "3", clock.Now().Add(tc.trigger)))
+			clock.Step(500 * time.Millisecond)
+			res, err := p.Sync(ctx, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := res.ProgrammingLatencies[tables.IPv4]; !slices.Equal(got, tc.want) {
+				t.Errorf("latencies %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestRunRetriesAfterBackoff checks a failed sync is retried once its backoff runs out
 // although the table check (and changes) keep waking the loop more often than that.
 func TestRunRetriesAfterBackoff(t *testing.T) {

@@ -28,8 +28,9 @@ type Tracker struct {
 	// seen yet are kept, so it gets its endpoints on arrival.
 	slices map[types.NamespacedName][]*discoveryv1.EndpointSlice
 	// sliceOwner maps a slice's namespace/name to the Service it is filed under, so a
-	// delete (whose object may be a stale tombstone) or a relabel finds the old entry.
-	sliceOwner map[types.NamespacedName]types.NamespacedName
+	// delete (whose object may be a stale tombstone) or a relabel finds the old entry,
+	// and to when its current version was seen (recordTrigger).
+	sliceOwner map[types.NamespacedName]sliceEntry
 	dirty      map[types.NamespacedName]struct{}
 
 	// now is the clock; since records when each Service was first tracked, and triggers
@@ -48,7 +49,7 @@ func NewTracker(node NodeInfo) *Tracker {
 	t := &Tracker{
 		services:   map[types.NamespacedName]*corev1.Service{},
 		slices:     map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
-		sliceOwner: map[types.NamespacedName]types.NamespacedName{},
+		sliceOwner: map[types.NamespacedName]sliceEntry{},
 		dirty:      map[types.NamespacedName]struct{}{},
 		now:        time.Now,
 		since:      map[types.NamespacedName]time.Time{},
@@ -58,7 +59,14 @@ func NewTracker(node NodeInfo) *Tracker {
 	return t
 }
 
-// SetClock replaces the clock used to timestamp when Services are first tracked.
+// sliceEntry is where a slice is filed and when this Tracker saw its current version.
+type sliceEntry struct {
+	owner types.NamespacedName
+	seen  time.Time
+}
+
+// SetClock replaces the clock used to timestamp when Services are first tracked and when
+// slice changes are seen.
 func (t *Tracker) SetClock(now func() time.Time) { t.now = now }
 
 // UpdateService adds or updates a Service.
@@ -125,7 +133,7 @@ func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
 	}
 	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
 	owner, labelled := selector.ServiceOf(slice)
-	if old, ok := t.sliceOwner[key]; ok && (!labelled || old != owner) {
+	if old, ok := t.sliceOwner[key]; ok && (!labelled || old.owner != owner) {
 		t.removeSlice(key)
 	}
 	if !labelled {
@@ -138,11 +146,13 @@ func (t *Tracker) UpdateEndpointSlice(slice *discoveryv1.EndpointSlice) {
 	} else {
 		t.slices[owner] = append(list, slice)
 	}
-	t.sliceOwner[key] = owner
 	if prev != nil && sameVersion(prev.ResourceVersion, slice.ResourceVersion) {
-		return
+		return // filed already, and seen when it was new
 	}
-	t.recordTrigger(owner, slice)
+	last := t.sliceOwner[key].seen // zero for a slice new to this Service
+	now := t.now()
+	t.sliceOwner[key] = sliceEntry{owner: owner, seen: now}
+	t.recordTrigger(owner, slice, last, now)
 	t.markDirty(owner)
 }
 
@@ -153,8 +163,8 @@ func (t *Tracker) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
 		return
 	}
 	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
-	if owner, ok := t.sliceOwner[key]; ok {
-		t.recordTrigger(owner, slice)
+	if e, ok := t.sliceOwner[key]; ok {
+		t.recordTrigger(e.owner, slice, e.seen, t.now())
 	}
 	t.removeSlice(key)
 }
@@ -164,7 +174,24 @@ func (t *Tracker) DeleteEndpointSlice(slice *discoveryv1.EndpointSlice) {
 // time from before the Service was first tracked (the initial list, a Service handed over
 // from another instance, a new Service's first slice) would measure how long we were not
 // watching, not how long programming took.
-func (t *Tracker) recordTrigger(owner types.NamespacedName, slice *discoveryv1.EndpointSlice) {
+//
+// Whoever may write EndpointSlices writes the annotation, a tenant's own controller too,
+// so the time is held to what the event itself shows, on this Tracker's clock:
+//   - not after seen, when the change reached us: a change cannot have been triggered
+//     after we saw it, and a time in the future (or a skewed clock) would make the
+//     latency negative. Such a time counts as seen: the latency is then our own part.
+//   - after last, when we saw the slice's previous version (or since, for a slice new to
+//     the Service): the EndpointSlice controller writes the first change its previous
+//     version did not hold, so an older time is not this version's trigger but a stale
+//     or forged one (a delete's tombstone carries the last update's, already counted),
+//     and counting it would add all the time the slice sat unchanged. It is left out, as
+//     a time before since is. (An honest change made between the controller's write of
+//     the previous version and our seeing it is left out too: that gap is the watch
+//     delay, milliseconds.)
+//
+// What a writer can still claim is any time between the previous version and this one:
+// at most the time its slice sat unchanged, never a negative latency or the time before.
+func (t *Tracker) recordTrigger(owner types.NamespacedName, slice *discoveryv1.EndpointSlice, last, seen time.Time) {
 	since, ok := t.since[owner]
 	if !ok {
 		return
@@ -174,8 +201,11 @@ func (t *Tracker) recordTrigger(owner types.NamespacedName, slice *discoveryv1.E
 		return
 	}
 	at, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil || !at.After(since) {
+	if err != nil || !at.After(since) || !at.After(last) {
 		return
+	}
+	if at.After(seen) {
+		at = seen
 	}
 	// Each family's endpoints come from the slices of its address type, so a change is
 	// programmed in that family's tables only (as upstream's per-family proxiers see it).
@@ -207,10 +237,11 @@ func (t *Tracker) TakeTriggerTimes() []Trigger {
 
 // removeSlice drops a slice from the Service it is filed under.
 func (t *Tracker) removeSlice(key types.NamespacedName) {
-	owner, ok := t.sliceOwner[key]
+	e, ok := t.sliceOwner[key]
 	if !ok {
 		return
 	}
+	owner := e.owner
 	delete(t.sliceOwner, key)
 	list := t.slices[owner]
 	if i := sliceIndex(list, key.Name); i >= 0 {

@@ -379,57 +379,129 @@ func triggered(slice *discoveryv1.EndpointSlice, rv string, at time.Time) *disco
 }
 
 // TestTrackerTriggerTimes checks which slice changes count toward the network
-// programming latency: changes after the Service was first tracked, once each.
+// programming latency, and with what time: changes after the Service was first tracked
+// and after the slice's previous version was seen, once each, never later than the
+// change was seen (the annotation is whatever the slice's writer put there).
 func TestTrackerTriggerTimes(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	sec := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Second) }
 	tests := []struct {
 		name string
-		do   func(tr *Tracker)
+		// do feeds the Tracker; at sets the clock (the Service was tracked at sec(0)).
+		do   func(tr *Tracker, at func(int))
 		want []Trigger
 	}{{
 		name: "an endpoint change after the Service was tracked counts",
-		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5))) },
-		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
-	}, {
-		name: "a trigger from before the Service was tracked does not (initial list, handover)",
-		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(-5))) },
-	}, {
-		name: "the same version twice counts once",
-		do: func(tr *Tracker) {
-			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
 			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
 		},
 		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
 	}, {
-		name: "a deleted slice counts with its last trigger time",
-		do: func(tr *Tracker) {
+		name: "a trigger from before the Service was tracked does not (initial list, handover)",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(-5)))
+		},
+	}, {
+		name: "the same version twice counts once",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+			at(7)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
+	}, {
+		name: "a deleted slice with a change newer than the version seen counts with it",
+		do: func(tr *Tracker, at func(int)) {
+			at(3)
 			tr.UpdateEndpointSlice(v4Slice("web-1"))
+			at(8)
 			tr.DeleteEndpointSlice(triggered(v4Slice("web-1"), "3", sec(7)))
 		},
 		want: []Trigger{{Family: tables.IPv4, At: sec(7)}},
 	}, {
+		name: "a deleted slice's tombstone does not count its last update's trigger again",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+			at(3600)
+			tr.DeleteEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
+	}, {
 		name: "an IPv6 slice's change is an IPv6 trigger",
-		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(triggered(v6Slice("web-6"), "2", sec(6))) },
+		do: func(tr *Tracker, at func(int)) {
+			at(7)
+			tr.UpdateEndpointSlice(triggered(v6Slice("web-6"), "2", sec(6)))
+		},
 		want: []Trigger{{Family: tables.IPv6, At: sec(6)}},
 	}, {
 		name: "a slice of a Service not tracked does not count",
-		do:   func(tr *Tracker) { tr.UpdateEndpointSlice(labelled(triggered(v4Slice("x-1"), "2", sec(5)), "unknown")) },
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(labelled(triggered(v4Slice("x-1"), "2", sec(5)), "unknown"))
+		},
 	}, {
 		name: "a malformed or missing annotation does not count",
-		do: func(tr *Tracker) {
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
 			s := v4Slice("web-1")
 			s.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "yesterday"}
 			tr.UpdateEndpointSlice(s)
 			tr.UpdateEndpointSlice(v4Slice("web-2"))
 		},
+	}, {
+		name: "a trigger after the change was seen counts as seen",
+		do: func(tr *Tracker, at func(int)) {
+			at(10)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(11)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(10)}},
+	}, {
+		name: "a trigger in the far future counts as seen",
+		do: func(tr *Tracker, at func(int)) {
+			at(10)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(10)}},
+	}, {
+		name: "a trigger from before the slice's previous version was seen does not count",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+			at(86400) // a day unchanged, then a version whose trigger claims the old time
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "3", sec(6)))
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "4", sec(1)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}},
+	}, {
+		name: "a trigger between the previous version and this one counts",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "2", sec(5)))
+			at(60)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "3", sec(50)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(5)}, {Family: tables.IPv4, At: sec(50)}},
+	}, {
+		name: "a slice moved to this Service from another is new to it",
+		do: func(tr *Tracker, at func(int)) {
+			at(6)
+			tr.UpdateEndpointSlice(labelled(triggered(v4Slice("web-1"), "2", sec(5)), "other"))
+			at(60)
+			tr.UpdateEndpointSlice(triggered(v4Slice("web-1"), "3", sec(2)))
+		},
+		want: []Trigger{{Family: tables.IPv4, At: sec(2)}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			now := t0
 			tr := NewTracker(thisNode())
-			tr.SetClock(func() time.Time { return t0 })
+			tr.SetClock(func() time.Time { return now })
 			tr.UpdateService(service())
-			tc.do(tr)
+			tc.do(tr, func(n int) { now = sec(n) })
 			if diff := cmp.Diff(tc.want, tr.TakeTriggerTimes()); diff != "" {
 				t.Errorf("TakeTriggerTimes (-want +got):\n%s", diff)
 			}
