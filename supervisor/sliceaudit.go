@@ -1,9 +1,11 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,15 +23,27 @@ import (
 // and such a node then serves the Service as if it had no endpoints, with nothing to say
 // why. The audit finds those Services: one held without any slice for sliceAuditGrace,
 // plus a spread of up to sliceAuditSpread that differs per node and Service (so that the
-// nodes of a large cluster do not all ask at once), is asked about once per version of
-// the Service: one LIST of its slices by kubernetes.io/service-name, whatever else they
-// carry, from the API server's watch cache. If there are any, the node logs it and
-// records a Warning event on the Service naming the label they lack. The grace is long
-// enough for the controller to copy a relabelled Service's labels during a migration.
+// nodes of a large cluster do not all ask at once), is asked about with one LIST of its
+// slices by kubernetes.io/service-name, whatever else they carry, from the API server's
+// watch cache. If there are any, the node logs it and records a Warning event on the
+// Service naming the label they lack. The grace is long enough for the controller to copy
+// a relabelled Service's labels during a migration.
+//
+// A Service is asked about again when it changes (new labels may be the reason), but its
+// writer decides how often that is, and every scoped node of the cluster asks. So the
+// asking is bounded whatever tenants write: a node asks about one Service at most once
+// per sliceAuditRecheck (plus its spread), however many versions it went through, and
+// at most sliceAuditBudget times per check in all, the Services that have waited longest
+// first. One node thus makes at most sliceAuditBudget LISTs per sliceAuditEvery (well
+// inside the client's shared rate limit, so the audit never holds up the supervisor's
+// other calls), and a cluster of N nodes at most N per sliceAuditRecheck about any one
+// Service, where it made N per version.
 const (
 	sliceAuditEvery   = 15 * time.Second
 	sliceAuditGrace   = time.Minute
 	sliceAuditSpread  = time.Minute
+	sliceAuditRecheck = 10 * time.Minute
+	sliceAuditBudget  = 4
 	sliceAuditTimeout = 10 * time.Second
 )
 
@@ -45,19 +59,32 @@ type sliceAudit struct {
 	// node spreads the nodes' requests (sliceAuditSpread).
 	node string
 	// bare holds since when each Service has been held without a slice; asked the
-	// version of the Service the API server was asked about.
+	// version of the Service the API server was last asked about, and when.
 	bare  map[types.NamespacedName]time.Time
-	asked map[types.NamespacedName]string
+	asked map[types.NamespacedName]auditAnswer
+}
+
+// auditAnswer is the version of a Service the API server answered about, and when.
+type auditAnswer struct {
+	version string
+	at      time.Time
 }
 
 func newSliceAudit(node string, count func(context.Context, string, string) (int, error), warn func(*corev1.Service, int)) *sliceAudit {
 	return &sliceAudit{count: count, warn: warn, node: node,
-		bare: map[types.NamespacedName]time.Time{}, asked: map[types.NamespacedName]string{}}
+		bare: map[types.NamespacedName]time.Time{}, asked: map[types.NamespacedName]auditAnswer{}}
 }
 
 // check looks at the Services the node holds at now; hasSlices tells whether it holds a
-// slice of one. A failed request is tried again at the next check.
+// slice of one. It asks about at most sliceAuditBudget of the Services due, those due
+// longest first; the others, and a failed request, wait for the next check.
 func (a *sliceAudit) check(ctx context.Context, now time.Time, held []*corev1.Service, hasSlices func(namespace, name string) bool) {
+	type due struct {
+		svc  *corev1.Service
+		name types.NamespacedName
+		at   time.Time
+	}
+	var queue []due
 	seen := map[types.NamespacedName]bool{}
 	for _, svc := range held {
 		name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
@@ -70,22 +97,37 @@ func (a *sliceAudit) check(ctx context.Context, now time.Time, held []*corev1.Se
 			a.bare[name] = now
 			continue
 		}
-		if v, ok := a.asked[name]; ok && v == svc.ResourceVersion || now.Sub(since) < sliceAuditGrace+a.spread(name) {
+		at := since.Add(sliceAuditGrace + a.spread(name))
+		if last, ok := a.asked[name]; ok {
+			if last.version == svc.ResourceVersion {
+				continue
+			}
+			if again := last.at.Add(sliceAuditRecheck + a.spread(name)); again.After(at) {
+				at = again
+			}
+		}
+		if now.Before(at) {
 			continue
 		}
-		n, err := a.count(ctx, svc.Namespace, svc.Name)
-		if err != nil {
-			continue
-		}
-		a.asked[name] = svc.ResourceVersion
-		if n > 0 {
-			a.warn(svc, n)
-		}
+		queue = append(queue, due{svc: svc, name: name, at: at})
 	}
 	for name := range a.bare {
 		if !seen[name] {
 			delete(a.bare, name)
 			delete(a.asked, name)
+		}
+	}
+	slices.SortFunc(queue, func(x, y due) int {
+		return cmp.Or(x.at.Compare(y.at), cmp.Compare(x.name.Namespace, y.name.Namespace), cmp.Compare(x.name.Name, y.name.Name))
+	})
+	for _, d := range queue[:min(len(queue), sliceAuditBudget)] {
+		n, err := a.count(ctx, d.svc.Namespace, d.svc.Name)
+		if err != nil {
+			continue
+		}
+		a.asked[d.name] = auditAnswer{version: d.svc.ResourceVersion, at: now}
+		if n > 0 {
+			a.warn(d.svc, n)
 		}
 	}
 }

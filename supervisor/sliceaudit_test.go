@@ -3,8 +3,10 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -15,7 +17,8 @@ import (
 )
 
 // TestSliceAudit: a Service held without a slice past the grace (and this node's
-// spread) is asked about once per version, and warned about when the API server has
+// spread) is asked about once per version (no sooner than the recheck after the last
+// answer), and warned about when the API server has
 // slices of it (which the node's scoped watch does not see); not one whose slices the
 // node holds, a headless or ExternalName one, nor one whose slices do not exist; a
 // failed request is tried again; a Service that leaves and comes back bare starts anew.
@@ -57,6 +60,7 @@ func TestSliceAudit(t *testing.T) {
 	hasSlices := func(_, name string) bool { return name == "web" }
 
 	past := sliceAuditGrace + sliceAuditSpread // every Service's spread is below it
+	again := past + sliceAuditRecheck + sliceAuditSpread
 	t0 := time.Unix(1_000_000, 0)
 	for _, step := range []struct {
 		at                    time.Duration
@@ -68,16 +72,80 @@ func TestSliceAudit(t *testing.T) {
 		{past, all, []string{"db", "empty", "flaky", "unversioned"}, []string{"db"}},
 		{past + sliceAuditEvery, all, []string{"flaky"}, []string{"flaky"}}, // the failed one again
 		{past + 2*sliceAuditEvery, all, nil, nil},                           // each version asked once
-		{past + 3*sliceAuditEvery, dbChanged, []string{"db"}, []string{"db"}},
-		{past + 4*sliceAuditEvery, []*corev1.Service{none}, nil, nil}, // db and flaky gone
-		{past + 5*sliceAuditEvery, all, nil, nil},                     // back: a new grace
-		{2*past + 5*sliceAuditEvery, all, []string{"db", "flaky", "unversioned"}, []string{"db", "flaky"}},
+		{past + 3*sliceAuditEvery, dbChanged, nil, nil},                     // a new version, asked too recently
+		{again, dbChanged, []string{"db"}, []string{"db"}},                  // and once the recheck has passed
+		{again + sliceAuditEvery, []*corev1.Service{none}, nil, nil},        // db and flaky gone
+		{again + 2*sliceAuditEvery, all, nil, nil},                          // back: a new grace
+		{again + 2*sliceAuditEvery + past, all, []string{"db", "flaky", "unversioned"}, []string{"db", "flaky"}},
 	} {
 		asked, warned = nil, nil
 		a.check(context.Background(), t0.Add(step.at), step.held, hasSlices)
+		slices.Sort(asked)
+		slices.Sort(warned)
 		if !slices.Equal(asked, step.wantAsked) || !slices.Equal(warned, step.wantWarned) {
 			t.Errorf("at %v: asked %v, warned %v; want %v, %v", step.at, asked, warned, step.wantAsked, step.wantWarned)
 		}
+	}
+}
+
+// TestSliceAuditBoundsLists: however often tenants change their Services, a node asks
+// the API server about one Service at most once per recheck (plus its spread) and at
+// most sliceAuditBudget times per check in all, and still asks about every bare Service,
+// and warns about each one whose slices it does not see. An hour of checks, every
+// Service's slices existing unlabelled.
+func TestSliceAuditBoundsLists(t *testing.T) {
+	const hour = time.Hour
+	checks := int(hour / sliceAuditEvery)
+	perService := 1 + int(hour/sliceAuditRecheck) // the first answer, then one per recheck at most
+	for _, tc := range []struct {
+		name     string
+		services int
+		churn    bool // a new version of every Service at every check
+	}{
+		{name: "one Service updated at every check", services: 1, churn: true},
+		{name: "200 Services of one tenant updated at every check", services: 200, churn: true},
+		{name: "50 Services that never change are asked once each", services: 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lists := map[string]int{}
+			warned := map[string]bool{}
+			a := newSliceAudit("node-1", func(_ context.Context, _, name string) (int, error) {
+				lists[name]++
+				return 1, nil
+			}, func(s *corev1.Service, _ int) { warned[s.Name] = true })
+			t0 := time.Unix(1_000_000, 0)
+			maxPerCheck, total := 0, 0
+			for i := range checks {
+				held := make([]*corev1.Service, tc.services)
+				for j := range held {
+					rv := "1"
+					if tc.churn {
+						rv = strconv.Itoa(i + 1)
+					}
+					held[j] = &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: fmt.Sprintf("svc-%d", j), ResourceVersion: rv},
+						Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10"}}
+				}
+				before := total
+				a.check(context.Background(), t0.Add(time.Duration(i)*sliceAuditEvery), held, func(string, string) bool { return false })
+				total = 0
+				for _, n := range lists {
+					total += n
+				}
+				maxPerCheck = max(maxPerCheck, total-before)
+			}
+			if maxPerCheck > sliceAuditBudget {
+				t.Errorf("%d LISTs in one check, want at most %d", maxPerCheck, sliceAuditBudget)
+			}
+			for name, n := range lists {
+				if n > perService || !tc.churn && n != 1 {
+					t.Errorf("%s listed %d times in %v, want at most %d (once if it never changes)", name, n, hour, perService)
+				}
+			}
+			if len(lists) != tc.services || len(warned) != tc.services {
+				t.Errorf("%d of %d Services asked about, %d warned about; want all", len(lists), tc.services, len(warned))
+			}
+			t.Logf("%d Services, %d checks: %d LISTs, at most %d in one check", tc.services, checks, total, maxPerCheck)
+		})
 	}
 }
 
