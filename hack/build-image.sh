@@ -52,7 +52,8 @@ shardproxy_packages=(nftables conntrack iproute2 kmod iptables)
 shardproxy_entrypoint=/usr/local/bin/shardproxy
 shardproxy_user=65532:65532
 shardproxy_ldflags="-s -w -X main.version=${tag}"
-shardproxy_caps=(/usr/local/bin/shardproxy /usr/sbin/nft /usr/sbin/xtables-nft-multi)
+# No iptables binary: the supervisor passes its own to iptables-nft-save (legacy/caps.go).
+shardproxy_caps=(/usr/local/bin/shardproxy /usr/sbin/nft)
 # agnhost's tools: what upstream's network tests run with `kubectl exec`.
 agnhost_packages=(wget curl netcat-openbsd bash iproute2 iputils-ping dnsutils procps conntrack)
 suite=bookworm

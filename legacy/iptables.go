@@ -21,7 +21,9 @@ type Exec interface {
 	LookPath(name string) error
 }
 
-// RealExec runs commands with os/exec.
+// RealExec runs commands with os/exec. A command it runs gets CAP_NET_ADMIN when this
+// process holds it (passNetAdmin), so that iptables-nft, a multi-call binary whose every
+// applet can change any table, needs no file capability of its own.
 type RealExec struct{}
 
 var _ Exec = RealExec{}
@@ -29,6 +31,7 @@ var _ Exec = RealExec{}
 // Run implements Exec.
 func (RealExec) Run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = passNetAdmin()
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -385,6 +386,29 @@ func TestImageKeyFollowsInputs(t *testing.T) {
 				t.Errorf("shardproxy's archive is %s, want the tag %s in its name", after["shardproxy"], tag)
 			}
 		})
+	}
+}
+
+// TestShardproxyImageCapabilities: `make image` gives file capabilities to the
+// supervisor and nft and to nothing else in the shardproxy image, no iptables binary
+// among them (xtables-nft-multi serves every applet whatever its file is named; the
+// supervisor passes its own capability to iptables-nft-save, legacy/caps.go).
+func TestShardproxyImageCapabilities(t *testing.T) {
+	s := newSandbox(t)
+	if _, err := Images(context.Background(), s.root, nil, "shardproxy"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(s.calls(t), "\n") {
+		if rest, ok := strings.CutPrefix(line, "setcap "); ok {
+			caps, file, _ := strings.Cut(rest, " ")
+			// The file inside the image: the script sets them on a copy of the root.
+			_, inImage, _ := strings.Cut(file, "/shardproxy-root")
+			got = append(got, caps+" "+inImage)
+		}
+	}
+	if want := []string{"cap_net_admin=ep /usr/local/bin/shardproxy", "cap_net_admin=ep /usr/sbin/nft"}; !slices.Equal(got, want) {
+		t.Errorf("make image runs setcap %q, want exactly %q", got, want)
 	}
 }
 
