@@ -2,15 +2,18 @@ package deploy
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // TestDockerfile checks the Dockerfile against the rest of the repository. The image
@@ -82,7 +85,10 @@ func TestDockerfile(t *testing.T) {
 
 // TestInitContainerScript checks that the replace overlay's conntrack-sysctls script
 // parses, uses only commands the image has, and that the supervisor container passes
-// arguments to the image's entrypoint rather than replacing it.
+// arguments to the image's entrypoint rather than replacing it; and that the init
+// container, privileged and root because the writes need both (the YAML says why),
+// has nothing else: no host path (nf_conntrack is loaded by the kernel for an nft rule,
+// not by modprobe from a mounted /lib/modules), a read-only root file system.
 func TestInitContainerScript(t *testing.T) {
 	objs := render(t, "overlays/replace-kube-proxy")
 	ds := only[appsv1.DaemonSet](t, objs, "DaemonSet")
@@ -97,19 +103,160 @@ func TestInitContainerScript(t *testing.T) {
 	if ic.Image != pod.Containers[0].Image {
 		t.Errorf("init container image %q, supervisor image %q: the script relies on the shardproxy image's tools", ic.Image, pod.Containers[0].Image)
 	}
-	if len(ic.Command) != 3 || ic.Command[0] != "/bin/sh" {
-		t.Fatalf("init container command %q, want /bin/sh -ec SCRIPT", ic.Command)
-	}
-	script := ic.Command[2]
+	script := initScript(t, ic)
 	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
 		t.Errorf("the init script does not parse: %v\n%s", err, out)
 	}
-	// modprobe comes from kmod, nproc and cat from coreutils (in every Debian image).
-	for _, cmd := range []string{"modprobe", "nproc"} {
+	// nft comes from nftables, nproc and cat from coreutils (in every Debian image).
+	for _, cmd := range []string{"nft -f -", "nproc"} {
 		if !strings.Contains(script, cmd) {
 			t.Errorf("the script no longer uses %s: update this test and the Dockerfile's packages", cmd)
 		}
 	}
+	if regexp.MustCompile(`(?m)^[^#]*\bmodprobe\b`).MatchString(script) {
+		t.Error("the script runs modprobe: the kernel loads nf_conntrack for an nft rule, with no /lib/modules mount")
+	}
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("volume %s mounts host path %s: the pod needs none", v.Name, v.HostPath.Path)
+		}
+	}
+	if len(ic.VolumeMounts) != 0 {
+		t.Errorf("the init container mounts %v, want nothing", ic.VolumeMounts)
+	}
+	sc := ic.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("the init container's root file system is writable: it writes nothing of its own")
+	}
+}
+
+// initScript returns the replace overlay's init container's script (sh -ec SCRIPT).
+func initScript(t *testing.T, ic corev1.Container) string {
+	t.Helper()
+	if len(ic.Command) != 3 || ic.Command[0] != "/bin/sh" || ic.Command[1] != "-ec" {
+		t.Fatalf("init container command %q, want /bin/sh -ec SCRIPT", ic.Command)
+	}
+	return ic.Command[2]
+}
+
+// TestInitContainerScriptWrites runs the replace overlay's init script on files of its
+// own (the real ones are the node's) with a fake nft on $PATH that, as the kernel does
+// for a conntrack rule, loads nf_conntrack: its values appear. It writes kube-proxy's
+// values where they differ, nothing (and loads nothing) where they are already set, and
+// never fails the pod.
+func TestInitContainerScriptWrites(t *testing.T) {
+	objs := render(t, "overlays/replace-kube-proxy")
+	script := initScript(t, only[appsv1.DaemonSet](t, objs, "DaemonSet").Spec.Template.Spec.InitContainers[0])
+	// Run as root, a script that ignored these would write this machine's sysctls.
+	for _, v := range []string{"${NF_SYSCTLS:-/proc/sys/net/netfilter}", "${NF_HASHSIZE:-/sys/module/nf_conntrack/parameters/hashsize}"} {
+		if !strings.Contains(script, v) {
+			t.Fatalf("the script does not take %s: not running it", v)
+		}
+	}
+	out, err := exec.Command("nproc").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	max := max(32768*cpus, 131072)
+	want := map[string]string{"nf_conntrack_max": strconv.Itoa(max), "nf_conntrack_tcp_timeout_established": "86400",
+		"nf_conntrack_tcp_timeout_close_wait": "3600", "hashsize": strconv.Itoa(max / 4)}
+	kernelDefaults := map[string]string{"nf_conntrack_max": "65536", "nf_conntrack_tcp_timeout_established": "432000",
+		"nf_conntrack_tcp_timeout_close_wait": "60", "hashsize": "16384"}
+
+	for _, tc := range []struct {
+		name     string
+		before   map[string]string // nil: nf_conntrack is not loaded
+		loadable bool              // the fake nft loads it
+		want     map[string]string // nil: no value exists after
+		wantNFT  bool
+		wantOut  []string
+	}{
+		{name: "already set: nothing written, nothing loaded", before: want, want: want,
+			wantOut: []string{"conntrack sysctls already set; nothing written"}},
+		{name: "the kernel's defaults: kube-proxy's written", before: kernelDefaults, want: want,
+			wantOut: []string{"nf_conntrack_max = " + want["nf_conntrack_max"] + " (was 65536)", "hashsize = " + want["hashsize"]}},
+		{name: "a larger hash table is kept", before: with(want, "hashsize", strconv.Itoa(max)), want: with(want, "hashsize", strconv.Itoa(max)),
+			wantOut: []string{"already set"}},
+		{name: "only the value that differs is written", before: with(want, "nf_conntrack_tcp_timeout_close_wait", "60"), want: want,
+			wantOut: []string{"nf_conntrack_tcp_timeout_close_wait = 3600 (was 60)"}},
+		{name: "not loaded: the kernel loads it for an nft rule, then the values are written", loadable: true, want: want, wantNFT: true},
+		{name: "not loadable: reported, the pod goes on", wantNFT: true,
+			wantOut: []string{"loading nf_conntrack through nft failed; continuing", "could not write"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			nf := filepath.Join(dir, "proc-sys-net-netfilter")
+			hashsize := filepath.Join(dir, "hashsize")
+			files := map[string]string{"hashsize": hashsize}
+			for _, k := range []string{"nf_conntrack_max", "nf_conntrack_tcp_timeout_established", "nf_conntrack_tcp_timeout_close_wait"} {
+				files[k] = filepath.Join(nf, k)
+			}
+			write := func(values map[string]string) string {
+				var b strings.Builder
+				for k, v := range values {
+					fmt.Fprintf(&b, "echo %s >%s\n", v, files[k])
+				}
+				return b.String()
+			}
+			if tc.before != nil {
+				if err := os.Mkdir(nf, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if out, err := exec.Command("sh", "-ec", write(tc.before)).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %s", err, out)
+				}
+			}
+			bin := filepath.Join(dir, "bin")
+			nftLog := filepath.Join(dir, "nft.log")
+			load := "exit 1"
+			if tc.loadable {
+				load = "mkdir -p " + nf + "\n" + write(kernelDefaults)
+			}
+			fakeNFT := "#!/bin/sh\ncat >>" + nftLog + "\n" + load + "\n"
+			if err := os.Mkdir(bin, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(bin, "nft"), []byte(fakeNFT), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("/bin/sh", "-ec", script)
+			cmd.Env = []string{"PATH=" + bin + ":/usr/sbin:/usr/bin:/sbin:/bin", "NF_SYSCTLS=" + nf, "NF_HASHSIZE=" + hashsize}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("the script failed (the pod would not start): %v\n%s", err, out)
+			}
+			for _, w := range tc.wantOut {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			for k, path := range files {
+				data, err := os.ReadFile(path)
+				got := strings.TrimSpace(string(data))
+				if tc.want == nil && err == nil || tc.want != nil && got != tc.want[k] {
+					t.Errorf("%s = %q (%v), want %q\n%s", k, got, err, tc.want[k], out)
+				}
+			}
+			rules, err := os.ReadFile(nftLog)
+			if ran := err == nil; ran != tc.wantNFT {
+				t.Errorf("nft ran: %v, want %v", ran, tc.wantNFT)
+			}
+			if tc.wantNFT && !strings.Contains(string(rules), " ct state ") || strings.Contains(string(rules), "add table") && !strings.Contains(string(rules), "delete table ip shardproxy-load-conntrack") {
+				t.Errorf("nft was given %q, want one transaction with a conntrack rule that removes its table", rules)
+			}
+		})
+	}
+}
+
+// with returns a copy of m with k set to v.
+func with(m map[string]string, k, v string) map[string]string {
+	out := maps.Clone(m)
+	out[k] = v
+	return out
 }
 
 // TestMakeImageMatchesDockerfile keeps `make image` (hack/build-image.sh, which builds the
