@@ -155,6 +155,8 @@ func TestServerDryRun(t *testing.T) {
 			{"get", "", "configmaps", "shardproxy-system", true},
 			{"create", "", "configmaps", "shardproxy-system", true},
 			{"update", "", "configmaps", "shardproxy-system", true},
+			// supervisor.seedHoldings: one page of the node statuses.
+			{"list", "", "configmaps", "shardproxy-system", true},
 			{"update", "", "configmaps", "kube-system", false},
 			{"create", "", "configmaps", "kube-system", false},
 			{"delete", "", "configmaps", "shardproxy-system", false},

@@ -31,11 +31,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/shardproxy/shardproxy/selector"
 )
 
 // Labels and keys of the node status ConfigMaps.
@@ -63,6 +66,62 @@ type NodeStatus struct {
 	Heartbeat time.Time `json:"heartbeat"`
 	// Instances are the node's proxy instances by name.
 	Instances map[string]InstanceStatus `json:"instances"`
+	// Holdings are the holders of the addresses more than one Service claims here
+	// (selector.Dispatcher.Holdings), at most MaxHoldings: a node that starts later reads
+	// them (SeedHoldings) to rank the claims it sees all at once as the running nodes do.
+	Holdings []selector.Holding `json:"holdings,omitempty"`
+}
+
+// MaxHoldings bounds the holdings one node status carries (~100 bytes each), so that
+// contested addresses cannot grow it toward the ConfigMap size limit.
+const MaxHoldings = 1000
+
+// SeedSample is how many node statuses a starting supervisor reads for SeedHoldings:
+// one page, not every node's (at 5,000 nodes, a rollout reading them all would be 25
+// million objects).
+const SeedSample = 25
+
+// SeedHoldings returns, from node statuses, the holder of each contested address as
+// most of them report it (a tie goes to the smaller UID, so every reader picks the same).
+func SeedHoldings(statuses []NodeStatus) []selector.Holding {
+	type key struct {
+		addr  string
+		proto corev1.Protocol
+		port  int32
+	}
+	votes := map[key]map[types.UID]int{}
+	first := map[key]selector.Holding{}
+	for _, st := range statuses {
+		for _, h := range st.Holdings {
+			k := key{h.Addr.String(), h.Protocol, h.Port}
+			if votes[k] == nil {
+				votes[k] = map[types.UID]int{}
+				first[k] = h
+			}
+			votes[k][h.UID]++
+		}
+	}
+	out := make([]selector.Holding, 0, len(votes))
+	for k, v := range votes {
+		h := first[k]
+		h.UID = ""
+		for uid, n := range v {
+			if h.UID == "" || n > v[h.UID] || n == v[h.UID] && uid < h.UID {
+				h.UID = uid
+			}
+		}
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(x, y selector.Holding) int {
+		if c := x.Addr.Compare(y.Addr); c != 0 {
+			return c
+		}
+		if c := strings.Compare(string(x.Protocol), string(y.Protocol)); c != 0 {
+			return c
+		}
+		return int(x.Port) - int(y.Port)
+	})
+	return out
 }
 
 // InstanceStatus is one instance in a NodeStatus.
@@ -227,7 +286,16 @@ func (p *Publisher) write(ctx context.Context, st NodeStatus) error {
 
 // ReadStatuses lists every node status in namespace.
 func ReadStatuses(ctx context.Context, client kubernetes.Interface, namespace string) ([]NodeStatus, error) {
-	published, err := readPublished(ctx, client, namespace)
+	return readStatuses(ctx, client, namespace, 0)
+}
+
+// ReadStatusSample reads one page of at most limit node statuses in namespace.
+func ReadStatusSample(ctx context.Context, client kubernetes.Interface, namespace string, limit int64) ([]NodeStatus, error) {
+	return readStatuses(ctx, client, namespace, limit)
+}
+
+func readStatuses(ctx context.Context, client kubernetes.Interface, namespace string, limit int64) ([]NodeStatus, error) {
+	published, err := readPublishedPage(ctx, client, namespace, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -251,8 +319,13 @@ type publishedStatus struct {
 // ConfigMap's name, which the admission policy ties to the writer; a labeled ConfigMap
 // whose name is not a node status's is skipped.
 func readPublished(ctx context.Context, client kubernetes.Interface, namespace string) ([]publishedStatus, error) {
+	return readPublishedPage(ctx, client, namespace, 0)
+}
+
+// readPublishedPage is readPublished of the first page of limit statuses (0: all).
+func readPublishedPage(ctx context.Context, client kubernetes.Interface, namespace string, limit int64) ([]publishedStatus, error) {
 	list, err := client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelComponent + "=" + ComponentNodeStatus})
+		LabelSelector: LabelComponent + "=" + ComponentNodeStatus, Limit: limit})
 	if err != nil {
 		return nil, fmt.Errorf("listing node statuses in %s: %w", namespace, err)
 	}

@@ -203,6 +203,28 @@ func (d *Dispatcher) SetReserved(r Reserved) {
 	d.redispatch(d.addresses.setReserved(r))
 }
 
+// MarkListed tells the Dispatcher that the initial lists are in: from now on a Service's
+// new claim on an address ranks after the claims already there (the holder keeps an
+// address until it lets it go), ordered by resourceVersion. Before, claims are ranked
+// by SeedHoldings, then by creation time.
+func (d *Dispatcher) MarkListed() {
+	d.addresses.markListed()
+}
+
+// SeedHoldings gives the holders of contested addresses that the nodes already running
+// report (their Holdings), to rank the claims present at start as they do.
+func (d *Dispatcher) SeedHoldings(hs []Holding) {
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	d.redispatch(d.addresses.seed(hs))
+}
+
+// Holdings returns the holder of every address, protocol and port that more than one
+// local Service claims, sorted, for the node status.
+func (d *Dispatcher) Holdings() []Holding {
+	return d.addresses.holdings()
+}
+
 // redispatch hands Services again to their instances, with their user addresses as the
 // address book now rules. Their own records are unchanged, so this goes no deeper.
 func (d *Dispatcher) redispatch(svcs []*corev1.Service) {
