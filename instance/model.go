@@ -26,12 +26,38 @@ const (
 	// maxAffinityTimeoutSeconds is the largest timeout the apiserver accepts.
 	maxAffinityTimeoutSeconds = 86400
 
-	// DefaultMaxServiceElements is the default of Options.MaxServiceElements. Legitimate
-	// big Services fit with room to spare (5,000 endpoints on 6 ports with 6 dispatch
-	// addresses each is about 185,000), a 1,000-port × 1,000-endpoint one does not.
-	// Measured with nft 1.0.6, loading 100,000 map elements takes 1.5 s and 210 MB of
-	// nft's memory, 1,000,000 take 16 s and 2 GB.
+	// DefaultMaxServiceElements is the default of Options.MaxServiceElements, in cost
+	// units (kernelCost). Legitimate big Services fit with room to spare (5,000 endpoints
+	// on 6 ports with 6 dispatch addresses each is about 185,000; a ClientIP-affinity
+	// Service up to about 900 endpoint ports), a 1,000-port × 1,000-endpoint one, a
+	// 120-port × 120-endpoint affinity one or one with 25,000 source-range elements does
+	// not. 200,000 units are ~2.6 s of nft and kernel time on a loaded 2-core machine.
 	DefaultMaxServiceElements = 200_000
+	// DefaultMaxInstanceCost is the default of Options.MaxInstanceCost, in cost units:
+	// about 100,000 Services × 5 endpoints with 2% of them ClientIP affinity (make
+	// bench's mix, ~3.7 million) fit.
+	DefaultMaxInstanceCost = 4_000_000
+
+	// Cost weights: what one object costs nft and the kernel to load, relative to one
+	// set or map element (1 unit, ~13 µs of wall time through nft -f). Measured with nft
+	// 1.0.6 in a fresh network namespace (issue 36; tables/README.md, "Size limits").
+	//
+	// ruleUnits: 20,000 rules load in 0.55 s, 20,000 elements in 0.26 s.
+	ruleUnits = 4
+	// affinitySetUnits is a ClientIP-affinity set with the three references its rules
+	// make to it. The kernel keeps a table's sets in a list it searches by name, on the
+	// set's creation and on each reference, so a set costs in proportion to the sets of
+	// its table: 1,614 sets (and their rules) took 0.39 s, 6,414 5.0 s, 14,414 27.4 s
+	// (~1.3e-7 s × sets²). The weight is a set's cost when its table holds as many sets
+	// as DefaultMaxInstanceCost admits (~20,000 of them: ~2.6 ms each, ~200 units), so
+	// that the units of an instance at its limit bound its full sync's time.
+	affinitySetUnits = 200
+	// sourceRangeUnits is one loadBalancerSourceRanges element (firewall-allow, an
+	// interval set of concatenations, the kernel's pipapo): each insertion rebuilds
+	// lookup tables as large as the set, so 5,000 took 0.67 s, 10,000 2.8 s, 20,000 9.1 s
+	// (~2.3e-8 s × elements²); weighted, as the sets, at the count the instance limit
+	// admits (~45,000: ~1.1 ms each).
+	sourceRangeUnits = 88
 )
 
 // NodeInfo is what endpoint selection needs to know about this node.
@@ -108,30 +134,56 @@ func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeIn
 	return b.model
 }
 
-// elementEstimate bounds how many nftables elements svc with its EndpointSlices brings
-// into one family's table (the larger family's count), read from the objects without
-// building the model, so that refusing a Service too large to program costs little.
-// TestElementEstimate holds it against what a full sync writes.
+// kernelCost is what one Service brings into one family's table: set and map elements,
+// loadBalancerSourceRanges elements (of the interval set firewall-allow, counted apart
+// from elements), rules and ClientIP-affinity sets.
+type kernelCost struct {
+	elements, ranges, rules, sets int
+}
+
+// units weighs c by what each object costs the kernel (ruleUnits, affinitySetUnits,
+// sourceRangeUnits; an element is one unit).
+func (c kernelCost) units() int {
+	return c.elements + sourceRangeUnits*c.ranges + ruleUnits*c.rules + affinitySetUnits*c.sets
+}
+
+// String says what the units are made of, for the refusal's message.
+func (c kernelCost) String() string {
+	return fmt.Sprintf("%d cost units: %d elements, %d source-range elements, %d rules, %d affinity sets",
+		c.units(), c.elements, c.ranges, c.rules, c.sets)
+}
+
+// costEstimate bounds what svc with its EndpointSlices brings into one family's table
+// (the family that costs more units), read from the objects without building the
+// model, so that refusing a Service too large to program costs little.
+// TestCostEstimate holds it against what a full sync writes.
 //
-// A port has an entry per dispatch address: the cluster IP, each external and
-// load-balancer IP and, with a node port, each of the family's nodePortAddrs. Per entry
-// and port there is a dispatch element; per external entry and port also the mark of
-// its traffic policy, with a Local external policy the short circuit's dispatch, and,
-// where entries reach the cluster IP's endpoints through it (roundRobin,
-// consistentHash, ClientIP affinity), the two elements that rewrite the destination.
-// The endpoint elements are one per endpoint and port for every entry (and for the
-// short circuit of a Local external policy), so entries × the slices' endpoint-port
-// pairs; under consistentHash a table per port (tables.ConsistentTableSize of its
-// endpoints) instead, held by the cluster IP entry alone unless a Local traffic policy
-// gives other entries endpoints of their own; under roundRobin also the shared picks.
-// Then the cluster IP's element, a hairpin element per endpoint, and per load-balancer
-// IP and port the loadBalancerSourceRanges firewall: one element per range and two more.
+// Elements: a port has an entry per dispatch address: the cluster IP, each external
+// and load-balancer IP and, with a node port, each of the family's nodePortAddrs. Per
+// entry and port there is a dispatch element; per external entry and port also the
+// mark of its traffic policy, with a Local external policy the short circuit's
+// dispatch, and, where entries reach the cluster IP's endpoints through it
+// (roundRobin, consistentHash, ClientIP affinity), the two elements that rewrite the
+// destination. The endpoint elements are one per endpoint and port for every entry
+// (and for the short circuit of a Local external policy), so entries × the slices'
+// endpoint-port pairs; under consistentHash a table per port
+// (tables.ConsistentTableSize of its endpoints) instead, held by the cluster IP entry
+// alone unless a Local traffic policy gives other entries endpoints of their own; under
+// roundRobin also the shared picks. Then the cluster IP's element, a hairpin element per
+// endpoint, and per load-balancer IP and port the loadBalancerSourceRanges firewall:
+// two elements and one range element per range.
 //
-// It counts elements only: a ClientIP-affinity port's rules (two per endpoint, in its
-// bucket chain) and sets (one per endpoint) are not elements and are not counted.
-func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int, mode tables.LBMode) int {
+// Rules: the pick chains of each endpoint count (three rules, one per protocol, shared
+// by the Services with as many endpoints, counted for each port and class of endpoints
+// (internal, external, the Local short circuit)); under roundRobin the rotation's three
+// per endpoint and class; where entries reach the cluster IP's endpoints through it, the
+// rewrites (three per class); with ClientIP affinity, per port, two per endpoint and class
+// (one that sends a remembered client back, one that places a new one) and the
+// rewrites of the cluster IP bucket. Sets: with ClientIP affinity, one per endpoint and
+// port.
+func costEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, nodePortAddrs map[tables.Family]int, mode tables.LBMode) kernelCost {
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return 0
+		return kernelCost{}
 	}
 	clusterIPs := svc.Spec.ClusterIPs
 	if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
@@ -171,9 +223,13 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 	}
 	ports := len(svc.Spec.Ports)
 	extLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	viaClusterIP := mode == tables.LBRoundRobin || mode == tables.LBConsistentHash ||
-		svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
-	largest := 0
+	affinity := svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
+	viaClusterIP := mode == tables.LBRoundRobin || mode == tables.LBConsistentHash || affinity
+	classes := 1 // sets of endpoints a port chooses among: internal, external, short circuit
+	if hasLocalPolicy(svc) {
+		classes = 3
+	}
+	var largest kernelCost
 	for f, n := range entries {
 		pairs, endpoints := 0, 0
 		perPort := map[string]int{} // endpoints per slice port name, for consistentHash
@@ -215,9 +271,24 @@ func elementEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice,
 		default:
 			endpointElements = own * pairs
 		}
-		firewall := lbIPs[f] * ports * (2 + len(svc.Spec.LoadBalancerSourceRanges))
-		total := 1 + endpoints + ports*dispatch + endpointElements + firewall
-		largest = max(largest, total)
+		c := kernelCost{
+			elements: 1 + endpoints + ports*dispatch + endpointElements + lbIPs[f]*ports*2,
+			ranges:   lbIPs[f] * ports * len(svc.Spec.LoadBalancerSourceRanges),
+			rules:    3 * ports * classes,
+		}
+		if mode == tables.LBRoundRobin {
+			c.rules += 3 * pairs * classes
+		}
+		if viaClusterIP && ext > 0 {
+			c.rules += 3 * classes // the rewrites to the cluster IP
+		}
+		if affinity {
+			c.rules += 2*pairs*classes + 2*ports
+			c.sets = pairs
+		}
+		if c.units() > largest.units() {
+			largest = c
+		}
 	}
 	return largest
 }

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,12 +63,21 @@ type Options struct {
 	TableCheckPeriod time.Duration
 	// Node is this node, for local endpoints and topology.
 	Node NodeInfo
-	// MaxServiceElements bounds the nftables elements one Service may bring into a
-	// family's table: about ports × dispatch addresses (cluster IP, external IPs,
-	// load-balancer IPs, NodePort addresses) × endpoints. A Service over it is refused:
-	// not programmed, its model's Refused says why, and every other Service is
-	// programmed. 0 is DefaultMaxServiceElements; negative is no limit.
+	// MaxServiceElements bounds what one Service may bring into a family's table, in
+	// cost units: an element is one, a rule ruleUnits, a ClientIP-affinity set
+	// affinitySetUnits, a loadBalancerSourceRanges element sourceRangeUnits (costEstimate).
+	// A Service over it is refused: not programmed, its model's Refused says why, and
+	// every other Service is programmed. 0 is DefaultMaxServiceElements; negative is no
+	// limit.
 	MaxServiceElements int
+	// MaxInstanceCost bounds the cost units of all the instance's programmed Services
+	// together, and with them what a full sync makes the kernel do under its commit
+	// lock, which every instance, kube-proxy and the CNI share. A Service that would take
+	// the instance over it is refused as one over MaxServiceElements; the Services
+	// already programmed keep their place (a Service is admitted in the order it
+	// arrived, Services arriving together oldest first). 0 is DefaultMaxInstanceCost;
+	// negative is no limit.
+	MaxInstanceCost int
 	// LoadBalancing is how the instance's Services pick endpoints, and which modes a
 	// Service may ask for itself (LoadBalancingAnnotation).
 	LoadBalancing LoadBalancing
@@ -161,6 +171,15 @@ type Proxy struct {
 	total    summary
 	hcPorts  map[types.NamespacedName]int32
 	localEps map[types.NamespacedName]int
+	// costs are the cost units of each admitted Service (under both limits), totalCost
+	// their sum; kept by model, under syncMu, whether or not the sync then succeeds (a
+	// failed sync's full retry admits again in the same order).
+	costs     map[types.NamespacedName]int
+	totalCost int
+	// overInstance are the Services refused for MaxInstanceCost alone; when roomFreed
+	// (an admitted Service went or shrank) the next partial sync weighs them again.
+	overInstance map[types.NamespacedName]bool
+	roomFreed    bool
 	// hcResult and localResult are the copies of hcPorts and localEps the SyncResults
 	// share, made again only after hcChanged: copying them at every sync made each
 	// partial sync copy every health-checked Service's entry (the supervisor's observer
@@ -188,6 +207,9 @@ func New(opts Options) (*Proxy, error) {
 	if opts.MaxServiceElements == 0 {
 		opts.MaxServiceElements = DefaultMaxServiceElements
 	}
+	if opts.MaxInstanceCost == 0 {
+		opts.MaxInstanceCost = DefaultMaxInstanceCost
+	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = klog.Background()
 	}
@@ -205,6 +227,9 @@ func New(opts Options) (*Proxy, error) {
 		sums:       map[types.NamespacedName]summary{},
 		hcPorts:    map[types.NamespacedName]int32{},
 		localEps:   map[types.NamespacedName]int{},
+		costs:      map[types.NamespacedName]int{},
+
+		overInstance: map[types.NamespacedName]bool{},
 	}
 	p.tracker.SetClock(opts.Clock.Now)
 	p.tracker.build = opts.LoadBalancing.Build
@@ -512,8 +537,16 @@ func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
 	if plan.full {
 		plan.snap = p.tracker.SnapshotAll()
 	} else {
+		if p.roomFreed {
+			for n := range p.overInstance {
+				if !slices.Contains(plan.dirty, n) {
+					plan.dirty = append(plan.dirty, n)
+				}
+			}
+		}
 		plan.snap = p.tracker.Snapshot(plan.dirty)
 	}
+	p.roomFreed = false
 	// Waiters this sync answers: those registered before it started.
 	plan.waiting = make(map[types.NamespacedName]*waiter, len(p.waiting))
 	for n, w := range p.waiting {
@@ -526,7 +559,29 @@ func (p *Proxy) takeChanges(start time.Time, forceFull bool) syncPlan {
 // buildModels builds the models plan programs from its snapshot, without p.mu.
 func (p *Proxy) buildModels(plan *syncPlan) {
 	npAddrs := p.nodePortAddrs()
+	if plan.full {
+		// Every Service is weighed again (node port addresses may have changed): the
+		// admitted keep their place, in the order admissionOrder gives.
+		p.costs, p.totalCost, p.overInstance = map[types.NamespacedName]int{}, 0, map[types.NamespacedName]bool{}
+		names := plan.snap.Services()
+		p.admissionOrder(plan.snap, names)
+		// Weigh them all in that order before any model is built; changedModels and
+		// allModels then weigh each again, which keeps its place: a Service's own cost
+		// is taken out before it is weighed.
+		for _, n := range names {
+			p.admit(plan.snap, n, npAddrs)
+		}
+	}
+	p.admissionOrder(plan.snap, plan.dirty)
+	if !plan.full {
+		p.deferOverTransaction(plan, npAddrs)
+	}
 	plan.changed = p.changedModels(plan.snap, plan.dirty, npAddrs)
+	if plan.full {
+		p.roomFreed = false // every Service was weighed
+	} else if p.roomFreed && len(p.overInstance) > 0 {
+		p.queue() // the next sync weighs them again
+	}
 	if plan.full {
 		plan.all = p.allModels(plan.snap, plan.changed, npAddrs)
 		plan.changed = nil // a full sync programs and records all
@@ -772,13 +827,14 @@ func (p *Proxy) finishSync(start time.Time, res *SyncResult) {
 }
 
 // model builds the model of Service n from snap. A Service that would bring more than
-// MaxServiceElements elements into a table gets a model with no ports that says why it
-// was refused, as upstream skips a Service it cannot program: it costs neither the
-// building of its model nor the transaction of every other Service. A panic while
-// building it (a bug some input reaches) costs only that Service: it is logged with its
-// stack and the Service gets a model with no ports and the panic as its Problem, so the
-// sync goes on with every other Service and the Service's old rules are removed like
-// those of any Service that cannot be programmed.
+// MaxServiceElements cost units into a table, or take the instance's Services over
+// MaxInstanceCost, gets a model with no ports that says why it was refused, as upstream
+// skips a Service it cannot program: it costs neither the building of its model nor the
+// transaction of every other Service. A panic while building it (a bug some input
+// reaches) costs only that Service: it is logged with its stack and the Service gets a
+// model with no ports and the panic as its Problem, so the sync goes on with every
+// other Service and the Service's old rules are removed like those of any Service that
+// cannot be programmed.
 func (p *Proxy) model(snap *Snapshot, n types.NamespacedName, npAddrs map[tables.Family]int) (m *ServiceModel) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -790,15 +846,118 @@ func (p *Proxy) model(snap *Snapshot, n types.NamespacedName, npAddrs map[tables
 			}
 		}
 	}()
-	if in, ok := snap.inputs[n]; ok && p.opts.MaxServiceElements > 0 {
-		mode, _ := p.opts.LoadBalancing.modeOf(in.svc)
-		if size := elementEstimate(in.svc, in.slices, npAddrs, mode); size > p.opts.MaxServiceElements {
-			return &ServiceModel{Name: n, Refused: fmt.Sprintf(
-				"it would bring about %d nftables elements (ports × addresses × endpoints) into one table, over the limit of %d per Service; not programmed",
-				size, p.opts.MaxServiceElements)}
-		}
+	if refused := p.admit(snap, n, npAddrs); refused != "" {
+		return &ServiceModel{Name: n, Refused: refused}
 	}
 	return snap.Model(n)
+}
+
+// admit weighs Service n of snap (costEstimate) against both limits, records its cost
+// if it is admitted, forgets it if not (or if it is gone), and returns why it was
+// refused ("" when admitted).
+func (p *Proxy) admit(snap *Snapshot, n types.NamespacedName, npAddrs map[tables.Family]int) string {
+	was := p.costs[n]
+	p.totalCost -= was
+	delete(p.costs, n)
+	delete(p.overInstance, n)
+	in, ok := snap.inputs[n]
+	if !ok {
+		p.roomFreed = p.roomFreed || was > 0
+		return ""
+	}
+	mode, _ := p.opts.LoadBalancing.modeOf(in.svc)
+	cost := costEstimate(in.svc, in.slices, npAddrs, mode)
+	units := cost.units()
+	if limit := p.opts.MaxServiceElements; limit > 0 && units > limit {
+		return fmt.Sprintf("it would bring about %v into one table, over the limit of %d per Service (maxServiceElements); not programmed",
+			cost, limit)
+	}
+	if limit := p.opts.MaxInstanceCost; limit > 0 && p.totalCost+units > limit {
+		p.overInstance[n] = true
+		p.roomFreed = p.roomFreed || was > 0
+		return fmt.Sprintf("it would bring about %v into the instance's tables, which hold %d of their limit of %d (maxInstanceCost); not programmed",
+			cost, p.totalCost, limit)
+	}
+	p.roomFreed = p.roomFreed || units < was
+	p.costs[n] = units
+	p.totalCost += units
+	return ""
+}
+
+// deferOverTransaction keeps a partial sync's transaction under twice
+// MaxServiceElements cost units (what the Services it removes had plus what they bring
+// now): once the dirty Services, in admission order, reach it, the rest are left dirty
+// for the next sync, queued at once, and their waiters wait for it. A Service gone is
+// never deferred (its removal comes first, whatever it costs), nor the first one (one
+// Service is at most MaxServiceElements). A full sync is one transaction whatever it
+// holds: MaxInstanceCost bounds it.
+func (p *Proxy) deferOverTransaction(plan *syncPlan, npAddrs map[tables.Family]int) {
+	limit := 2 * p.opts.MaxServiceElements
+	if limit <= 0 {
+		return
+	}
+	sum := 0
+	for i, n := range plan.dirty {
+		units := p.costs[n]
+		in, ok := plan.snap.inputs[n]
+		if ok {
+			mode, _ := p.opts.LoadBalancing.modeOf(in.svc)
+			if u := costEstimate(in.svc, in.slices, npAddrs, mode).units(); u <= p.opts.MaxServiceElements {
+				units += u
+			}
+		}
+		if ok && i > 0 && sum+units > limit {
+			deferred := plan.dirty[i:]
+			plan.dirty = plan.dirty[:i]
+			p.mu.Lock()
+			for _, d := range deferred {
+				p.tracker.markDirty(d)
+				if w := plan.waiting[d]; w != nil {
+					w.taken = false
+					delete(plan.waiting, d)
+				}
+			}
+			p.mu.Unlock()
+			p.logger.V(2).Info("Deferred Services to the next sync, over the transaction's bound",
+				"deferred", len(deferred), "units", sum, "bound", limit)
+			p.queue()
+			return
+		}
+		sum += units
+	}
+}
+
+// admissionOrder sorts names in the order admit weighs them: those programmed
+// first (a Service programmed keeps its place when another arrives or grows), then the
+// oldest (creation time, then UID: never the name, which a user chooses). Names not in
+// snap (deleted) go first: forgetting them frees room.
+func (p *Proxy) admissionOrder(snap *Snapshot, names []types.NamespacedName) {
+	key := func(n types.NamespacedName) (rank int, created time.Time, uid types.UID) {
+		in, ok := snap.inputs[n]
+		switch {
+		case !ok:
+			return 0, time.Time{}, ""
+		case p.applied[n] != nil && p.applied[n].Refused == "":
+			rank = 1
+		default:
+			rank = 2
+		}
+		return rank, in.svc.CreationTimestamp.Time, in.svc.UID
+	}
+	slices.SortStableFunc(names, func(a, b types.NamespacedName) int {
+		ra, ca, ua := key(a)
+		rb, cb, ub := key(b)
+		if c := cmp.Compare(ra, rb); c != 0 {
+			return c
+		}
+		if c := ca.Compare(cb); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(ua, ub); c != 0 {
+			return c
+		}
+		return compareNames(a, b)
+	})
 }
 
 // Applied returns the models last programmed (for status, conntrack cleanup and tests).

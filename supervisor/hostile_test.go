@@ -73,6 +73,9 @@ type hostileCase struct {
 		// endpoints (default 1), all with distinct addresses in 10.250.0.0/16.
 		Slices    int `json:"slices"`
 		Endpoints int `json:"endpoints"`
+		// SourceRanges gives the Service that many loadBalancerSourceRanges, distinct
+		// /30s in 20.0.0.0/8.
+		SourceRanges int `json:"sourceRanges"`
 	} `json:"expand"`
 	// Events are the Warning events the case's objects must get, as "Reason: text"
 	// (text a substring of the message); they must get no other.
@@ -161,13 +164,19 @@ func expandHostile(t *testing.T, hc hostileCase, objs []runtime.Object) []runtim
 		switch o := obj.(type) {
 		case *corev1.Service:
 			if !expandedSvc && hc.Expand.Ports > 0 {
-				expandedSvc = true
 				o.Spec.Ports = nil
 				for i := 1; i <= hc.Expand.Ports; i++ {
 					o.Spec.Ports = append(o.Spec.Ports, corev1.ServicePort{Name: fmt.Sprintf("p%d", i), Port: int32(i),
 						Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(int32(i))})
 				}
 			}
+			if !expandedSvc {
+				for i := range hc.Expand.SourceRanges {
+					o.Spec.LoadBalancerSourceRanges = append(o.Spec.LoadBalancerSourceRanges,
+						fmt.Sprintf("20.%d.%d.%d/30", i>>14, (i>>6)&255, (i&63)*4))
+				}
+			}
+			expandedSvc = true
 			out = append(out, o)
 		case *discoveryv1.EndpointSlice:
 			if expandedSlice || (hc.Expand.Ports == 0 && hc.Expand.Slices == 0 && hc.Expand.Endpoints == 0) {

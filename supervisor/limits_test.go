@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/shardproxy/shardproxy/instance"
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -72,4 +73,32 @@ func TestConfiguredServiceLimit(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "a ServiceTooLarge event for b/wide", func() bool {
 		return strings.Contains(f.rec.all(), "b/wide Warning ServiceTooLarge")
 	})
+}
+
+// TestConfiguredInstanceCost: an instance's maxInstanceCost reaches it: with team-a's
+// Services together limited to 40 cost units, its third one-port Service without
+// endpoints (16 units: 4 elements, 3 rules) is refused with a ServiceTooLarge event
+// naming the limit, while the first two are programmed.
+func TestConfiguredInstanceCost(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{configure: func(c *config.Config) {
+		for i := range c.Instances {
+			if c.Instances[i].Name == "team-a" {
+				c.Instances[i].MaxInstanceCost = 40
+			}
+		}
+	}})
+	f.createService("a", "one", "team-a", "172.30.0.61")
+	f.createService("a", "two", "team-a", "172.30.0.62")
+	testutil.Eventually(t, waitTimeout, "team-a programs a/one and a/two", func() bool {
+		d := f.tables.dump("ip shardproxy-team-a")
+		return has(d, "172.30.0.61") && has(d, "172.30.0.62")
+	})
+	f.createService("a", "three", "team-a", "172.30.0.63")
+	testutil.Eventually(t, waitTimeout, "a ServiceTooLarge event for a/three", func() bool {
+		return strings.Contains(f.rec.all(), "a/three Warning ServiceTooLarge: instance team-a refused the Service") &&
+			strings.Contains(f.rec.all(), "limit of 40 (maxInstanceCost)")
+	})
+	if d := f.tables.dump("ip shardproxy-team-a"); strings.Contains(d, "172.30.0.63") {
+		t.Errorf("the refused Service is programmed:\n%s", d)
+	}
 }

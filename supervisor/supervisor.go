@@ -507,6 +507,7 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 		SyncPeriod:         spec.SyncPeriod.Duration,
 		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
 		MaxServiceElements: spec.MaxServiceElements,
+		MaxInstanceCost:    spec.MaxInstanceCost,
 		LoadBalancing:      loadBalancing(spec),
 		Node:               nodeInfo(s.cfg.NodeName, node),
 		Observer:           s.newObserver(),

@@ -161,11 +161,20 @@ type Instance struct {
 	// FullSyncPeriod is how often the whole table is rewritten rather than patched.
 	// Default 1h (or syncPeriod, if that is longer); must be >= syncPeriod.
 	FullSyncPeriod Duration `yaml:"fullSyncPeriod"`
-	// MaxServiceElements bounds the nftables elements one Service may bring into the
-	// instance's table (about ports × addresses × endpoints); a Service over it is not
-	// programmed, with a ServiceTooLarge event, and the instance keeps syncing the
-	// others. 0: the default (instance.DefaultMaxServiceElements, 200,000); -1: no limit.
+	// MaxServiceElements bounds what one Service may bring into the instance's table,
+	// in cost units: each nftables element is one (about ports × addresses × endpoints
+	// of them), a rule 4, a ClientIP-affinity set 200 (one per endpoint and port), a
+	// loadBalancerSourceRanges element 88, weighed by what each costs the kernel
+	// (tables/README.md, "Size limits"). A Service over it is not programmed, with a
+	// ServiceTooLarge event, and the instance keeps syncing the others. 0: the default
+	// (instance.DefaultMaxServiceElements, 200,000); -1: no limit.
 	MaxServiceElements int `yaml:"maxServiceElements"`
+	// MaxInstanceCost bounds the cost units of all the instance's Services together,
+	// and with them the kernel time of a full sync under the commit lock every instance
+	// shares. A Service that would take the instance over it is refused as one over
+	// maxServiceElements; those already programmed keep their place. 0: the default
+	// (instance.DefaultMaxInstanceCost, 4,000,000); -1: no limit.
+	MaxInstanceCost int `yaml:"maxInstanceCost"`
 	// LoadBalancing is how the instance's Services pick endpoints (loadbalancing.go).
 	LoadBalancing LoadBalancing `yaml:"loadBalancing"`
 }

@@ -184,6 +184,15 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			wantErr: []string{"instances[0].maxServiceElements: -5 is not a limit"},
 		},
 		{
+			name:    "maxInstanceCost below -1",
+			yaml:    minimal + "  maxInstanceCost: -2\n",
+			wantErr: []string{"instances[0].maxInstanceCost: -2 is not a limit"},
+		},
+		{
+			name: "maxInstanceCost: a limit, the default, none",
+			yaml: minimal + "  maxInstanceCost: 100000\n- name: b\n  proxyNames: [b]\n  slot: 1\n  maxInstanceCost: -1\n  tenant:\n    namespaces: [b]\n",
+		},
+		{
 			name: "maxServiceElements: a limit, the default, none",
 			yaml: minimal + "  maxServiceElements: 5000\n- name: b\n  proxyNames: [b]\n  slot: 1\n  maxServiceElements: -1\n  tenant:\n    namespaces: [b]\n",
 		},

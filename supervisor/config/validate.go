@@ -227,6 +227,9 @@ func (in *Instance) validate(p *problems, path string) {
 	if in.MaxServiceElements < -1 {
 		p.add(path+".maxServiceElements", "%d is not a limit: use a positive number, 0 for the default or -1 for none", in.MaxServiceElements)
 	}
+	if in.MaxInstanceCost < -1 {
+		p.add(path+".maxInstanceCost", "%d is not a limit: use a positive number, 0 for the default or -1 for none", in.MaxInstanceCost)
+	}
 }
 
 func (d *DetectLocal) validate(p *problems, path string) {
