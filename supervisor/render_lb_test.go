@@ -55,7 +55,7 @@ instances:
 			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.2"}}, {Addresses: []string{"10.244.2.2"}}},
 		})
 	}
-	script, problems, err := Render(cfg, "team-a", services, slices, nil)
+	script, problems, err := Render(cfg, "team-a", RenderInput{Services: services, Slices: slices})
 	if err != nil {
 		t.Fatal(err)
 	}

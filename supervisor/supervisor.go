@@ -492,27 +492,35 @@ func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*inst
 	cfg := s.tableConfigs.forInstance(spec, node)
 	// Health-check node ports listen where the instance serves NodePorts, as upstream's.
 	s.svcHC.SetInstanceAddrs(spec.Name, cfg.NodePortIPs)
+	opts := instanceOptions(spec, cfg, s.cfg.NodeName, node)
+	opts.Logger = s.deps.Logger
+	opts.NFT = s.deps.NFT
+	opts.Direct = s.deps.Direct
+	opts.ElementsPerCommand = s.deps.ElementsPerCommand
+	opts.Observer = s.newObserver()
+	opts.FullSync = s.deps.FullSync
+	return instance.New(opts)
+}
+
+// instanceOptions are the settings of spec's instance that come from the configuration
+// and the node (tables, sync periods, size limits, load balancing), the same for a running
+// instance and Render's; the caller adds how it reaches nftables and who hears of it.
+func instanceOptions(spec config.Instance, tc tables.Config, nodeName string, node *corev1.Node) instance.Options {
 	minSync := time.Duration(0)
 	if spec.MinSyncPeriod != nil {
 		minSync = spec.MinSyncPeriod.Duration
 	}
-	return instance.New(instance.Options{
+	return instance.Options{
 		Name:               spec.Name,
-		Logger:             s.deps.Logger,
-		Tables:             cfg,
-		NFT:                s.deps.NFT,
-		Direct:             s.deps.Direct,
-		ElementsPerCommand: s.deps.ElementsPerCommand,
+		Tables:             tc,
 		MinSyncPeriod:      minSync,
 		SyncPeriod:         spec.SyncPeriod.Duration,
 		FullSyncPeriod:     spec.FullSyncPeriod.Duration,
 		MaxServiceElements: spec.MaxServiceElements,
 		MaxInstanceCost:    spec.MaxInstanceCost,
 		LoadBalancing:      loadBalancing(spec),
-		Node:               nodeInfo(s.cfg.NodeName, node),
-		Observer:           s.newObserver(),
-		FullSync:           s.deps.FullSync,
-	})
+		Node:               nodeInfo(nodeName, node),
+	}
 }
 
 // waitForNode reads this Node once before the instances start (addresses, pod CIDRs);
@@ -596,29 +604,11 @@ func (s *Supervisor) updateReserved() {
 	s.nodeMu.Lock()
 	node := s.node
 	s.nodeMu.Unlock()
-	var ips []netip.Addr
-	if node != nil {
-		for _, a := range node.Status.Addresses {
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				ips = append(ips, ip.Unmap())
-			}
-		}
-	}
-	if host, err := s.deps.InterfaceAddrs(); err == nil {
-		// Loopback and link-local addresses are refused by kind anyway; leaving them out
-		// keeps pod veths coming and going from re-dispatching every address claimant.
-		for _, a := range host {
-			if !a.IsLoopback() && !a.IsLinkLocalUnicast() {
-				ips = append(ips, a)
-			}
-		}
-	} else {
+	host, err := s.deps.InterfaceAddrs()
+	if err != nil {
 		s.logger.Error(err, "Listing this node's addresses for the address precedence")
 	}
-	slices.SortFunc(ips, netip.Addr.Compare)
-	s.dispatcher.SetReserved(selector.Reserved{NodeIPs: slices.Compact(ips),
-		ServiceCIDRs: sortedPrefixes(s.watches.ServiceCIDRs()), PodCIDRs: s.podCIDRs(node),
-		OtherNodeIPs: s.watches.OtherNodeIPs(), CIDRs: sortedPrefixes(s.cfg.ReservedCIDRs)})
+	s.dispatcher.SetReserved(reservedAddresses(s.cfg, node, host, s.watches.ServiceCIDRs(), s.watches.OtherNodeIPs()))
 }
 
 func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -134,25 +132,13 @@ func newNodeFactory(client kubernetes.Interface, nodeName string, otherNodes boo
 // WatchOptions.OtherNodes), sorted by address; an address two Nodes list is named
 // after the first by name.
 func (w *Watches) OtherNodeIPs() []selector.NodeIP {
-	var out []selector.NodeIP
+	var nodes []*corev1.Node
 	for _, o := range w.node.GetStore().List() {
-		n, ok := o.(*corev1.Node)
-		if !ok || n.Name == w.nodeName {
-			continue
-		}
-		for _, a := range n.Status.Addresses {
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				out = append(out, selector.NodeIP{Addr: ip.Unmap(), Node: n.Name})
-			}
+		if n, ok := o.(*corev1.Node); ok {
+			nodes = append(nodes, n)
 		}
 	}
-	slices.SortFunc(out, func(a, b selector.NodeIP) int {
-		if c := a.Addr.Compare(b.Addr); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Node, b.Node)
-	})
-	return slices.CompactFunc(out, func(a, b selector.NodeIP) bool { return a.Addr == b.Addr })
+	return otherNodeIPs(nodes, w.nodeName)
 }
 
 func sliceServiceIndex(obj any) ([]string, error) {

@@ -23,6 +23,7 @@ import (
 	"github.com/urfave/cli/v2"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -106,7 +107,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 				Usage: "offline: print the nft script an instance would load for Service/EndpointSlice YAML files",
 				Flags: []cli.Flag{configFlag(),
 					&cli.StringFlag{Name: "instance", Required: true, Usage: "instance name"},
-					&cli.StringFlag{Name: "from", Required: true, Usage: "directory (or file) of YAML/JSON Services, EndpointSlices and optionally this Node"},
+					&cli.StringFlag{Name: "from", Required: true, Usage: "directory (or file) of YAML/JSON Services, EndpointSlices and, for the node-wide address rules, Nodes (this one and the others) and ServiceCIDRs"},
 				},
 				Action: func(c *cli.Context) error {
 					return render(c.App.Writer, c.App.ErrWriter, c.String("config"), c.String("instance"), c.String("from"))
@@ -627,11 +628,11 @@ func render(w, ew io.Writer, path, inst, from string) error {
 	if err != nil {
 		return err
 	}
-	svcs, slices, node, err := readObjects(from)
+	objects, err := readObjects(from)
 	if err != nil {
 		return err
 	}
-	script, problems, err := supervisor.Render(cfg, inst, svcs, slices, node)
+	script, problems, err := supervisor.Render(cfg, inst, objects)
 	if err != nil {
 		return err
 	}
@@ -642,11 +643,12 @@ func render(w, ew io.Writer, path, inst, from string) error {
 	return err
 }
 
-// readObjects reads Services, EndpointSlices and a Node from YAML/JSON files.
-func readObjects(from string) ([]*corev1.Service, []*discoveryv1.EndpointSlice, *corev1.Node, error) {
+// readObjects reads Services, EndpointSlices, Nodes and ServiceCIDRs from YAML/JSON
+// files; other kinds are skipped.
+func readObjects(from string) (supervisor.RenderInput, error) {
 	var files []string
 	if st, err := os.Stat(from); err != nil {
-		return nil, nil, nil, err
+		return supervisor.RenderInput{}, err
 	} else if st.IsDir() {
 		for _, pat := range []string{"*.yaml", "*.yml", "*.json"} {
 			m, _ := filepath.Glob(filepath.Join(from, pat))
@@ -659,14 +661,13 @@ func readObjects(from string) ([]*corev1.Service, []*discoveryv1.EndpointSlice, 
 	scheme := runtime.NewScheme()
 	_ = corev1.AddToScheme(scheme)
 	_ = discoveryv1.AddToScheme(scheme)
+	_ = networkingv1.AddToScheme(scheme)
 	decoder := serializer.NewCodecFactory(scheme).UniversalDeserializer()
-	var svcs []*corev1.Service
-	var slices []*discoveryv1.EndpointSlice
-	var node *corev1.Node
+	var in supervisor.RenderInput
 	for _, f := range files {
 		fh, err := os.Open(f)
 		if err != nil {
-			return nil, nil, nil, err
+			return supervisor.RenderInput{}, err
 		}
 		r := utilyaml.NewYAMLReader(newBufReader(fh))
 		for i := 0; ; i++ {
@@ -676,7 +677,7 @@ func readObjects(from string) ([]*corev1.Service, []*discoveryv1.EndpointSlice, 
 			}
 			if err != nil {
 				fh.Close()
-				return nil, nil, nil, fmt.Errorf("%s: %w", f, err)
+				return supervisor.RenderInput{}, fmt.Errorf("%s: %w", f, err)
 			}
 			if strings.TrimSpace(string(doc)) == "" {
 				continue
@@ -684,18 +685,20 @@ func readObjects(from string) ([]*corev1.Service, []*discoveryv1.EndpointSlice, 
 			obj, _, err := decoder.Decode(doc, nil, nil)
 			if err != nil {
 				fh.Close()
-				return nil, nil, nil, fmt.Errorf("%s: document %d: %w", f, i+1, err)
+				return supervisor.RenderInput{}, fmt.Errorf("%s: document %d: %w", f, i+1, err)
 			}
 			switch o := obj.(type) {
 			case *corev1.Service:
-				svcs = append(svcs, o)
+				in.Services = append(in.Services, o)
 			case *discoveryv1.EndpointSlice:
-				slices = append(slices, o)
+				in.Slices = append(in.Slices, o)
 			case *corev1.Node:
-				node = o
+				in.Nodes = append(in.Nodes, o)
+			case *networkingv1.ServiceCIDR:
+				in.ServiceCIDRs = append(in.ServiceCIDRs, o)
 			}
 		}
 		fh.Close()
 	}
-	return svcs, slices, node, nil
+	return in, nil
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -172,8 +174,8 @@ func tableDiff(k tableKey, want renderedTable, got listedTable, limit int) []str
 	return append([]string{fmt.Sprintf("%d differences (- rendered only, + kernel only):", total)}, lines...)
 }
 
-// dumpObjects writes the API's Services, EndpointSlices and this node's Node as YAML for
-// render, and returns the file.
+// dumpObjects writes the API's Services, EndpointSlices, Nodes and ServiceCIDRs as YAML
+// for render, and returns the file.
 func (c *checker) dumpObjects(ctx context.Context) (string, error) {
 	svcs, err := c.e.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -183,8 +185,16 @@ func (c *checker) dumpObjects(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	node, err := c.e.Client.CoreV1().Nodes().Get(ctx, env.NodeName, metav1.GetOptions{})
+	// Every Node, not only this one, and the ServiceCIDRs: the supervisor refuses their
+	// addresses as externalIPs and load-balancer IPs, and render refuses what it reads.
+	nodes, err := c.e.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
+		return "", err
+	}
+	var cidrs []networkingv1.ServiceCIDR
+	if list, err := c.e.Client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{}); err == nil {
+		cidrs = list.Items
+	} else if !apierrors.IsNotFound(err) {
 		return "", err
 	}
 	var buf bytes.Buffer
@@ -197,9 +207,17 @@ func (c *checker) dumpObjects(ctx context.Context) (string, error) {
 		buf.Write(b)
 		return nil
 	}
-	node.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}
-	if err := write(node); err != nil {
-		return "", err
+	for i := range nodes.Items {
+		nodes.Items[i].TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}
+		if err := write(&nodes.Items[i]); err != nil {
+			return "", err
+		}
+	}
+	for i := range cidrs {
+		cidrs[i].TypeMeta = metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "ServiceCIDR"}
+		if err := write(&cidrs[i]); err != nil {
+			return "", err
+		}
 	}
 	for i := range svcs.Items {
 		svcs.Items[i].TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}
