@@ -32,6 +32,9 @@ func TestWatchSelectors(t *testing.T) {
 		shadow  = "shardproxy.io/shadow in (team-a,team-b,team-c)"
 		node    = "metadata.name=node-1"
 		noLabel = "<none>"
+		// apiServer is the one more EndpointSlice watch every node makes: the API
+		// server's endpoints, in namespace default, reserved from user addresses.
+		apiServer = "kubernetes.io/service-name=kubernetes"
 	)
 	teams := []config.Instance{{Name: "a", ProxyNames: []string{"team-b", "team-a"}}, {Name: "c", ProxyNames: []string{"team-c"}}}
 	for _, tc := range []struct {
@@ -45,24 +48,24 @@ func TestWatchSelectors(t *testing.T) {
 		name:         "a default instance watches every Service",
 		instances:    append([]config.Instance{{Name: "d", Default: true}}, teams...),
 		serviceCIDRs: true,
-		want:         map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": {all}, "nodes": {node}},
+		want:         map[string][]string{"services": {all}, "endpointslices": {noHead, apiServer}, "servicecidrs": {all}, "nodes": {node}},
 	}, {
 		name:         "named instances only: their proxy names and their shadows",
 		instances:    teams,
 		serviceCIDRs: true,
 		want: map[string][]string{"services": {named, shadow},
-			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}, "nodes": {node}},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow, apiServer}, "servicecidrs": {all}, "nodes": {node}},
 	}, {
 		name:      "without the ServiceCIDR API every Service (the address precedence needs their cluster IPs)",
 		instances: teams,
-		want:      map[string][]string{"services": {all}, "endpointslices": {noHead}, "servicecidrs": nil, "nodes": {node}},
+		want:      map[string][]string{"services": {all}, "endpointslices": {noHead, apiServer}, "servicecidrs": nil, "nodes": {node}},
 	}, {
 		name:         "reserving other nodes' addresses: still one Node watch, of every Node",
 		instances:    teams,
 		serviceCIDRs: true,
 		otherNodes:   true,
 		want: map[string][]string{"services": {named, shadow},
-			"endpointslices": {noHead + "," + named, noHead + "," + shadow}, "servicecidrs": {all}, "nodes": {all}},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow, apiServer}, "servicecidrs": {all}, "nodes": {all}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
@@ -116,7 +119,7 @@ func startWatches(t *testing.T, w *Watches) {
 		t.Fatal(err)
 	}
 	d := selector.NewDispatcher(router, map[string]selector.Sink{}, w.SlicesOf, selector.Events{})
-	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}); err != nil {
+	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}, func() {}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

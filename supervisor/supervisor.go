@@ -314,7 +314,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if cidrDrop != nil {
 		onServiceCIDRs = func() { s.updateReserved(); cidrDrop.Changed() }
 	}
-	if err := w.Connect(d, s.onNode, onServiceCIDRs, s.otherNodesChanged); err != nil {
+	if err := w.Connect(d, s.onNode, onServiceCIDRs, s.otherNodesChanged, s.updateReserved); err != nil {
 		return err
 	}
 
@@ -349,6 +349,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return s.serveRetrying(ctx, "metrics", s.cfg.MetricsBindAddress, reasonFailedToStartMetrics, s.metricsHandler())
 	})
 
+	s.seedHoldings(ctx, d)
 	if err := w.Start(ctx, 2*time.Minute); err != nil {
 		if ctx.Err() != nil {
 			wg.Wait()
@@ -356,6 +357,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// From here on a new claim on an address ranks after those already there.
+	d.MarkListed()
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
 	// Every Node's addresses are known: verdicts are final before any instance syncs.
 	s.updateReserved()
@@ -591,7 +594,8 @@ func (s *Supervisor) runOtherNodes(ctx context.Context) {
 
 // updateReserved tells the dispatcher the addresses no Service's user-set addresses may
 // take: this node's (its Node object's and its interfaces'), the other Nodes', the
-// ServiceCIDRs, the pod CIDRs and the operator's reservedCIDRs.
+// ServiceCIDRs, the pod CIDRs, the operator's reservedCIDRs and the API server's
+// endpoints.
 //
 // The Node and ServiceCIDR handlers run on their own goroutines: reservedMu makes each
 // call read and hand over the addresses as one step, so an older view never lands last.
@@ -608,7 +612,9 @@ func (s *Supervisor) updateReserved() {
 	if err != nil {
 		s.logger.Error(err, "Listing this node's addresses for the address precedence")
 	}
-	s.dispatcher.SetReserved(reservedAddresses(s.cfg, node, host, s.watches.ServiceCIDRs(), s.watches.OtherNodeIPs()))
+	r := reservedAddresses(s.cfg, node, host, s.watches.ServiceCIDRs(), s.watches.OtherNodeIPs())
+	r.APIServerIPs = s.watches.APIServerIPs()
+	s.dispatcher.SetReserved(r)
 }
 
 func nodeInfo(name string, node *corev1.Node) instance.NodeInfo {
@@ -687,7 +693,30 @@ func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
 		slices.Sort(is.HandedBack)
 		st.Instances[in.Name] = is
 	}
+	st.Holdings = d.Holdings()
+	if len(st.Holdings) > migrate.MaxHoldings {
+		st.Holdings = st.Holdings[:migrate.MaxHoldings]
+	}
 	return st
+}
+
+// seedHoldings gives the Dispatcher, before the initial lists, the holders of contested
+// addresses that a sample of node statuses reports (this node's own from before a
+// restart among them), so that it ranks the claims it is about to see all at once as
+// the nodes that watched them arrive do. Without statuses it ranks them by age.
+func (s *Supervisor) seedHoldings(ctx context.Context, d *selector.Dispatcher) {
+	if s.cfg.StatusNamespace == config.StatusDisabled {
+		return
+	}
+	statuses, err := migrate.ReadStatusSample(ctx, s.deps.Client, s.cfg.StatusNamespace, migrate.SeedSample)
+	if err != nil {
+		s.logger.Error(err, "Reading node statuses for the address holders failed; contested addresses present at start go to the oldest Service")
+		return
+	}
+	if hs := migrate.SeedHoldings(statuses); len(hs) > 0 {
+		s.logger.Info("Seeded address holders from node statuses", "holdings", len(hs), "statuses", len(statuses))
+		d.SeedHoldings(hs)
+	}
 }
 
 // healthCheckRetryInterval is how often health-check node ports that could not be bound

@@ -388,10 +388,12 @@ func TestInstancesServeOnlyTheirServices(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "a rejection event for the intruding Service", func() bool {
 		return strings.Contains(f.rec.all(), "x/intruder Warning ServiceRejected")
 	})
-	// One watch per resource for the whole node, however many instances run.
+	// One watch per resource for the whole node, however many instances run (beside
+	// the one of the API server's own EndpointSlice, reserved from user addresses).
 	watches := map[string]int{}
 	for _, a := range f.client.Actions() {
-		if a.GetVerb() == "watch" {
+		if wa, ok := a.(k8stesting.WatchAction); ok && a.GetVerb() == "watch" &&
+			wa.GetWatchRestrictions().Labels.String() != discoveryv1.LabelServiceName+"=kubernetes" {
 			watches[a.GetResource().Resource]++
 		}
 	}
@@ -655,11 +657,11 @@ func copyingClientset(objects ...runtime.Object) *fake.Clientset {
 	return client
 }
 
-// TestOlderClaimTakesAddressAcrossInstances: a younger Service of team-a serves an
-// externalIP until an older Service of team-b gets that address as its load-balancer IP;
-// then team-a's table lets go of it at once (the younger Service is handed over again
-// with the same resource version) and team-b's serves it.
-func TestOlderClaimTakesAddressAcrossInstances(t *testing.T) {
+// TestHolderKeepsAddressAcrossInstances: the Service serving an address keeps it, node-
+// wide across instances: an older Service of another instance given it later (a
+// load-balancer status written after the externalIP) is refused, and gets it once the
+// holder lets go.
+func TestHolderKeepsAddressAcrossInstances(t *testing.T) {
 	f := startSupervisor(t, "")
 	ctx := context.Background()
 	svc := func(ns, name, proxy, clusterIP string, created time.Time) *corev1.Service {
@@ -670,22 +672,21 @@ func TestOlderClaimTakesAddressAcrossInstances(t *testing.T) {
 				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
 		}
 	}
+	// The fake API keeps no resource versions: each write here gives one, increasing, as
+	// a real apiserver does.
 	now := time.Now().Truncate(time.Second)
-	old, err := f.client.CoreV1().Services("b").Create(ctx, svc("b", "old", "team-b", "172.30.0.60", now.Add(-time.Hour)), metav1.CreateOptions{})
+	old := svc("b", "old", "team-b", "172.30.0.60", now.Add(-time.Hour))
+	old.ResourceVersion = "3"
+	old, err := f.client.CoreV1().Services("b").Create(ctx, old, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	young := svc("a", "young", "team-a", "172.30.0.61", now)
 	young.Spec.Type, young.Spec.Ports[0].NodePort = corev1.ServiceTypeClusterIP, 0
 	young.Spec.ExternalIPs = []string{"192.0.2.5"}
+	young.ResourceVersion = "5"
 	young, err = f.client.CoreV1().Services("a").Create(ctx, young, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
-	}
-	// The fake API keeps no resource versions; give young one, as a real apiserver does,
-	// so that handing it over again carries the same version.
-	young.ResourceVersion = "5"
-	if _, err := f.client.CoreV1().Services("a").Update(ctx, young, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	teamA, teamB := "ip shardproxy-team-a", "ip shardproxy-team-b"
@@ -693,10 +694,22 @@ func TestOlderClaimTakesAddressAcrossInstances(t *testing.T) {
 		return strings.Contains(f.tables.dump(teamA), "192.0.2.5 . tcp . 80")
 	})
 	old.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.0.2.5"}}
+	old.ResourceVersion = "9"
 	if _, err := f.client.CoreV1().Services("b").UpdateStatus(ctx, old, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, waitTimeout, "team-b serves the address and team-a lets go", func() bool {
+	testutil.Eventually(t, waitTimeout, "the older Service refused the address it was given later", func() bool {
+		return strings.Contains(f.rec.all(), "b/old Warning AddressRefused: load-balancer IP 192.0.2.5 refused: a/young claimed it first")
+	})
+	if !strings.Contains(f.tables.dump(teamA), "192.0.2.5 . tcp . 80") || strings.Contains(f.tables.dump(teamB), "192.0.2.5") {
+		t.Errorf("after the older Service asked for it, team-a:\n%s\nteam-b:\n%s\nwant the address in team-a's table only", f.tables.dump(teamA), f.tables.dump(teamB))
+	}
+	young.Spec.ExternalIPs = nil
+	young.ResourceVersion = "12"
+	if _, err := f.client.CoreV1().Services("a").Update(ctx, young, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, waitTimeout, "team-b serves the address once team-a lets go", func() bool {
 		return strings.Contains(f.tables.dump(teamB), "192.0.2.5 . tcp . 80") && !strings.Contains(f.tables.dump(teamA), "192.0.2.5")
 	})
 }

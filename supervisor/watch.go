@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -62,6 +63,9 @@ type Watches struct {
 	slices      []cache.SharedIndexInformer
 	node        cache.SharedIndexInformer
 	serviceCIDR cache.SharedIndexInformer
+	// apiServer is the EndpointSlices of default/kubernetes, the API server's endpoints:
+	// no Service's user address may take one (whatever the watch scope).
+	apiServer cache.SharedIndexInformer
 	// handlers are Connect's event handlers: Start waits until each has been given the
 	// whole initial list, not only until the caches hold it.
 	handlers []cache.ResourceEventHandlerRegistration
@@ -95,6 +99,13 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, op
 	}
 	w.nodeFactory = newNodeFactory(client, nodeName, opts.OtherNodes)
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
+	// One small object in one namespace: the API server's endpoints.
+	apiServer := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = discoveryv1.LabelServiceName + "=kubernetes"
+		}), informers.WithTransform(trimForCache))
+	w.factories = append(w.factories, apiServer)
+	w.apiServer = apiServer.Discovery().V1().EndpointSlices().Informer()
 	if opts.ServiceCIDRs {
 		// Every ServiceCIDR: neither the Node's field selector nor a Service label applies.
 		cidrs := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimForCache))
@@ -406,11 +417,22 @@ func (w *Watches) ServiceCIDRs() []string {
 	return out
 }
 
+// APIServerIPs are the addresses of default/kubernetes's endpoints, sorted.
+func (w *Watches) APIServerIPs() []netip.Addr {
+	var sls []*discoveryv1.EndpointSlice
+	for _, o := range w.apiServer.GetStore().List() {
+		if sl, ok := o.(*discoveryv1.EndpointSlice); ok {
+			sls = append(sls, sl)
+		}
+	}
+	return apiServerIPs(sls)
+}
+
 // Connect sends every event to the dispatcher, this Node's events to onNode, and calls
-// onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API) and
+// onServiceCIDRs whenever the cluster's ServiceCIDRs change (never without the API),
 // onOtherNodes whenever another Node's addresses do (never without
-// WatchOptions.OtherNodes).
-func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs, onOtherNodes func()) error {
+// WatchOptions.OtherNodes) and onAPIServer whenever the API server's endpoints do.
+func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs, onOtherNodes, onAPIServer func()) error {
 	services, err := w.resourceHandlers("Services", w.getService,
 		func(obj any) { withService(obj, d.ServiceChanged) }, func(obj any) { withService(obj, d.ServiceDeleted) })
 	if err != nil {
@@ -432,6 +454,11 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 			AddFunc:    func(any) { onServiceCIDRs() },
 			UpdateFunc: func(any, any) { onServiceCIDRs() },
 			DeleteFunc: func(any) { onServiceCIDRs() },
+		}},
+		{"API server endpoints", w.apiServer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { onAPIServer() },
+			UpdateFunc: func(any, any) { onAPIServer() },
+			DeleteFunc: func(any) { onAPIServer() },
 		}},
 	}
 	for i := range w.scope {

@@ -74,7 +74,7 @@ func TestStartWaitsForHandlers(t *testing.T) {
 	}
 	sink := &deliveredSink{services: map[types.NamespacedName]bool{}, slices: map[string]bool{}}
 	d := selector.NewDispatcher(router, map[string]selector.Sink{"default": sink}, w.SlicesOf, selector.Events{})
-	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}); err != nil {
+	if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}, func() {}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

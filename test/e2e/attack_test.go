@@ -90,6 +90,14 @@ func TestAttack(t *testing.T) {
 	victims := []env.Backend{env.Pod1v4, env.Remotev4}
 	attackers := []env.Backend{env.Pod2v4}
 
+	// The tenant's veteran Service, older than every victim: it asks for nothing now, and
+	// is later edited to take an address a victim serves.
+	veteran, err := e.CreateServiceAs(ctx, tenant, tenantNS, "veteran", attackerPorts, attackers, env.WithProxyName("team-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	secondPassed(t, veteran)
+
 	// The victims, another tenant's Services (created by the admin): one in team-b, whose
 	// rules run after the attacker's instance, one in the attacker's own instance (whose
 	// name sorts after the attacker's), and a LoadBalancer in team-b.
@@ -237,6 +245,62 @@ func TestAttack(t *testing.T) {
 		got := tally(t, e, e.TP.Client, squatLBIP, 80, tries)
 		got.expectVictim(t, "squatting another tenant's future LB IP", tries)
 		waitEvent(t, e, squat, "AddressRefused", `externalIP "`+squatLBIP+`" is outside the ranges instance "default" allows (tenant.externalIPCIDRs)`)
+	})
+
+	t.Run("an older Service edited to take an address in use", func(t *testing.T) {
+		// victim/lb-b serves victimSharedLBIP (in team-a's range too); the tenant's
+		// veteran, created before it, adds it as an externalIP. Ranked by age, the
+		// veteran would take it and its traffic; the holder keeps it.
+		cur, err := tenant.CoreV1().Services(tenantNS).Get(ctx, veteran.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.ExternalIPs = []string{victimSharedLBIP}
+		edited, err := tenant.CoreV1().Services(tenantNS).Update(ctx, cur, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cur, err := tenant.CoreV1().Services(tenantNS).Get(ctx, veteran.Name, metav1.GetOptions{})
+			if err == nil {
+				cur.Spec.ExternalIPs = nil
+				_, err = tenant.CoreV1().Services(tenantNS).Update(ctx, cur, metav1.UpdateOptions{})
+			}
+			if err != nil {
+				t.Errorf("giving up the veteran's externalIP: %v", err)
+			}
+		})
+		waitEvent(t, e, edited, "AddressRefused", "externalIP "+victimSharedLBIP+" refused: victim/lb-b claimed it first")
+		got := tally(t, e, e.TP.Client, victimSharedLBIP, 80, tries)
+		got.expectVictim(t, "an older Service edited to take an address in use", tries)
+		// A supervisor starting now sees both claims at once; the holdings its own status
+		// recorded before the restart rank them as the running one did.
+		if err := e.StopSupervisor(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.StartSupervisor(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.WaitHealthy(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		after := tally(t, e, e.TP.Client, victimSharedLBIP, 80, tries)
+		after.expectVictim(t, "an older Service edited to take an address in use, after a restart", tries)
+		if !strings.Contains(e.SupervisorLog(), "Seeded address holders from node statuses") {
+			t.Errorf("the restarted supervisor did not seed the address holders from the node statuses")
+		}
+		fmt.Printf("e2e: attack an older Service edited to take an address in use (%s): %s; victim %d/%d connections before a restart, %d/%d after it, attacker %d\n",
+			victimSharedLBIP, verdict(t), got.servers["victim"], tries, after.servers["victim"], tries, got.servers["attacker"]+after.servers["attacker"])
+	})
+
+	t.Run("externalIP is the API server's endpoint", func(t *testing.T) {
+		evil := create(t, "evil-apiserver", attackerPorts, attackers, env.WithProxyName("team-a"), env.WithExternalIPs(env.ControlPlaneIP))
+		reach(t, e, e.TP.Pod2, "tcp", evil.Spec.ClusterIP, 80, "attacker")
+		waitEvent(t, e, evil, "AddressRefused", "externalIP "+env.ControlPlaneIP+" refused: it is an endpoint of the API server (default/kubernetes)")
+		if tableHas(e, "team-a", env.ControlPlaneIP) {
+			t.Errorf("team-a's table holds the API server's address %s", env.ControlPlaneIP)
+		}
+		fmt.Printf("e2e: attack externalIP = the API server's endpoint (%s): %s\n", env.ControlPlaneIP, verdict(t))
 	})
 
 	t.Run("Service in a foreign namespace labelled for a guarded instance", func(t *testing.T) {
@@ -445,7 +509,7 @@ func hugeServiceAttack(t *testing.T, e *env.Env, tenant kubernetes.Interface) {
 	if own > bound {
 		t.Errorf("team-a took %v to program another Service after the huge one, want < %v", own, bound)
 	}
-	msg := waitEvent(t, e, huge, "ServiceTooLarge", "over the limit of 200000 per Service; not programmed")
+	msg := waitEvent(t, e, huge, "ServiceTooLarge", "over the limit of 200000 per Service (maxServiceElements); not programmed")
 	if tableHas(e, "team-a", huge.Spec.ClusterIP) {
 		t.Errorf("team-a programs the huge Service")
 	}
