@@ -42,6 +42,21 @@ const (
 	DefaultFullSyncPeriod = time.Hour
 )
 
+// Mark bits of other components that masqueradeBit must not take (Validate).
+const (
+	// KubeletDropBit is KUBE-MARK-DROP's bit (the kubelet's --iptables-drop-bit
+	// default): kubelets before 1.27 (KEP-3178) drop packets carrying it, and other
+	// components may still use that chain.
+	KubeletDropBit = 15
+	// KubeProxyMasqueradeBit is kube-proxy's --iptables-masquerade-bit default; it is
+	// taken while kube-proxy runs beside the supervisor, which is so when no instance
+	// is the default (kube-proxy then serves the unlabeled Services).
+	KubeProxyMasqueradeBit = 14
+	// DefaultMasqueradeBitAlongside is the default masqueradeBit when no instance is
+	// the default: the highest bit neither kube-proxy's nor the kubelet's.
+	DefaultMasqueradeBitAlongside = 13
+)
+
 // NodePortAddressesPrimary is the nodePortAddresses entry meaning "the node's
 // InternalIPs". It must be the only entry when used; it is the default.
 const NodePortAddressesPrimary = "primary"
@@ -75,7 +90,9 @@ type Config struct {
 	// server, as kube-proxy's enableProfiling. Default false.
 	EnableProfiling bool `yaml:"enableProfiling"`
 	// MasqueradeBit is the packet mark bit (0..31) that asks for masquerading; shared by
-	// every instance. A pointer so that an explicit 0 survives Default. Default 14.
+	// every instance. A pointer so that an explicit 0 survives Default. Default 14, or
+	// 13 when no instance is the default (beside kube-proxy, whose bit 14 is). Never 15
+	// (KubeletDropBit), nor 14 without a default instance.
 	MasqueradeBit *int `yaml:"masqueradeBit"`
 	// TablePrefix starts every instance's table name ("<prefix>-<instance>").
 	// Default "shardproxy". It must start with "shardproxy" (TablePrefixStart), so that
@@ -254,6 +271,9 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	}
 	if c.MasqueradeBit == nil {
 		c.MasqueradeBit = ptr(DefaultMasqueradeBit)
+		if !c.hasDefaultInstance() {
+			c.MasqueradeBit = ptr(DefaultMasqueradeBitAlongside)
+		}
 	}
 	if c.TablePrefix == "" {
 		c.TablePrefix = DefaultTablePrefix
@@ -291,6 +311,18 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	for i := range c.Instances {
 		c.Instances[i].defaults()
 	}
+}
+
+// hasDefaultInstance reports whether an instance serves the unlabeled Services. When
+// none does, something else on the node does: kube-proxy, in every deployment this
+// project documents (deploy/overlays/alongside-kube-proxy).
+func (c *Config) hasDefaultInstance() bool {
+	for i := range c.Instances {
+		if c.Instances[i].Default {
+			return true
+		}
+	}
+	return false
 }
 
 func (in *Instance) defaults() {

@@ -19,6 +19,9 @@ func FuzzDecode(f *testing.F) {
 		minimal + "  nodePortAddresses: [primary, 10.0.0.0/33]\n",
 		header + "nodeName: n\ninstances:\n- {name: a, default: true, slot: 40}\n- {name: a, default: true, slot: 40}\n",
 		header + "a: &x [*x]\n",
+		header + "nodeName: n\nnodeName: m\ninstances:\n- &i {name: a, default: true, slot: 0}\n- <<: *i\n  name: b\n",
+		minimal + "- {name: b, proxyNames: [b], slot: 1, tenant: {namespaces: [a], externalIPCIDRs: [10.0.0.0/8]}}\n" +
+			"- {name: c, proxyNames: [c], slot: 2, tenant: {namespaces: [a], externalIPCIDRs: [10.1.0.0/16]}}\n",
 		"",
 	} {
 		f.Add([]byte(s))
@@ -33,8 +36,12 @@ func FuzzDecode(f *testing.F) {
 		if err := c.Validate(); err != nil {
 			return
 		}
+		if *c.MasqueradeBit == KubeletDropBit || (*c.MasqueradeBit == KubeProxyMasqueradeBit && !c.hasDefaultInstance()) {
+			t.Fatalf("valid config with masqueradeBit %d", *c.MasqueradeBit)
+		}
 		names := map[string]bool{}
 		slots := map[int]bool{}
+		namespaces := map[string]string{}
 		defaults := 0
 		for i := range c.Instances {
 			in := &c.Instances[i]
@@ -46,6 +53,12 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("valid config with a bad slot in instance %q", in.Name)
 			}
 			slots[*in.Slot] = true
+			for _, ns := range in.Tenant.Namespaces {
+				if other, taken := namespaces[ns]; taken && other != in.Name {
+					t.Fatalf("valid config with namespace %q in instances %q and %q", ns, other, in.Name)
+				}
+				namespaces[ns] = in.Name
+			}
 			if in.Default {
 				defaults++
 			}

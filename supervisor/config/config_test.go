@@ -55,7 +55,7 @@ func TestDecodeDefaultValidate(t *testing.T) {
 		{
 			name:    "unknown top-level field names its line",
 			yaml:    header + "nodeName: node-1\nbogus: 1\n",
-			wantErr: []string{"test.yaml: line 4: field bogus not found"},
+			wantErr: []string{"test.yaml: line 4: bogus: unknown field"},
 		},
 		{
 			name: "unknown instance field names its line",
@@ -65,14 +65,14 @@ func TestDecodeDefaultValidate(t *testing.T) {
   slot: 0
   sloth: 1
 `,
-			wantErr: []string{"test.yaml: line 7: field sloth not found"},
+			wantErr: []string{`test.yaml: line 7: instances[0].sloth: unknown field; did you mean "slot"?`},
 		},
 		{
 			name: "unknown fields and a wrong apiVersion are reported together",
 			yaml: "apiVersion: v1\nkind: SupervisorConfig\nfoo: 1\nconntrack:\n  bar: 2\n",
 			wantErr: []string{
-				"test.yaml: line 3: field foo not found",
-				"test.yaml: line 5: field bar not found",
+				"test.yaml: line 3: foo: unknown field",
+				"test.yaml: line 5: conntrack.bar: unknown field",
 				`test.yaml: apiVersion: "v1" is not supported, want "shardproxy.io/v1alpha1"`,
 			},
 		},
@@ -113,49 +113,49 @@ func TestDecodeDefaultValidate(t *testing.T) {
 		{
 			name:    "duplicate key",
 			yaml:    minimal + "nodeName: node-2\n",
-			wantErr: []string{`mapping key "nodeName" already defined at line 3`},
+			wantErr: []string{"test.yaml: line 8: nodeName: duplicate key, on lines 3 and 8: keep one"},
 		},
 		{
 			name:    "wrong type",
 			yaml:    header + "masqueradeBit: fourteen\n",
-			wantErr: []string{"line 3: cannot unmarshal !!str `fourteen` into int"},
+			wantErr: []string{`test.yaml: line 3: masqueradeBit: want an integer, not "fourteen"`},
 		},
 		{
 			name:    "top level is a list",
 			yaml:    "- a\n",
-			wantErr: []string{"cannot unmarshal !!seq into config.Config", `apiVersion: ""`},
+			wantErr: []string{"test.yaml: line 1: want a mapping (a SupervisorConfig), not a list"},
 		},
 
 		// Durations.
 		{
 			name:    "duration without unit",
 			yaml:    minimal + "  syncPeriod: 5\n",
-			wantErr: []string{`test.yaml: line 8: duration 5 has no unit: write it as e.g. "5s"`},
+			wantErr: []string{`test.yaml: line 8: instances[0].syncPeriod: duration 5 has no unit: write it as e.g. "5s"`},
 		},
 		{
 			name:    "float duration without unit",
 			yaml:    minimal + "  syncPeriod: 1.5\n",
-			wantErr: []string{"line 8: duration 1.5 has no unit"},
+			wantErr: []string{"line 8: instances[0].syncPeriod: duration 1.5 has no unit"},
 		},
 		{
 			name:    "quoted number is not a duration",
 			yaml:    minimal + "  syncPeriod: \"5\"\n",
-			wantErr: []string{`line 8: "5" is not a duration`},
+			wantErr: []string{`line 8: instances[0].syncPeriod: "5" is not a duration`},
 		},
 		{
 			name:    "garbage duration",
 			yaml:    minimal + "  fullSyncPeriod: soon\n",
-			wantErr: []string{`line 8: "soon" is not a duration`},
+			wantErr: []string{`line 8: instances[0].fullSyncPeriod: "soon" is not a duration`},
 		},
 		{
 			name:    "duration as a list",
 			yaml:    minimal + "  minSyncPeriod: [1s]\n",
-			wantErr: []string{`line 8: want a duration such as "30s", not a list`},
+			wantErr: []string{`line 8: instances[0].minSyncPeriod: want a duration such as "30s", not a list`},
 		},
 		{
 			name:    "several bad durations reported together",
 			yaml:    header + "conntrack:\n  udpTimeout: 3\n  tcpCloseWaitTimeout: x\n",
-			wantErr: []string{"line 4: duration 3 has no unit", `line 5: "x" is not a duration`},
+			wantErr: []string{"line 4: conntrack.udpTimeout: duration 3 has no unit", `line 5: conntrack.tcpCloseWaitTimeout: "x" is not a duration`},
 		},
 		{
 			name:    "negative minSyncPeriod",
@@ -635,6 +635,16 @@ conntrack:
 			name: "an explicit serviceCIDRDrop false stays",
 			yaml: "serviceCIDRDrop: false\n" + minimal,
 			want: func(c *Config) { c.ServiceCIDRDrop = ptr(false) },
+		},
+		{
+			name: "beside kube-proxy (no default instance) the masquerade bit is 13, not kube-proxy's 14",
+			yaml: strings.Replace(minimal, "  default: true\n", "  proxyNames: [a]\n  tenant: {namespaces: [a]}\n", 1),
+			want: func(c *Config) {
+				c.MasqueradeBit = ptr(13)
+				c.Instances[0].Default = false
+				c.Instances[0].ProxyNames = []string{"a"}
+				c.Instances[0].Tenant.Namespaces = []string{"a"}
+			},
 		},
 		{
 			name: "fullSyncPeriod follows a long syncPeriod",

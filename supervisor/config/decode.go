@@ -11,26 +11,42 @@ import (
 )
 
 // Decode parses one SupervisorConfig document strictly: unknown and duplicate fields,
-// values of the wrong type, a second document and a wrong apiVersion or kind are all
-// errors, reported together, each naming source (usually the file name) and, where
-// YAML knows it, the line. Decode neither defaults nor validates; see Load.
+// values of the wrong kind, a second document and a wrong apiVersion or kind are all
+// errors, reported together in file order, each naming source (usually the file name),
+// the line, the field path and, for an unknown field, the nearest known one. One
+// mistake is one error: a duplicate key's later values are not read, and a value that
+// cannot be decoded leaves its field unset rather than its whole mapping. Decode
+// neither defaults nor validates; see Load.
 func Decode(data []byte, source string) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
+
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, prefixEach(source, errors.New("empty file: want one SupervisorConfig document"))
+		}
+		// A syntax error: nothing after it can be trusted.
+		return nil, prefixEach(source, errors.New(strings.TrimPrefix(err.Error(), "yaml: ")))
+	}
+	if isEmptyDocument(&doc) {
+		return nil, prefixEach(source, errors.New("empty file: want one SupervisorConfig document"))
+	}
 
 	var c Config
-	var errs []error
-	if err := dec.Decode(&c); err != nil {
-		var te *yaml.TypeError
-		switch {
-		case errors.Is(err, io.EOF):
-			return nil, prefixEach(source, errors.New("empty file: want one SupervisorConfig document"))
-		case errors.As(err, &te):
-			for _, msg := range te.Errors {
-				errs = append(errs, errors.New(msg))
+	top := doc.Content[0]
+	errs, reported, complete := checkFields(top)
+	topOK := top.Kind == yaml.MappingNode && complete
+	if topOK {
+		if err := top.Decode(&c); err != nil {
+			// checkFields removed what it knows cannot decode; this is what it missed.
+			var te *yaml.TypeError
+			if !errors.As(err, &te) {
+				errs = append(errs, errors.New(strings.TrimPrefix(err.Error(), "yaml: ")))
+			} else {
+				for _, msg := range te.Errors {
+					errs = append(errs, errors.New(msg))
+				}
 			}
-		default: // a syntax error: nothing after it can be trusted
-			return nil, prefixEach(source, errors.New(strings.TrimPrefix(err.Error(), "yaml: ")))
 		}
 	}
 
@@ -51,10 +67,12 @@ func Decode(data []byte, source string) (*Config, error) {
 		break
 	}
 
-	if c.APIVersion != APIVersion {
+	// A file that is not a mapping, or an apiVersion already reported, is not
+	// checked again: that would be a follow-on error.
+	if topOK && !reported["apiVersion"] && c.APIVersion != APIVersion {
 		errs = append(errs, fmt.Errorf("apiVersion: %q is not supported, want %q", c.APIVersion, APIVersion))
 	}
-	if c.Kind != Kind {
+	if topOK && !reported["kind"] && c.Kind != Kind {
 		errs = append(errs, fmt.Errorf("kind: %q is not supported, want %q", c.Kind, Kind))
 	}
 	if len(errs) > 0 {

@@ -36,7 +36,7 @@ func TestLoadBalancingConfig(t *testing.T) {
 		{
 			name:    "an unknown field",
 			yaml:    minimal + "  loadBalancing: {modes: [random]}\n",
-			wantErr: []string{"field modes not found"},
+			wantErr: []string{`test.yaml: line 8: instances[0].loadBalancing.modes: unknown field; did you mean "mode"?`},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -39,9 +39,7 @@ func (c *Config) Validate() error {
 	}
 
 	c.ClientConnection.validate(&p)
-	if c.MasqueradeBit != nil && (*c.MasqueradeBit < 0 || *c.MasqueradeBit > 31) {
-		p.add("masqueradeBit", "%d is out of range [0, 31]", *c.MasqueradeBit)
-	}
+	c.validateMasqueradeBit(&p)
 
 	if c.StatusNamespace != StatusDisabled {
 		if msgs := content.IsDNS1123Label(c.StatusNamespace); len(msgs) > 0 {
@@ -67,7 +65,94 @@ func (c *Config) Validate() error {
 	p.cidrList("reservedCIDRs", c.ReservedCIDRs)
 	c.Conntrack.validate(&p, "conntrack")
 	c.validateInstances(&p, prefixOK)
+	c.validateTenants(&p)
 	return errors.Join(p...)
+}
+
+// validateMasqueradeBit refuses a bit out of range or one another component marks
+// with: the kubelet's drop bit always, kube-proxy's masquerade bit when it runs beside.
+func (c *Config) validateMasqueradeBit(p *problems) {
+	if c.MasqueradeBit == nil {
+		return
+	}
+	switch bit := *c.MasqueradeBit; {
+	case bit < 0 || bit > 31:
+		p.add("masqueradeBit", "%d is out of range [0, 31]", bit)
+	case bit == KubeletDropBit:
+		other := KubeProxyMasqueradeBit
+		if !c.hasDefaultInstance() {
+			other = DefaultMasqueradeBitAlongside
+		}
+		p.add("masqueradeBit", "%d is the drop mark of KUBE-MARK-DROP (the kubelet's --iptables-drop-bit default): "+
+			"kubelets before 1.27 drop packets carrying it, and other components may still; choose another bit, such as %d",
+			bit, other)
+	case bit == KubeProxyMasqueradeBit && !c.hasDefaultInstance():
+		p.add("masqueradeBit", "%d is kube-proxy's masquerade bit (--iptables-masquerade-bit default), and with no default instance "+
+			"kube-proxy runs beside this supervisor and serves the unlabeled Services: choose a bit of shardproxy's own that no other "+
+			"component on the node uses, such as %d (the default here)", bit, DefaultMasqueradeBitAlongside)
+	}
+}
+
+// validateTenants checks what two tenants must not share. A namespace: a user there
+// could pick either instance by label, and with it the other tenant's address ranges.
+// An address of externalIPCIDRs, or of loadBalancerCIDRs: the guard would not keep the
+// tenants' Services apart. One tenant's external range may overlap another's
+// load-balancer range: the two guards filter different writers (Service users, the
+// load-balancer controller), and a collision of two claims is settled per address at
+// run time, the holder keeping it. Each conflict is reported on the later entry,
+// naming the earlier one.
+func (c *Config) validateTenants(p *problems) {
+	owner := map[string]int{} // namespace -> the first instance listing it
+	for i := range c.Instances {
+		for j, ns := range c.Instances[i].Tenant.Namespaces {
+			if len(content.IsDNS1123Label(ns)) > 0 {
+				continue // reported by Instance.validate
+			}
+			k, taken := owner[ns]
+			switch {
+			case !taken:
+				owner[ns] = i
+			case k != i: // twice in one instance is Instance.validate's
+				p.add(fmt.Sprintf("instances[%d].tenant.namespaces[%d]", i, j),
+					"%q is already listed by instance %s: a namespace belongs to one tenant (its users could choose either instance, and its address ranges, by label)",
+					ns, c.instanceRef(k))
+			}
+		}
+	}
+
+	c.validateDisjoint(p, "externalIPCIDRs", func(t *Tenant) []string { return t.ExternalIPCIDRs })
+	c.validateDisjoint(p, "loadBalancerCIDRs", func(t *Tenant) []string { return t.LoadBalancerCIDRs })
+}
+
+// validateDisjoint reports each range of the tenant field that overlaps (holds, or is
+// inside) one of another instance's, once for each other instance.
+func (c *Config) validateDisjoint(p *problems, field string, list func(*Tenant) []string) {
+	type claim struct {
+		instance int
+		path     string
+		prefix   netip.Prefix
+	}
+	var claims []claim
+	for i := range c.Instances {
+		for j, s := range list(&c.Instances[i].Tenant) {
+			pr, err := netip.ParsePrefix(s)
+			if err != nil || pr.Masked() != pr || pr.Addr().Is4In6() {
+				continue // reported by Instance.validate
+			}
+			claims = append(claims, claim{i, fmt.Sprintf("instances[%d].tenant.%s[%d]", i, field, j), pr})
+		}
+	}
+	for b, later := range claims {
+		named := map[int]bool{} // one error for each other instance overlapped
+		for _, earlier := range claims[:b] {
+			if earlier.instance == later.instance || named[earlier.instance] || !earlier.prefix.Overlaps(later.prefix) {
+				continue
+			}
+			named[earlier.instance] = true
+			p.add(later.path, "%q overlaps %q of instance %s (%s): two tenants' Services could claim one address",
+				later.prefix, earlier.prefix, c.instanceRef(earlier.instance), earlier.path)
+		}
+	}
 }
 
 func (ct *Conntrack) validate(p *problems, path string) {
@@ -98,6 +183,14 @@ func (c *Config) validateInstances(p *problems, prefixOK bool) {
 	if len(c.Instances) == 0 {
 		p.add("instances", "at least one instance is required")
 		return
+	}
+	// Past the slots, some slot is used twice whatever the file says: that is this
+	// error, not one for each instance.
+	tooMany := len(c.Instances) > tables.MaxSlots
+	if tooMany {
+		p.add("instances", "%d instances, more than the %d slots of a node: each instance needs a slot of its own, "+
+			"a priority no other instance has on every hook (tables/README.md, \"Hooks and priorities\")",
+			len(c.Instances), tables.MaxSlots)
 	}
 	names := map[string]int{}
 	slots := map[int]int{}
@@ -134,7 +227,9 @@ func (c *Config) validateInstances(p *problems, prefixOK bool) {
 			p.add(path+".slot", "%d is out of range [0, %d]", *in.Slot, tables.MaxSlots-1)
 		default:
 			if k, dup := slots[*in.Slot]; dup {
-				p.add(path+".slot", "%d is already used by %s", *in.Slot, c.instanceRef(k))
+				if !tooMany {
+					p.add(path+".slot", "%d is already used by %s", *in.Slot, c.instanceRef(k))
+				}
 			} else {
 				slots[*in.Slot] = i
 			}
