@@ -33,10 +33,14 @@ import (
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
+// sharedTenantsYAML is oneInstanceYAML with sharedTenants on: the corpus's instances
+// overlap on purpose, for the node-wide rules to decide.
+var sharedTenantsYAML = strings.Replace(oneInstanceYAML, "instances:\n", "sharedTenants: true\ninstances:\n", 1)
+
 // hostileConfigYAML opens the tenant ranges wide (the default instance serves any
 // external and load-balancer IP, as kube-proxy does), so that the corpus reaches the
 // node-wide rules and the model, not just the ranges.
-const hostileConfigYAML = oneInstanceYAML + `  detectLocal:
+var hostileConfigYAML = sharedTenantsYAML + `  detectLocal:
     mode: ClusterCIDR
     clusterCIDRs: [10.244.0.0/16, fd00:10:244::/56]
   tenant:

@@ -28,6 +28,7 @@ const renderConfigYAML = `apiVersion: shardproxy.io/v1alpha1
 kind: SupervisorConfig
 nodeName: node-1
 reservedCIDRs: [198.51.100.128/25]
+sharedTenants: true
 instances:
 - name: team-a
   proxyNames: [team-a]

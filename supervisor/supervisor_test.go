@@ -721,6 +721,7 @@ func TestHolderKeepsAddressAcrossInstances(t *testing.T) {
 func TestOtherNodesAddressesAreReserved(t *testing.T) {
 	f := startSupervisorWith(t, fixtureOptions{configure: func(c *config.Config) {
 		c.ReservedCIDRs = []string{"198.51.100.0/24"}
+		c.SharedTenants = true // every instance admits every externalIP
 		for i := range c.Instances {
 			c.Instances[i].Tenant.ExternalIPCIDRs = []string{"0.0.0.0/0"}
 		}

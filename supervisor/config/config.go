@@ -119,6 +119,13 @@ type Config struct {
 	// and addresses in memory. A pointer so that an explicit false survives Default.
 	// Default true.
 	ReserveOtherNodeAddresses *bool `yaml:"reserveOtherNodeAddresses"`
+	// SharedTenants lets instances list the same namespaces and overlapping address
+	// ranges: one team with several instances, or a namespace whose Services move
+	// between named instances by label. Off (the default), validation refuses both: a
+	// user of a shared namespace could pick either instance, and its address ranges, by
+	// label. On, each address is still arbitrated node-wide at run time (the holder
+	// keeps it).
+	SharedTenants bool `yaml:"sharedTenants"`
 	// ReservedCIDRs are ranges no Service's externalIP or load-balancer IP may take on
 	// this node (the node subnet, management hosts), at no API cost.
 	ReservedCIDRs []string `yaml:"reservedCIDRs"`

@@ -100,8 +100,11 @@ func (c *Config) validateMasqueradeBit(p *problems) {
 // load-balancer range: the two guards filter different writers (Service users, the
 // load-balancer controller), and a collision of two claims is settled per address at
 // run time, the holder keeping it. Each conflict is reported on the later entry,
-// naming the earlier one.
+// naming the earlier one. SharedTenants allows it all.
 func (c *Config) validateTenants(p *problems) {
+	if c.SharedTenants {
+		return
+	}
 	owner := map[string]int{} // namespace -> the first instance listing it
 	for i := range c.Instances {
 		for j, ns := range c.Instances[i].Tenant.Namespaces {

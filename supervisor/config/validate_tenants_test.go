@@ -26,6 +26,12 @@ func TestValidateAcrossTenants(t *testing.T) {
 	}{
 		// Namespaces.
 		{
+			name: "sharedTenants: one namespace and overlapping ranges in two instances",
+			yaml: strings.Replace(minimal, "instances:\n", "sharedTenants: true\ninstances:\n", 1) + `- {name: team-a, proxyNames: [a], slot: 1, tenant: {namespaces: [web], externalIPCIDRs: [192.0.2.0/24]}}
+- {name: team-b, proxyNames: [b], slot: 2, tenant: {namespaces: [web], externalIPCIDRs: [192.0.2.128/25]}}
+`,
+		},
+		{
 			name: "two instances listing the same namespace",
 			yaml: minimal + `- {name: team-a, proxyNames: [a], slot: 1, tenant: {namespaces: [shop, web]}}
 - {name: team-b, proxyNames: [b], slot: 2, tenant: {namespaces: [db, web]}}
