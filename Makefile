@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels
 
 all: build
 
@@ -66,6 +66,17 @@ conformance: deps
 
 vet:
 	$(GO) vet $(PKGS)
+
+# kernels runs the real-kernel layer on Debian's own kernels (KERNELS, default 5.10 from
+# bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), each in a QEMU VM under
+# software emulation with the test binaries and a Debian root file system in its
+# initramfs, and prints one LAYER line per kernel (hack/kernels.sh). The packages and
+# root file system are cached in ~/.cache/shardproxy/kernels. Root only; ~10 minutes a
+# kernel on two cores. `make test` runs the 6.1 one as its kernel-6.1 layer.
+KERNELS ?= 5.10,6.1,6.12
+kernels:
+	hack/install-deps.sh
+	KERNELS=$(KERNELS) hack/kernels.sh
 
 # test runs every layer, one summary line each (hack/test.sh): set-up (make deps and
 # go vet, timed), unit (fakes, golden rulesets, packet tracer), real-kernel (nft in

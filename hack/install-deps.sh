@@ -5,8 +5,10 @@
 # libcap2-bin (setcap: the non-root test gives the binaries file capabilities), and for the
 # cluster layer's real node (test/cluster): containerd, runc, the CNI plugins
 # (containernetworking-plugins), and mmdebstrap and umoci, which build its images offline
-# (hack/build-image.sh). The packaged containerd service is not started (policy-rc.d
-# below; test/cluster runs its own containerd with its own paths). Only
+# (hack/build-image.sh); for the kernel layers (hack/kernels.sh): qemu-system-x86 (the
+# VMs), cpio (their initramfs) and kmod (depmod for the kernel packages' modules). The
+# packaged containerd service is not started (policy-rc.d below; test/cluster runs its
+# own containerd with its own paths). Only
 # missing tools are installed and `apt-get update` runs at most once, so running it again
 # is cheap.
 #
@@ -27,10 +29,13 @@ declare -A pkg_for=(
 	[/usr/lib/cni/bridge]=containernetworking-plugins
 	[mmdebstrap]=mmdebstrap
 	[umoci]=umoci
+	[qemu-system-x86_64]=qemu-system-x86
+	[cpio]=cpio
+	[depmod]=kmod
 )
 
 missing=()
-for cmd in nft conntrack etcd ip iptables setcap containerd runc /usr/lib/cni/bridge mmdebstrap umoci; do
+for cmd in nft conntrack etcd ip iptables setcap containerd runc /usr/lib/cni/bridge mmdebstrap umoci qemu-system-x86_64 cpio depmod; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
 		missing+=("${pkg_for[${cmd}]}")
 	fi
