@@ -60,7 +60,7 @@ type localServices interface {
 func (s *Supervisor) newObserver() *observer {
 	return &observer{
 		health: s.health, metrics: s.metrics, svcHC: s.svcHC, changes: s.changes,
-		fullSyncs: &s.fullSyncs, recorder: s.deps.Recorder, logger: s.logger,
+		fullSyncs: s.fullSyncs, recorder: s.deps.Recorder, logger: s.logger,
 		conntrack: s.conntrack, services: s, fullSync: s.deps.FullSync,
 	}
 }

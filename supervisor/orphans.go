@@ -12,10 +12,15 @@ import (
 // firstFullSyncs closes done once every instance has completed a successful full sync.
 type firstFullSyncs struct {
 	mu sync.Mutex
-	// pending counts the instances still to complete one; set before they start.
+	// pending counts the instances still to complete one.
 	pending int
 	synced  map[string]bool
 	done    chan struct{}
+}
+
+// newFirstFullSyncs waits for the first full syncs of n instances.
+func newFirstFullSyncs(n int) *firstFullSyncs {
+	return &firstFullSyncs{pending: n, synced: map[string]bool{}, done: make(chan struct{})}
 }
 
 // fullSynced records a successful full sync of inst.
@@ -24,9 +29,6 @@ func (f *firstFullSyncs) fullSynced(inst string) {
 	defer f.mu.Unlock()
 	if f.synced[inst] || f.pending <= 0 {
 		return
-	}
-	if f.synced == nil {
-		f.synced = map[string]bool{}
 	}
 	f.synced[inst] = true
 	if f.pending--; f.pending == 0 {

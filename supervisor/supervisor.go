@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
@@ -31,6 +33,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/tables"
+	"github.com/shardproxy/shardproxy/tables/servicecidr"
 )
 
 // Deps are the supervisor's side-effect seams; New fills what is left nil with the real
@@ -113,7 +116,7 @@ type Supervisor struct {
 	changes *changeCounter
 	// fullSyncs tracks the instances' first successful full syncs; once every instance
 	// has had one, the tables of instances no longer configured are deleted.
-	fullSyncs firstFullSyncs
+	fullSyncs *firstFullSyncs
 
 	nodeMu sync.Mutex
 	node   *corev1.Node
@@ -130,11 +133,8 @@ type Supervisor struct {
 	otherNodes chan struct{}
 }
 
-// New builds a supervisor from a validated configuration. Nothing runs before Run.
-func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
-	if deps.Client == nil {
-		return nil, errors.New("supervisor: no API client")
-	}
+// withDefaults fills in the real system behind every seam a test leaves unset.
+func (deps Deps) withDefaults(cfg *config.Config) Deps {
 	if deps.NFT == nil {
 		deps.NFT = tables.NewNFT
 		if deps.ElementsPerCommand == 0 {
@@ -173,6 +173,21 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	if deps.Metrics == nil {
 		deps.Metrics = metrics.New()
 	}
+	if deps.Version == "" {
+		deps.Version = "unknown"
+	}
+	if deps.HealthCheckListener == nil {
+		deps.HealthCheckListener = healthcheck.TCPListener{}
+	}
+	return deps
+}
+
+// New builds a supervisor from a validated configuration. Nothing runs before Run.
+func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
+	if deps.Client == nil {
+		return nil, errors.New("supervisor: no API client")
+	}
+	deps = deps.withDefaults(cfg)
 	s := &Supervisor{
 		cfg:       cfg,
 		deps:      deps,
@@ -184,17 +199,11 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		nodeChanged: make(chan struct{}),
 		otherNodes:  make(chan struct{}, 1),
 	}
-	if deps.Version == "" {
-		deps.Version = "unknown"
-	}
 	s.metrics.SetBuildInfo(deps.Version)
 	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
-	s.fullSyncs.done = make(chan struct{})
+	s.fullSyncs = newFirstFullSyncs(len(cfg.Instances))
 	s.health = healthcheck.NewProxyHealth(nil, s.healthTimeout)
-	if deps.HealthCheckListener == nil {
-		deps.HealthCheckListener = healthcheck.TCPListener{}
-	}
 	s.svcHC = healthcheck.NewServiceHealth(deps.HealthCheckListener, deps.Recorder, s.health.Healthy)
 	if deps.Conntrack == nil {
 		ct, err := conntrack.New()
@@ -256,12 +265,47 @@ func (s *Supervisor) Health() *healthcheck.ProxyHealth { return s.health }
 func (s *Supervisor) Instance(name string) *instance.Proxy { return s.instances[name] }
 
 // Run starts everything and blocks until ctx is done. Rules stay in place when it
-// returns: stopping the supervisor never interrupts traffic.
+// returns: stopping the supervisor never interrupts traffic. Every goroutine it starts
+// has ended when it returns.
 func (s *Supervisor) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.setConntrackSysctls()
+	w, d, cidrDrop, err := s.wire(ctx)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	stop := func() {
+		cancel()
+		s.svcHC.Close()
+		wg.Wait()
+		w.Wait()
+	}
+	s.startServers(ctx, &wg, d)
+	s.seedHoldings(ctx, d)
+	if err := w.Start(ctx, 2*time.Minute); err != nil {
+		stopped := ctx.Err() != nil
+		stop()
+		if stopped {
+			return nil // stopped while waiting for the caches: not a failure
+		}
+		return err
+	}
+	// From here on a new claim on an address ranks after those already there.
+	d.MarkListed()
+	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
+	// Every Node's addresses are known: verdicts are final before any instance syncs.
+	s.updateReserved()
+	s.startLoops(ctx, &wg, w, cidrDrop)
+	<-ctx.Done()
+	stop()
+	return nil
+}
 
+// wire builds what Run runs, none of it started: the watches, the instances (once this
+// Node is read), the dispatcher between them and the ServiceCIDR drop.
+func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, *servicecidr.Keeper, error) {
 	serviceCIDRs := serviceCIDRAPIAvailable(s.deps.Client)
 	if !serviceCIDRs {
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
@@ -269,7 +313,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs),
 		WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: *s.cfg.ReserveOtherNodeAddresses})
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	s.watches = w
 	s.slicesOf = w.SlicesOf
@@ -278,7 +322,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	for _, spec := range s.cfg.Instances {
 		p, err := s.newInstance(spec, node)
 		if err != nil {
-			return err
+			return nil, nil, nil, err
 		}
 		s.instances[spec.Name] = p
 		s.health.AddInstance(spec.Name)
@@ -288,8 +332,24 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	for n, p := range s.instances {
 		sinks[n] = &countingSink{Sink: p, instance: n, counter: s.changes}
 	}
-	s.fullSyncs.pending = len(s.instances)
-	d := selector.NewDispatcher(s.router, sinks, w.SlicesOf, selector.Events{
+	d := selector.NewDispatcher(s.router, sinks, w.SlicesOf, s.dispatcherEvents())
+	s.dispatcher = d
+	s.svcHC.SetOwnerLookup(d.Owner)
+	cidrDrop := s.newServiceCIDRDrop(serviceCIDRs)
+	onServiceCIDRs := s.updateReserved
+	if cidrDrop != nil {
+		onServiceCIDRs = func() { s.updateReserved(); cidrDrop.Changed() }
+	}
+	if err := w.Connect(d, s.onNode, onServiceCIDRs, s.otherNodesChanged, s.updateReserved); err != nil {
+		return nil, nil, nil, err
+	}
+	return w, d, cidrDrop, nil
+}
+
+// dispatcherEvents turns the dispatcher's notifications into metrics, log lines and
+// Events.
+func (s *Supervisor) dispatcherEvents() selector.Events {
+	return selector.Events{
 		Handover: func(svc types.NamespacedName, from, to string) {
 			if from != "" && to != "" {
 				s.metrics.Handover(from, to)
@@ -306,89 +366,51 @@ func (s *Supervisor) Run(ctx context.Context) error {
 				s.deps.Recorder.Eventf(name, corev1.EventTypeWarning, "AddressRefused", "%s", p)
 			}
 		},
-	})
-	s.dispatcher = d
-	s.svcHC.SetOwnerLookup(d.Owner)
-	cidrDrop := s.newServiceCIDRDrop(serviceCIDRs)
-	onServiceCIDRs := s.updateReserved
-	if cidrDrop != nil {
-		onServiceCIDRs = func() { s.updateReserved(); cidrDrop.Changed() }
 	}
-	if err := w.Connect(d, s.onNode, onServiceCIDRs, s.otherNodesChanged, s.updateReserved); err != nil {
-		return err
-	}
+}
 
-	var wg sync.WaitGroup
-	serve := func(name string, f func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(); err != nil && ctx.Err() == nil {
-				s.logger.Error(err, "Server failed", "server", name)
-			}
-		}()
-	}
+// startServers starts, before the caches fill, what answers from the start: the node
+// status publisher, the health-check node port retries, /healthz and /metrics.
+func (s *Supervisor) startServers(ctx context.Context, wg *sync.WaitGroup, d *selector.Dispatcher) {
 	if s.cfg.StatusNamespace != config.StatusDisabled {
 		pub := &migrate.Publisher{Client: s.deps.Client, Namespace: s.cfg.StatusNamespace, Node: s.cfg.NodeName,
 			Source: func() migrate.NodeStatus { return s.nodeStatus(d) },
 			// Heartbeats only while a migration needs them: at 5,000 nodes, one Get and
 			// one Update every 30 s each were ~333 requests/s in steady state.
 			Heartbeat: migrate.NodeStatus.Migrating}
-		wg.Add(1)
-		go func() { defer wg.Done(); pub.Run(ctx) }()
+		wg.Go(func() { pub.Run(ctx) })
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.retryHealthChecks(ctx, healthCheckRetryInterval)
-	}()
-	serve("healthz", func() error {
-		return s.serveRetrying(ctx, "healthz", s.cfg.HealthzBindAddress, reasonFailedToStartHealthz, s.countedHealth())
-	})
-	serve("metrics", func() error {
-		return s.serveRetrying(ctx, "metrics", s.cfg.MetricsBindAddress, reasonFailedToStartMetrics, s.metricsHandler())
-	})
+	wg.Go(func() { s.retryHealthChecks(ctx, healthCheckRetryInterval) })
+	serve := func(name, addr, reason string, h http.Handler) {
+		wg.Go(func() {
+			if err := s.serveRetrying(ctx, name, addr, reason, h); err != nil && ctx.Err() == nil {
+				s.logger.Error(err, "Server failed", "server", name)
+			}
+		})
+	}
+	serve("healthz", s.cfg.HealthzBindAddress, reasonFailedToStartHealthz, s.countedHealth())
+	serve("metrics", s.cfg.MetricsBindAddress, reasonFailedToStartMetrics, s.metricsHandler())
+}
 
-	s.seedHoldings(ctx, d)
-	if err := w.Start(ctx, 2*time.Minute); err != nil {
-		if ctx.Err() != nil {
-			wg.Wait()
-			return nil // stopped while waiting for the caches: not a failure
-		}
-		return err
-	}
-	// From here on a new claim on an address ranks after those already there.
-	d.MarkListed()
-	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
-	// Every Node's addresses are known: verdicts are final before any instance syncs.
-	s.updateReserved()
-	wg.Add(1)
-	go func() { defer wg.Done(); s.runOtherNodes(ctx) }()
-	wg.Add(1)
-	go func() { defer wg.Done(); s.runServiceCIDRDrop(ctx, cidrDrop) }()
-	wg.Add(1)
-	go func() { defer wg.Done(); s.auditSlices(ctx, w) }()
+// startLoops starts, once the caches are full, the node-wide loops and the instances:
+// the other Nodes' addresses, the ServiceCIDR drop, the slice audit, then (after taking
+// over the tables of an earlier run) one supervised loop per instance, and the deletion
+// of unconfigured instances' tables once every instance has had a full sync.
+func (s *Supervisor) startLoops(ctx context.Context, wg *sync.WaitGroup, w *Watches, cidrDrop *servicecidr.Keeper) {
+	wg.Go(func() { s.runOtherNodes(ctx) })
+	wg.Go(func() { s.runServiceCIDRDrop(ctx, cidrDrop) })
+	wg.Go(func() { s.auditSlices(ctx, w) })
 	s.takeOverTables(ctx)
 	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.superviseInstance(ctx, s.instances[name])
-		}()
+		wg.Go(func() { s.superviseInstance(ctx, s.instances[name]) })
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		select {
 		case <-ctx.Done():
 		case <-s.fullSyncs.done:
 			s.deleteUnconfiguredTables(ctx)
 		}
-	}()
-	<-ctx.Done()
-	s.svcHC.Close()
-	wg.Wait()
-	return nil
+	})
 }
 
 // superviseInstance runs one instance and restarts it with backoff if it panics, so one
@@ -398,7 +420,7 @@ func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
 	if !s.waitForPodCIDRs(ctx, p.Name()) {
 		return
 	}
-	backoff := time.Second
+	backoff := restartBackoff()
 	for {
 		s.metrics.SetInstanceUp(p.Name(), true)
 		s.health.SetInstanceUp(p.Name(), true, "")
@@ -406,17 +428,24 @@ func (s *Supervisor) superviseInstance(ctx context.Context, p *instance.Proxy) {
 		if ctx.Err() != nil {
 			return
 		}
-		logger.Error(err, "Instance stopped; restarting", "backoff", backoff)
+		delay := backoff.Step()
+		logger.Error(err, "Instance stopped; restarting", "backoff", delay)
 		s.metrics.SetInstanceUp(p.Name(), false)
 		s.metrics.InstanceRestarted(p.Name())
 		s.health.SetInstanceUp(p.Name(), false, err.Error())
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(delay):
 		}
-		backoff = min(2*backoff, time.Minute)
 	}
+}
+
+// restartBackoff spaces the restarts of a failing instance: from 1 s, doubling, with
+// jitter so that the instances of many nodes hit by one bad object do not restart in
+// step, up to a minute.
+func restartBackoff() wait.Backoff {
+	return wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: time.Minute}
 }
 
 // runWatched runs p until ctx ends or p stops, and stops it when its sync loop has

@@ -72,6 +72,8 @@ type Watches struct {
 	// mergers join the watches of a resource when there are several; Start runs their
 	// reads of objects leaving every watch.
 	mergers []*merger
+	// readers are the mergers' reads, for Wait.
+	readers sync.WaitGroup
 }
 
 // NewWatches creates the informers (nothing runs before Start) for the Services and
@@ -528,7 +530,7 @@ func (w *Watches) getSlice(ctx context.Context, namespace, name, rv string) (met
 // still be thousands of events behind).
 func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 	for _, m := range w.mergers {
-		go m.run(ctx)
+		w.readers.Go(func() { m.run(ctx) })
 	}
 	for _, f := range w.factories {
 		f.Start(ctx.Done())
@@ -550,6 +552,16 @@ func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("API caches did not fill within %s", timeout)
 	}
 	return nil
+}
+
+// Wait returns once what Start started has ended, after its context did: the
+// informers and the mergers' reads (none delivers an event after it returns).
+func (w *Watches) Wait() {
+	for _, f := range w.factories {
+		f.Shutdown()
+	}
+	w.nodeFactory.Shutdown()
+	w.readers.Wait()
 }
 
 func withService(obj any, f func(*corev1.Service)) {
