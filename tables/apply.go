@@ -17,12 +17,20 @@ type Applier interface {
 	Apply(ctx context.Context, d *Diff) error
 }
 
-// NFTApplier applies Diffs as knftables transactions: through the nft binary, or into
-// knftables' Fake.
+// NFTApplier applies Diffs through knftables: as an `nft -f` script streamed to the nft
+// binary (a ScriptRunner, as NewNFT's), or as one knftables.Transaction (knftables' Fake).
+// knftables writes every command but the element commands of a script, which are this
+// file's own (appendElementCommand): knftables has one object per element, and a
+// script carries many elements a command.
 type NFTApplier struct {
 	nft knftables.Interface
-	// perCommand is how many elements of one set one command carries (see transaction).
+	// perCommand is how many elements of one set one command of a script carries.
 	perCommand int
+	// family and table are the table nft is bound to, which element commands name;
+	// tableErr is why they are not known.
+	family   knftables.Family
+	table    string
+	tableErr error
 }
 
 var _ Applier = &NFTApplier{}
@@ -32,11 +40,28 @@ var _ Applier = &NFTApplier{}
 // test/bench; see tables/README.md), and the bound keeps each line of the script sane.
 const MaxElementsPerCommand = 4096
 
-// NewNFTApplier returns an Applier writing through nft. elementsPerCommand above 1
-// writes up to that many elements of a set in one command, as the nft binary accepts;
-// knftables' Fake stores each element object as given and needs 1.
+// NewNFTApplier returns an Applier writing through nft, which must be bound to one table
+// (as NewNFT's and knftables.NewFake's are). elementsPerCommand above 1 writes up to
+// that many elements of a set in one command of a script, as the nft binary accepts; a
+// knftables.Transaction (knftables' Fake) carries one element per command whatever it
+// is.
 func NewNFTApplier(nft knftables.Interface, elementsPerCommand int) *NFTApplier {
-	return &NFTApplier{nft: nft, perCommand: max(1, elementsPerCommand)}
+	a := &NFTApplier{nft: nft, perCommand: max(1, elementsPerCommand)}
+	a.family, a.table, a.tableErr = boundTable(nft)
+	return a
+}
+
+// boundTable returns the family and table nft is bound to, from the command that adds
+// the table, which nft's grammar spells "add table <family> <name>": knftables offers no
+// accessor for them.
+func boundTable(nft knftables.Interface) (knftables.Family, string, error) {
+	tx := nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	f := strings.Fields(tx.String())
+	if len(f) != 4 || f[0] != "add" || f[1] != "table" {
+		return "", "", fmt.Errorf("finding the table nft is bound to: %q", tx.String())
+	}
+	return knftables.Family(f[2]), f[3], nil
 }
 
 // Apply implements Applier. An empty Diff runs nothing.
@@ -47,7 +72,7 @@ func (a *NFTApplier) Apply(ctx context.Context, d *Diff) error {
 	if sr, ok := a.nft.(ScriptRunner); ok {
 		return sr.RunScript(ctx, false, func(w io.Writer) error { return a.stream(w, d) })
 	}
-	return a.nft.Run(ctx, a.transaction(d))
+	return a.nft.Run(ctx, a.knftTransaction(d))
 }
 
 // Check asks nft whether it would accept the Diff, without changing anything.
@@ -55,12 +80,13 @@ func (a *NFTApplier) Check(ctx context.Context, d *Diff) error {
 	if sr, ok := a.nft.(ScriptRunner); ok {
 		return sr.RunScript(ctx, true, func(w io.Writer) error { return a.stream(w, d) })
 	}
-	return a.nft.Check(ctx, a.transaction(d))
+	return a.nft.Check(ctx, a.knftTransaction(d))
 }
 
-// transaction renders the whole Diff as one knftables transaction (knftables' Fake).
-func (a *NFTApplier) transaction(d *Diff) *knftables.Transaction {
-	ops := &opWriter{tx: a.nft.NewTransaction()}
+// knftTransaction renders the whole Diff as one knftables transaction, one element per
+// command, each a knftables.Element.
+func (a *NFTApplier) knftTransaction(d *Diff) *knftables.Transaction {
+	ops := a.newOpWriter()
 	a.write(ops, d)
 	return ops.tx
 }
@@ -73,59 +99,93 @@ func (a *NFTApplier) transaction(d *Diff) *knftables.Transaction {
 // chunk's rendering), at the full sync's memory peak.
 const streamChunkOps = 256
 
-// stream writes the Diff's script to w a chunk of operations at a time.
+// stream writes the Diff's script to w a chunk of operations at a time, its element
+// commands straight from their ids: elements are most of a full sync's script, and
+// knftables' buffer and its String copied each command twice more (~0.16 GB of garbage
+// in a 100,000-Service full sync).
 func (a *NFTApplier) stream(w io.Writer, d *Diff) error {
-	ops := &opWriter{tx: a.nft.NewTransaction(), direct: w, newTx: a.nft.NewTransaction}
-	ops.flush = func(tx *knftables.Transaction) error {
-		text := tx.String()
-		// knftables keeps an operation that fails its checks, and every one after it,
-		// out of the text and ends the text with the error, which nft would take for a
-		// comment: the transaction would run without them.
-		if i := strings.LastIndexByte(text, '\n'); strings.HasPrefix(text[i+1:], "# ERROR: ") {
-			return fmt.Errorf("rendering the transaction: %s", strings.TrimPrefix(text[i+1:], "# ERROR: "))
+	if a.tableErr != nil {
+		return a.tableErr
+	}
+	ops := a.newOpWriter()
+	ops.flush = func() error {
+		_, err := io.WriteString(w, ops.tx.String())
+		ops.tx, ops.pending = a.nft.NewTransaction(), 0
+		return err
+	}
+	ops.elements = func(ids []string, del bool) error {
+		if ops.tx.NumOperations() > 0 {
+			if err := ops.flush(); err != nil {
+				return err
+			}
 		}
-		_, err := io.WriteString(w, text)
-		ops.tx = ops.newTx()
+		ops.line = appendElementCommand(ops.line[:0], a.family, a.table, ids, del)
+		_, err := w.Write(ops.line)
 		return err
 	}
 	a.write(ops, d)
 	// Also when nothing is queued: a refused operation leaves none, only its error.
 	if ops.err == nil {
-		ops.err = ops.flush(ops.tx)
+		ops.err = ops.flush()
 	}
 	return ops.err
+}
+
+// newOpWriter returns an opWriter collecting into a new transaction of a.nft.
+func (a *NFTApplier) newOpWriter() *opWriter {
+	return &opWriter{tx: a.nft.NewTransaction(), check: a.nft.Check}
 }
 
 // opWriter collects a Diff's operations into tx; with flush set, it hands tx over every
 // streamChunkOps operations and continues in a new one.
 type opWriter struct {
-	tx    *knftables.Transaction
-	flush func(*knftables.Transaction) error
+	tx *knftables.Transaction
+	// check is knftables' Check, which tells why tx refused an operation: knftables
+	// keeps a refused operation, and every one after it, out of the transaction, and
+	// the error for Run and Check.
+	check func(context.Context, *knftables.Transaction) error
+	// flush, when streaming, writes tx out and starts a new one.
+	flush func() error
 	err   error
 	// pending counts the operations in tx, each element of a command as one.
 	pending int
-	// direct, when streaming, takes the element commands written straight from their
-	// ids (writeElementsDirect) once the operations before them are flushed: elements
-	// are most of a full sync's script, and knftables' buffer and its String copied
-	// each command twice more (~0.16 GB of garbage in a 100,000-Service full sync).
-	direct io.Writer
-	// line is the element command being written, reused; prefixes caches, per set and
-	// verb, the command's text up to its elements, as knftables writes it.
-	line     []byte
-	prefixes map[string]string
-	newTx    func() *knftables.Transaction
+	// elements, when streaming, writes one command of the elements of ids, all of one
+	// set (deletes them, with del), after the operations queued before it; nil: each
+	// element is a knftables.Element of tx.
+	elements func(ids []string, del bool) error
+	// line is the element command being written, reused.
+	line []byte
 }
 
-func (o *opWriter) add(obj knftables.Object)    { o.tx.Add(obj); o.next(1) }
-func (o *opWriter) empty(obj knftables.Object)  { o.tx.Flush(obj); o.next(1) }
-func (o *opWriter) delete(obj knftables.Object) { o.tx.Delete(obj); o.next(1) }
+func (o *opWriter) add(obj knftables.Object)    { o.queue((*knftables.Transaction).Add, obj) }
+func (o *opWriter) empty(obj knftables.Object)  { o.queue((*knftables.Transaction).Flush, obj) }
+func (o *opWriter) delete(obj knftables.Object) { o.queue((*knftables.Transaction).Delete, obj) }
+
+// queue adds one operation to tx; one tx refuses stops the writer with knftables' reason.
+func (o *opWriter) queue(op func(*knftables.Transaction, knftables.Object), obj knftables.Object) {
+	if o.err != nil {
+		return
+	}
+	n := o.tx.NumOperations()
+	op(o.tx, obj)
+	if o.tx.NumOperations() == n {
+		// A transaction holding a refused operation fails Check without running
+		// anything, with that operation's error.
+		err := o.check(context.Background(), o.tx)
+		if err == nil {
+			err = fmt.Errorf("knftables refused a %T operation", obj)
+		}
+		o.err = fmt.Errorf("rendering the transaction: %w", err)
+		return
+	}
+	o.next(1)
+}
 
 // next counts n more operations in tx, and hands tx over when it holds a chunk.
 func (o *opWriter) next(n int) {
 	o.pending += n
 	if o.flush != nil && o.err == nil && o.pending >= streamChunkOps {
-		o.err = o.flush(o.tx)
-		o.pending = 0
+		o.err = o.flush()
 	}
 }
 
@@ -205,103 +265,43 @@ func writeSkeleton(ops *opWriter, sk *Skeleton) {
 }
 
 // writeElements adds (or, with del, deletes) the elements of ids, given sorted so that
-// the elements of one set are next to each other, up to perCommand per command.
+// the elements of one set are next to each other: as commands of up to perCommand
+// elements when streaming, as one knftables.Element each otherwise.
 func (a *NFTApplier) writeElements(ops *opWriter, del bool, ids []string) {
-	for len(ids) > 0 {
+	if ops.elements == nil {
+		for _, id := range ids {
+			if del {
+				ops.delete(elementFromID(id).object())
+			} else {
+				ops.add(elementFromID(id).object())
+			}
+		}
+		return
+	}
+	for len(ids) > 0 && ops.err == nil {
 		set := idSet(ids[0])
 		n := 1
 		for n < len(ids) && n < a.perCommand && idSet(ids[n]) == set {
 			n++
 		}
-		switch {
-		case ops.direct != nil:
-			ops.writeElementsDirect(ids[:n], del)
-		case del:
-			ops.tx.Delete(multiElement(ids[:n], del))
-			ops.next(n)
-		default:
-			ops.tx.Add(multiElement(ids[:n], del))
-			ops.next(n)
-		}
+		ops.err = ops.elements(ids[:n], del)
 		ids = ids[n:]
 	}
 }
 
-// writeElementsDirect writes one command adding (deleting, with del) the elements of
-// ids, all of one set, to o.direct, after flushing the operations queued before it. The
-// text is the one knftables would write for multiElement(ids, del): the command's start
-// is knftables' own, rendered once per set and verb (elementPrefix).
-func (o *opWriter) writeElementsDirect(ids []string, del bool) {
-	if o.err != nil {
-		return
-	}
-	if o.tx.NumOperations() > 0 {
-		if o.err = o.flush(o.tx); o.err != nil {
-			return
-		}
-		o.pending = 0
-	}
-	prefix, err := o.elementPrefix(ids[0], del)
-	if err != nil {
-		o.err = err
-		return
-	}
-	b := append(appendIDsText(append(o.line[:0], prefix...), ids, !del), " }\n"...)
-	o.line = b
-	_, o.err = o.direct.Write(b)
-}
-
-// elementPrefix returns the text knftables writes for an element command of id's set
-// up to its elements ("add element ip <table> <set> { "), rendered once per set and verb
-// from a transaction of the same nft, so that family and table are its own.
-func (o *opWriter) elementPrefix(id string, del bool) (string, error) {
-	key := idSet(id)
+// appendElementCommand appends the nft command adding (deleting, with del) the elements
+// of ids, all of one set of table: `add element <family> <table> <set> { k1 : v1, k2 :
+// v2 }` (a delete names keys only), as nft's grammar has it and as knftables writes one
+// element (TestStreamWritesTheTransaction compares them byte for byte).
+func appendElementCommand(b []byte, fam knftables.Family, table string, ids []string, del bool) []byte {
+	verb := "add"
 	if del {
-		key = "delete " + key
+		verb = "delete"
 	}
-	if p, ok := o.prefixes[key]; ok {
-		return p, nil
-	}
-	const marker = "\x00"
-	el := elementFromID(id).object()
-	el.Key = []string{marker}
-	tx := o.newTx()
-	if del {
-		tx.Delete(el)
-	} else {
-		tx.Add(el)
-	}
-	line := tx.String()
-	i := strings.Index(line, "{ "+marker)
-	if i < 0 {
-		return "", fmt.Errorf("rendering an element command of set %s: %q", idSet(id), line)
-	}
-	if o.prefixes == nil {
-		o.prefixes = map[string]string{}
-	}
-	o.prefixes[key] = line[:i+2]
-	return line[:i+2], nil
-}
-
-// multiElement returns one knftables element that stands for the elements of ids, all
-// of one set, written straight from the ids: going through element structs made most of
-// a full sync's garbage. knftables writes `add element <family> <table> <set> { KEY :
-// VALUE }` (no value for delete), so the key "k1 : v1, k2 : v2, ..., kn" with the value
-// vn adds all n in one command.
-func multiElement(ids []string, del bool) *knftables.Element {
-	el := elementFromID(ids[len(ids)-1]).object()
-	if len(ids) == 1 {
-		return el
-	}
-	size := 0
-	for _, id := range ids {
-		size += 3 * len(id) // text is longer than the binary id: a first guess
-	}
-	b := appendIDsText(make([]byte, 0, size), ids[:len(ids)-1], !del)
-	// The last element's value is el's, which knftables writes after the key.
-	b = appendIDText(append(b, ", "...), ids[len(ids)-1], false)
-	el.Key = []string{string(b)}
-	return el
+	b = append(append(append(b, verb...), " element "...), fam...)
+	b = append(append(append(append(b, ' '), table...), ' '), idSet(ids[0])...)
+	b = appendIDsText(append(b, " { "...), ids, !del)
+	return append(b, " }\n"...)
 }
 
 // appendIDsText appends the text of the elements of ids, separated by ", ", each with

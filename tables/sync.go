@@ -81,9 +81,9 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 	return s, nil
 }
 
-// SetElementsPerCommand sets how many elements of a set one nft command carries: the nft
-// binary takes MaxElementsPerCommand, several times faster than one each; knftables'
-// Fake needs 1.
+// SetElementsPerCommand sets how many elements of a set one command of a streamed nft
+// script carries: the nft binary takes MaxElementsPerCommand, several times faster than
+// one each. A knftables transaction (knftables' Fake) carries one whatever it is.
 func (s *Syncer) SetElementsPerCommand(n int) { s.apply = NewNFTApplier(s.nft, n) }
 
 // SetDirect makes the Diffs that need no rule text, and are small enough, go through a
