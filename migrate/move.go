@@ -40,7 +40,8 @@ type Mover struct {
 	StatusNamespace string
 	// Out receives progress lines.
 	Out io.Writer
-	// BatchSize is how many Services move together; default 20.
+	// BatchSize is how many Services move together; 0 means DefaultBatchSize, a
+	// negative size is an error.
 	BatchSize int
 	// Timeout bounds the wait for every node to confirm a batch; default 2m.
 	Timeout time.Duration
@@ -64,9 +65,12 @@ type Mover struct {
 	Now func() time.Time
 }
 
+// DefaultBatchSize is how many Services move together unless BatchSize says otherwise.
+const DefaultBatchSize = 20
+
 func (m *Mover) defaults() {
-	if m.BatchSize <= 0 {
-		m.BatchSize = 20
+	if m.BatchSize == 0 {
+		m.BatchSize = DefaultBatchSize
 	}
 	if m.Timeout == 0 {
 		m.Timeout = 2 * time.Minute
@@ -146,6 +150,9 @@ type Report struct {
 func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, error) {
 	m.defaults()
 	var rep Report
+	if m.BatchSize < 0 {
+		return rep, fmt.Errorf("batch size %d: must be at least 1", m.BatchSize)
+	}
 	svcs, err := m.Select(ctx, sel)
 	if err != nil {
 		return rep, err
@@ -171,7 +178,11 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 	}
 	confirm := m.shadowConfirmation()
 	confirm.unchanged = sameInstance(func(n types.NamespacedName) *string { return owner[n] })
+	unshadow := map[string]*string{selector.LabelShadow: nil}
 	for i := 0; i < len(todo); i += m.BatchSize {
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("interrupted before batch %d: %w", rep.Batches+1, context.Cause(ctx))
+		}
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
 		start := m.Now()
@@ -179,29 +190,70 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 		if err != nil {
 			return rep, err
 		}
-		for _, n := range batch {
+		for j, n := range batch {
 			if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: &to}, map[string]*string{selector.AnnotationShadow: &to}); err != nil {
-				return rep, err
+				return rep, m.putBack(ctx, batch[:j], unshadow, fmt.Errorf("batch %d: %w", rep.Batches, err), "stay where they were")
 			}
 		}
 		nodes, err := m.waitConfirmed(ctx, batch, to, before, confirm)
 		if err != nil {
-			for _, n := range batch {
-				_ = m.patch(context.WithoutCancel(ctx), n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil})
-			}
-			return rep, fmt.Errorf("batch %d: %w; its Services stay where they were", rep.Batches, err)
+			return rep, m.putBack(ctx, batch, unshadow, fmt.Errorf("batch %d: %w", rep.Batches, err), "stay where they were")
 		}
+		// Every node confirmed the batch: the step in flight is labeling it, and it is
+		// finished even when the run is interrupted now (a few patches), so that no batch
+		// is left half labeled.
+		finish, cancel := settling(ctx)
 		for _, n := range batch {
-			if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: &to, selector.LabelShadow: nil},
+			if err := m.patch(finish, n, map[string]*string{selector.LabelServiceProxyName: &to, selector.LabelShadow: nil},
 				map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+				cancel()
 				return rep, err
 			}
 		}
+		cancel()
 		rep.Moved += len(batch)
 		fmt.Fprintf(m.Out, "batch %d: %d Services programmed in shadow on %d node(s) (%s) after %v; labeled %s\n",
 			rep.Batches, len(batch), len(nodes), strings.Join(nodes, ", "), m.Now().Sub(start).Round(time.Millisecond), to)
 	}
 	return rep, nil
+}
+
+// settleTimeout bounds the patches that finish or undo a step after the run was
+// interrupted: they no longer end with its context, only with this.
+const settleTimeout = 30 * time.Second
+
+// settling returns the context of patches that must run even though ctx has ended (an
+// interrupted run finishing its step or putting its batch back): ctx's values, not its
+// cancellation, and settleTimeout.
+func settling(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+}
+
+// putBack undoes a batch's step: each Service of svcs gets labels (the shadow's label
+// removed, and for a rollback its proxy-name label back) and loses the shadow annotation.
+// It returns cause, saying the Services stay where the step found them (where), or also
+// naming those it could not put back and how to do it by hand.
+func (m *Mover) putBack(ctx context.Context, svcs []types.NamespacedName, labels map[string]*string, cause error, where string) error {
+	if len(svcs) == 0 {
+		return fmt.Errorf("%w; its Services %s", cause, where)
+	}
+	settle, cancel := settling(ctx)
+	defer cancel()
+	var failed []string
+	var errs []error
+	for _, n := range svcs {
+		if err := m.patch(settle, n, labels, map[string]*string{selector.AnnotationShadow: nil}); err != nil {
+			failed = append(failed, n.String())
+			errs = append(errs, err)
+		}
+	}
+	if len(failed) == 0 {
+		fmt.Fprintf(m.Out, "put back %d Services: they %s\n", len(svcs), where)
+		return fmt.Errorf("%w; its Services %s", cause, where)
+	}
+	return fmt.Errorf("%w; putting the batch back failed for %s (%w): they keep the shadow %s and %s; put them back by hand "+
+		"(kubectl label service -n NAMESPACE NAME %s- && kubectl annotate service -n NAMESPACE NAME %s-)",
+		cause, strings.Join(failed, ", "), errors.Join(errs...), selector.LabelShadow, selector.AnnotationShadow, selector.LabelShadow, selector.AnnotationShadow)
 }
 
 // Rollback hands the selected Services labeled from back to the unlabeled (legacy)
@@ -225,6 +277,9 @@ func (m *Mover) Move(ctx context.Context, sel Selection, to string) (Report, err
 func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (Report, error) {
 	m.defaults()
 	var rep Report
+	if m.BatchSize < 0 {
+		return rep, fmt.Errorf("batch size %d: must be at least 1", m.BatchSize)
+	}
 	svcs, err := m.Select(ctx, sel)
 	if err != nil {
 		return rep, err
@@ -252,7 +307,12 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 			fmt.Fprintf(m.Out, "warning: %v\n", err)
 		}
 	}
+	// Putting a batch back gives it to from again, the owner it had.
+	restore := map[string]*string{selector.LabelServiceProxyName: &from, selector.LabelShadow: nil}
 	for i := 0; i < len(todo); i += m.BatchSize {
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("interrupted before batch %d: %w", rep.Batches+1, context.Cause(ctx))
+		}
 		batch := todo[i:min(i+m.BatchSize, len(todo))]
 		rep.Batches++
 		start := m.Now()
@@ -272,9 +332,9 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 			// release their health-check node ports for a while, for no one.
 			stepped = fmt.Sprintf("%s and %s are one instance on every node, nothing to step back; ", from, to)
 		default:
-			for _, n := range batch {
+			for j, n := range batch {
 				if err := m.patch(ctx, n, map[string]*string{selector.LabelShadow: &from}, map[string]*string{selector.AnnotationShadow: &from}); err != nil {
-					return rep, err
+					return rep, m.putBack(ctx, batch[:j], restore, fmt.Errorf("batch %d: %w", rep.Batches, err), "stay with "+from)
 				}
 			}
 			nodes, err := m.waitConfirmed(ctx, batch, from, before, m.shadowConfirmation())
@@ -284,10 +344,7 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 					from, len(nodes), strings.Join(nodes, ", "), m.Now().Sub(start).Round(time.Millisecond))
 			case ctx.Err() != nil:
 				// Interrupted: the Services go back to their owner as they were.
-				for _, n := range batch {
-					_ = m.patch(context.WithoutCancel(ctx), n, map[string]*string{selector.LabelShadow: nil}, map[string]*string{selector.AnnotationShadow: nil})
-				}
-				return rep, fmt.Errorf("batch %d: %w; its Services stay with %s", rep.Batches, err, from)
+				return rep, m.putBack(ctx, batch, restore, fmt.Errorf("batch %d: %w", rep.Batches, err), "stay with "+from)
 			default:
 				// Not confirmed in time (an old or stuck supervisor), or the statuses
 				// cannot be read: hand back all the same.
@@ -296,6 +353,12 @@ func (m *Mover) Rollback(ctx context.Context, sel Selection, from, to string) (R
 			}
 		}
 		handed, err := m.handBack(ctx, batch, from, label)
+		if err != nil && ctx.Err() != nil {
+			// Interrupted: the shadow of from kept serving the batch all along, so giving
+			// it back to from (label and shadow in one patch) leaves no node without rules;
+			// waiting out the hand-back instead could take LegacyTimeout.
+			return rep, m.putBack(ctx, batch, restore, fmt.Errorf("batch %d: %s%w", rep.Batches, stepped, err), "stay with "+from)
+		}
 		if err != nil {
 			return rep, fmt.Errorf("batch %d: %s%w", rep.Batches, stepped, err)
 		}
@@ -316,8 +379,15 @@ func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from
 	if err != nil {
 		return "", err
 	}
+	if ctx.Err() != nil {
+		return "", fmt.Errorf("interrupted before handing back: %w", context.Cause(ctx))
+	}
+	// The label moves for the whole batch even when the run is interrupted halfway: a
+	// Rollback that is interrupted then puts the whole batch back.
+	move, cancel := settling(ctx)
+	defer cancel()
 	for _, n := range batch {
-		if err := m.patch(ctx, n, map[string]*string{selector.LabelServiceProxyName: label, selector.LabelShadow: &from},
+		if err := m.patch(move, n, map[string]*string{selector.LabelServiceProxyName: label, selector.LabelShadow: &from},
 			map[string]*string{selector.AnnotationShadow: &from}); err != nil {
 			return "", err
 		}
@@ -330,7 +400,7 @@ func (m *Mover) handBack(ctx context.Context, batch []types.NamespacedName, from
 	case errors.Is(err, errNoLiveNode):
 		handed = fmt.Sprintf("no live node runs %s to keep them in shadow", from)
 	case err != nil && ctx.Err() != nil:
-		return "", ctx.Err()
+		return "", fmt.Errorf("interrupted while waiting for the nodes to confirm the hand-back: %w", context.Cause(ctx))
 	case err != nil:
 		return "", fmt.Errorf("%w; the batch keeps the shadow %s=%s (label and annotation), so %s goes on serving it: remove both once the proxy runs there (kubectl label service -n NAMESPACE NAME %s- && kubectl annotate service -n NAMESPACE NAME %s-)",
 			err, selector.AnnotationShadow, from, from, selector.LabelShadow, selector.AnnotationShadow)
@@ -539,7 +609,7 @@ func (m *Mover) waitConfirmed(ctx context.Context, batch []types.NamespacedName,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("interrupted: %w", context.Cause(ctx))
 		case <-time.After(m.Poll):
 		}
 	}

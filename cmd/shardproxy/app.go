@@ -45,8 +45,16 @@ var version = "dev"
 
 // run runs the command line args and returns the exit code: 0, exitFailure when the
 // command failed, exitUsage when the command line is wrong.
+//
+// The first SIGINT or SIGTERM ends the commands' context: `run` stops its instances,
+// `migrate move` and `rollback` finish the step in flight or put the batch back. Then
+// the signals get their default action again, so a second one ends the process at once
+// (as Kubernetes components do).
 func run(args []string, stdout, stderr io.Writer) int {
-	return exitCode(newApp(stdout, stderr).Run(args), stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	context.AfterFunc(ctx, stop)
+	return exitCode(newApp(stdout, stderr).RunContext(ctx, args), stderr)
 }
 
 // configFlag is --config, required by the commands that read a configuration.
@@ -146,6 +154,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 
 func printVersion(w io.Writer) { fmt.Fprintln(w, "shardproxy", version) }
 
+// runSupervisor runs the supervisor until ctx ends (run's first SIGTERM or SIGINT).
 func runSupervisor(ctx context.Context, path string) error {
 	logger := klog.Background()
 	logger.Info("Starting shardproxy", "version", version)
@@ -171,8 +180,6 @@ func runSupervisor(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	logger.Info("Configuration loaded", "node", cfg.NodeName, "instances", len(cfg.Instances), "gcPercent", gcPercent)
 	return s.Run(ctx)
 }

@@ -40,6 +40,8 @@ func TestCommandLineConventions(t *testing.T) {
 		{name: "missing --config", args: []string{"run"}, wantCode: 2, wantErr: []string{"required flags not set: --config"}},
 		{name: "a flag after an argument is refused, not dropped", args: []string{"migrate", "move", "--to", "shardproxy", "shop/web", "--batch-size", "1"}, wantCode: 2,
 			wantErr: []string{`flag --batch-size after the argument "shop/web": put every flag before the arguments`, "Usage: shardproxy migrate move [options] [namespace/name ...]"}},
+		{name: "a batch size of 0 is refused, not replaced", args: []string{"migrate", "move", "--to", "shardproxy", "--batch-size", "0"}, wantCode: 2,
+			wantErr: []string{"shardproxy migrate move: --batch-size 0: must be at least 1", "Usage: shardproxy migrate move [options]"}},
 		{name: "a required flag after an argument is refused as such", args: []string{"migrate", "rollback", "shop/web", "--from", "shardproxy"}, wantCode: 2,
 			wantErr: []string{`shardproxy migrate rollback: flag --from after the argument "shop/web"`}},
 		{name: "an argument to a command that takes none", args: []string{"check", "--skip-probe", "--config", "testdata/config.yaml", "extra"}, wantCode: 2,

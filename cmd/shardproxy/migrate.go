@@ -1,7 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"os/user"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -35,10 +39,13 @@ func migrateCommand() *cli.Command {
 		&cli.StringFlag{Name: "status-namespace", Value: migrate.DefaultNamespace, Usage: "namespace of the supervisors' node status ConfigMaps (statusNamespace in their config)"},
 	}
 	batch := []cli.Flag{
-		&cli.IntFlag{Name: "batch-size", Value: 20, Usage: "Services moved together"},
+		&cli.IntFlag{Name: "batch-size", Value: migrate.DefaultBatchSize, Usage: "Services moved together (at least 1)"},
 		&cli.DurationFlag{Name: "timeout", Value: 2 * time.Minute, Usage: "how long every node gets to confirm a batch is programmed in shadow"},
 	}
 	mover := func(c *cli.Context) (*migrate.Mover, migrate.Selection, error) {
+		if c.IsSet("batch-size") && c.Int("batch-size") < 1 {
+			return nil, migrate.Selection{}, newUsageError(c, fmt.Errorf("--batch-size %d: must be at least 1", c.Int("batch-size")))
+		}
 		rc, err := operatorRESTConfig(c.String("kubeconfig"))
 		if err != nil {
 			return nil, migrate.Selection{}, err
@@ -56,6 +63,21 @@ func migrateCommand() *cli.Command {
 			BatchSize: c.Int("batch-size"), Timeout: c.Duration("timeout"), LegacyTimeout: c.Duration("legacy-timeout")}
 		return m, migrate.Selection{Namespace: c.String("namespace"), LabelSelector: c.String("selector"), Names: c.Args().Slice()}, nil
 	}
+	// exclusive runs a move or rollback holding the migrate Lease, and says on stderr what
+	// an interruption does.
+	exclusive := func(c *cli.Context, m *migrate.Mover, do func(ctx context.Context) error) error {
+		lock := &migrate.Lock{Client: m.Client, Namespace: m.StatusNamespace, Clock: m.Clock, Holder: leaseHolder(c)}
+		ctx, release, err := lock.Acquire(c.Context)
+		if err != nil {
+			return err
+		}
+		defer release()
+		stop := context.AfterFunc(c.Context, func() {
+			fmt.Fprintln(c.App.ErrWriter, "interrupted: finishing the step in flight or putting the batch back; interrupt again to stop at once, leaving the batch as it is")
+		})
+		defer stop()
+		return do(ctx)
+	}
 	return &cli.Command{
 		Name:  "migrate",
 		Usage: "move Services between a legacy kube-proxy and shardproxy instances with no failed connection",
@@ -70,7 +92,12 @@ the shadow stays until every node reports that the proxy now named programmed th
 Services (kube-proxy's iptables or nftables rules for them on the node), for up to --legacy-timeout,
 past which it stays and the rollback fails. Nodes whose status went stale block a batch
 while their Node is Ready; others, and Nodes without a status, are named.
-Services are chosen by --namespace, --selector or names (namespace/name) as arguments.`,
+Services are chosen by --namespace, --selector or names (namespace/name) as arguments.
+
+A move or rollback holds the Lease shardproxy-migrate in --status-namespace while it runs:
+a second run is refused and told who holds it. SIGINT or SIGTERM (Ctrl-C) finishes the
+step in flight (labeling a batch every node confirmed) or puts the batch back where it
+was, without a shadow; a second signal stops at once.`,
 		Subcommands: []*cli.Command{
 			{
 				Name:      "plan",
@@ -99,9 +126,11 @@ Services are chosen by --namespace, --selector or names (namespace/name) as argu
 					if err != nil {
 						return err
 					}
-					rep, err := m.Move(c.Context, sel, c.String("to"))
-					fmt.Fprintf(c.App.Writer, "moved %d Services in %d batches (%d already there)\n", rep.Moved, rep.Batches, rep.Skipped)
-					return err
+					return exclusive(c, m, func(ctx context.Context) error {
+						rep, err := m.Move(ctx, sel, c.String("to"))
+						fmt.Fprintf(c.App.Writer, "moved %d Services in %d batches (%d already there)\n", rep.Moved, rep.Batches, rep.Skipped)
+						return err
+					})
 				},
 			},
 			{
@@ -118,11 +147,28 @@ Services are chosen by --namespace, --selector or names (namespace/name) as argu
 					if err != nil {
 						return err
 					}
-					rep, err := m.Rollback(c.Context, sel, c.String("from"), c.String("to"))
-					fmt.Fprintf(c.App.Writer, "rolled back %d Services in %d batches (%d not labeled %s)\n", rep.Moved, rep.Batches, rep.Skipped, c.String("from"))
-					return err
+					return exclusive(c, m, func(ctx context.Context) error {
+						rep, err := m.Rollback(ctx, sel, c.String("from"), c.String("to"))
+						fmt.Fprintf(c.App.Writer, "rolled back %d Services in %d batches (%d not labeled %s)\n", rep.Moved, rep.Batches, rep.Skipped, c.String("from"))
+						return err
+					})
 				},
 			},
 		},
 	}
+}
+
+// leaseHolder names this run in the migrate Lease, for the run it keeps out: who runs it,
+// where, and the command line.
+func leaseHolder(c *cli.Context) string {
+	who := os.Getenv("USER")
+	if u, err := user.Current(); err == nil {
+		who = u.Username
+	}
+	host, _ := os.Hostname()
+	cmd := strings.Join(append([]string{c.App.Name}, os.Args[1:]...), " ")
+	if len(cmd) > 200 {
+		cmd = cmd[:200] + "..."
+	}
+	return fmt.Sprintf("%s@%s pid %d: %s", who, host, os.Getpid(), cmd)
 }
