@@ -208,19 +208,15 @@ func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 	for _, st := range d.AddSets {
 		ops.add(st)
 	}
-	// A bucket that only gains rules gets them appended (its other rules, and their
-	// numgen counters, stay); nft cannot find the handles of rules to delete, so any
-	// other change rewrites the chain.
-	appendOnly := func(ch ChainRules) bool { return ch.Delta && len(ch.RemovedAt) == 0 }
 	for _, ch := range d.WriteChains {
 		ops.add(&knftables.Chain{Name: ch.Name})
-		if ch.MayExist && !appendOnly(ch) {
+		if ch.MayExist && !ch.appendOnly() {
 			ops.empty(&knftables.Chain{Name: ch.Name})
 		}
 	}
 	for _, ch := range d.WriteChains {
 		rules := ch.Rules
-		if appendOnly(ch) {
+		if ch.appendOnly() {
 			rules = ch.Appended
 		}
 		for _, r := range rules {

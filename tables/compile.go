@@ -66,14 +66,6 @@ type compiled struct {
 	rules []ruleGroup
 }
 
-// ruleGroup is the rules one port has in a chain that holds the rules of several ports,
-// in order, under a key unique to the port (groupKey): the chain holds the groups in
-// the order they came (ledger.countRules).
-type ruleGroup struct {
-	chain, key string
-	rules      []string
-}
-
 // entryElements are the ids of the elements that exist because of one entry, and its
 // consistent-hash table in ch-slots if it has one (those elements are not in ids).
 type entryElements struct {

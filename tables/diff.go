@@ -154,60 +154,6 @@ func (l *ledger) diffOfChange(log *changeLog) (*Diff, error) {
 	return d, nil
 }
 
-// ruleChainChanges returns the chains of chainRules the change touched whose groups
-// changed, to be written, and those it emptied, to be deleted; sorted by name. A chain
-// that existed is written as a delta: the rules of the groups that went or changed
-// (by position), and those of new or changed groups, appended (they came last).
-func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []string) {
-	for _, ch := range slices.Sorted(maps.Keys(log.groupsBefore)) {
-		was, now := log.groupsBefore[ch], l.chainRules[ch]
-		switch {
-		case len(now) == 0:
-			if len(was) > 0 {
-				gone = append(gone, ch)
-			}
-		case len(was) == 0:
-			written = append(written, ChainRules{Name: ch, Rules: l.rulesOf(ch)})
-		default:
-			if cr := groupDelta(ch, was, now); cr.Removed != nil || cr.Appended != nil {
-				written = append(written, cr)
-			}
-		}
-	}
-	return written, gone
-}
-
-// groupDelta is the change of a chain from groups was to groups now: the positions
-// (in was's rules) of the rules of groups that went or changed, and the rules of the
-// groups that came or changed, which come after every kept one (countRules numbers
-// them last).
-func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
-	seqs := func(groups map[string]heldGroup) map[uint64]bool {
-		out := make(map[uint64]bool, len(groups))
-		for _, g := range groups {
-			out[g.seq] = true
-		}
-		return out
-	}
-	wasSeqs, nowSeqs := seqs(was), seqs(now)
-	nowGroups := inOrder(now)
-	cr := ChainRules{Name: ch, Rules: groupRules(nowGroups), MayExist: true, Delta: true}
-	for _, g := range inOrder(was) {
-		for _, r := range g.rules {
-			if !nowSeqs[g.seq] {
-				cr.RemovedAt, cr.Removed = append(cr.RemovedAt, cr.Had), append(cr.Removed, r)
-			}
-			cr.Had++
-		}
-	}
-	for _, g := range nowGroups {
-		if !wasSeqs[g.seq] {
-			cr.Appended = append(cr.Appended, g.rules...)
-		}
-	}
-	return cr
-}
-
 // countChanges compares counts before a change with counts now: the keys that went from
 // zero to some (appeared) and from some to zero (vanished).
 func countChanges(before, now map[string]int) (appeared, vanished []string) {

@@ -5,9 +5,10 @@
 // A sync is a pipeline: compile.go turns a Service port into element ids and chains; the
 // ledger (ledger.go) records what the table holds and what a change did; diff.go turns
 // that into a Diff, a plain value; an Applier (apply.go: nft; netlink.go: netlink)
-// writes the Diff in one transaction. sync.go's Syncer runs the pipeline. names.go and
-// priority.go fix the object names and hook priorities other components may rely on;
-// README.md beside this file is that contract.
+// writes the Diff in one transaction. sync.go's Syncer runs the pipeline. bucket.go keeps
+// the one protocol these stages share, the order of the rules in the bucket chains.
+// names.go and priority.go fix the object names and hook priorities other components may
+// rely on; README.md beside this file is that contract.
 //
 // # Ways to the kernel
 //

@@ -1,9 +1,7 @@
 package tables
 
 import (
-	"cmp"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -305,71 +303,6 @@ func (l *ledger) take(log *changeLog, spn ServicePortName, comp *compiled) portS
 	l.countRules(log, comp.rules, +1)
 	return portState{name: name, entryIDs: comp.entries, sharedIDs: comp.shared, pick: comp.pick, objects: comp.objects,
 		rules: comp.rules}
-}
-
-// heldGroup is a rule group in chainRules, how many ports hold it (one, but for a port
-// compiled again before its release within a change), and its place in the chain.
-type heldGroup struct {
-	rules []string
-	n     int
-	seq   uint64
-}
-
-// countRules adds (delta +1) or takes away (-1) groups in their chains, recording each
-// chain's groups before its first change in log.groupsBefore (if tracked). A group
-// that comes back within a change with the rules it had keeps its place.
-func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
-	for _, g := range groups {
-		if log.tracked {
-			if _, seen := log.groupsBefore[g.chain]; !seen {
-				log.groupsBefore[g.chain] = maps.Clone(l.chainRules[g.chain])
-			}
-		}
-		held := l.chainRules[g.chain]
-		if held == nil {
-			held = map[string]heldGroup{}
-			l.chainRules[g.chain] = held
-		}
-		h := held[g.key]
-		if delta > 0 && h.n <= 0 {
-			h.rules = g.rules
-			if was, ok := log.groupsBefore[g.chain][g.key]; ok && slices.Equal(was.rules, g.rules) {
-				h.seq = was.seq
-			} else {
-				l.groupSeq++
-				h.seq = l.groupSeq
-			}
-		}
-		h.n += delta
-		held[g.key] = h
-		if h.n <= 0 {
-			delete(held, g.key)
-		}
-		if len(held) == 0 {
-			delete(l.chainRules, g.chain)
-		}
-	}
-}
-
-// rulesOf returns the rules of a chain of chainRules: its groups in the order they came.
-func (l *ledger) rulesOf(chain string) []string {
-	return groupRules(inOrder(l.chainRules[chain]))
-}
-
-// inOrder returns the groups of a chain in the order they came.
-func inOrder(held map[string]heldGroup) []heldGroup {
-	groups := slices.Collect(maps.Values(held))
-	slices.SortFunc(groups, func(a, b heldGroup) int { return cmp.Compare(a.seq, b.seq) })
-	return groups
-}
-
-// groupRules concatenates the rules of groups.
-func groupRules(groups []heldGroup) []string {
-	var rules []string
-	for _, g := range groups {
-		rules = append(rules, g.rules...)
-	}
-	return rules
 }
 
 // rememberLost records the entries svc lost, so that it can have them back.

@@ -1,10 +1,13 @@
 package tables
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,6 +15,155 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
+
+// The bucket chains (rr-bucket-<b>, aff-bucket-<b>; names.go) hold the rules of many
+// Service ports each, so their order is a protocol of its own, kept in this file:
+//
+//   - The compiler gives each port's rules in a bucket as one ruleGroup, under a key
+//     of the port's own (portCompiler.groupKey).
+//   - The ledger holds a chain's groups with a sequence number each (heldGroup.seq,
+//     countRules): the chain's rules are its groups in the order they came (rulesOf),
+//     and a group that comes back within a change with the same rules keeps its place.
+//   - A partial sync writes a bucket that existed as a delta (groupDelta): the rules
+//     of the groups that went or changed, by position in what the kernel holds, and
+//     those of the groups that came or changed, appended, since they come last.
+//   - nft cannot find rules to delete, so it rewrites a bucket that loses rules and
+//     appends to one that only gains them (ChainRules.appendOnly), keeping the other
+//     rules' numgen counters; NetlinkWriter deletes the lost rules by handle
+//     (ruleHandles, after checking that the kernel's rules are the expected ones) and
+//     encodes the appended round-robin rules itself (ruleExprs).
+
+// ruleGroup is the rules one port has in a chain that holds the rules of several ports,
+// in order, under a key unique to the port (groupKey): the chain holds the groups in
+// the order they came (ledger.countRules).
+type ruleGroup struct {
+	chain, key string
+	rules      []string
+}
+
+// heldGroup is a rule group in chainRules, how many ports hold it (one, but for a port
+// compiled again before its release within a change), and its place in the chain.
+type heldGroup struct {
+	rules []string
+	n     int
+	seq   uint64
+}
+
+// countRules adds (delta +1) or takes away (-1) groups in their chains, recording each
+// chain's groups before its first change in log.groupsBefore (if tracked). A group
+// that comes back within a change with the rules it had keeps its place.
+func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
+	for _, g := range groups {
+		if log.tracked {
+			if _, seen := log.groupsBefore[g.chain]; !seen {
+				log.groupsBefore[g.chain] = maps.Clone(l.chainRules[g.chain])
+			}
+		}
+		held := l.chainRules[g.chain]
+		if held == nil {
+			held = map[string]heldGroup{}
+			l.chainRules[g.chain] = held
+		}
+		h := held[g.key]
+		if delta > 0 && h.n <= 0 {
+			h.rules = g.rules
+			if was, ok := log.groupsBefore[g.chain][g.key]; ok && slices.Equal(was.rules, g.rules) {
+				h.seq = was.seq
+			} else {
+				l.groupSeq++
+				h.seq = l.groupSeq
+			}
+		}
+		h.n += delta
+		held[g.key] = h
+		if h.n <= 0 {
+			delete(held, g.key)
+		}
+		if len(held) == 0 {
+			delete(l.chainRules, g.chain)
+		}
+	}
+}
+
+// rulesOf returns the rules of a chain of chainRules: its groups in the order they came.
+func (l *ledger) rulesOf(chain string) []string {
+	return groupRules(inOrder(l.chainRules[chain]))
+}
+
+// inOrder returns the groups of a chain in the order they came.
+func inOrder(held map[string]heldGroup) []heldGroup {
+	groups := slices.Collect(maps.Values(held))
+	slices.SortFunc(groups, func(a, b heldGroup) int { return cmp.Compare(a.seq, b.seq) })
+	return groups
+}
+
+// groupRules concatenates the rules of groups.
+func groupRules(groups []heldGroup) []string {
+	var rules []string
+	for _, g := range groups {
+		rules = append(rules, g.rules...)
+	}
+	return rules
+}
+
+// ruleChainChanges returns the chains of chainRules the change touched whose groups
+// changed, to be written, and those it emptied, to be deleted; sorted by name. A chain
+// that existed is written as a delta: the rules of the groups that went or changed
+// (by position), and those of new or changed groups, appended (they came last).
+func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []string) {
+	for _, ch := range slices.Sorted(maps.Keys(log.groupsBefore)) {
+		was, now := log.groupsBefore[ch], l.chainRules[ch]
+		switch {
+		case len(now) == 0:
+			if len(was) > 0 {
+				gone = append(gone, ch)
+			}
+		case len(was) == 0:
+			written = append(written, ChainRules{Name: ch, Rules: l.rulesOf(ch)})
+		default:
+			if cr := groupDelta(ch, was, now); cr.Removed != nil || cr.Appended != nil {
+				written = append(written, cr)
+			}
+		}
+	}
+	return written, gone
+}
+
+// groupDelta is the change of a chain from groups was to groups now: the positions
+// (in was's rules) of the rules of groups that went or changed, and the rules of the
+// groups that came or changed, which come after every kept one (countRules numbers
+// them last).
+func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
+	seqs := func(groups map[string]heldGroup) map[uint64]bool {
+		out := make(map[uint64]bool, len(groups))
+		for _, g := range groups {
+			out[g.seq] = true
+		}
+		return out
+	}
+	wasSeqs, nowSeqs := seqs(was), seqs(now)
+	nowGroups := inOrder(now)
+	cr := ChainRules{Name: ch, Rules: groupRules(nowGroups), MayExist: true, Delta: true}
+	for _, g := range inOrder(was) {
+		for _, r := range g.rules {
+			if !nowSeqs[g.seq] {
+				cr.RemovedAt, cr.Removed = append(cr.RemovedAt, cr.Had), append(cr.Removed, r)
+			}
+			cr.Had++
+		}
+	}
+	for _, g := range nowGroups {
+		if !wasSeqs[g.seq] {
+			cr.Appended = append(cr.Appended, g.rules...)
+		}
+	}
+	return cr
+}
+
+// appendOnly reports whether the chain, a bucket written as a delta, only gains rules:
+// nft appends them, and the other rules (and their numgen counters) stay. nft cannot
+// find the handles of rules to delete, so it rewrites a chain that loses any.
+func (ch ChainRules) appendOnly() bool { return ch.Delta && len(ch.RemovedAt) == 0 }
 
 // roundRobinRuleRE is the one rule shape NetlinkWriter encodes itself: a round-robin
 // bucket rule (portCompiler.roundRobinRule). A roundRobin Service coming or changing
