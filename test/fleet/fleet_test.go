@@ -1,0 +1,135 @@
+package fleet
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/shardproxy/shardproxy/test/bench/gen"
+)
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct{ method, url, want string }{
+		{"GET", "/api/v1/services?watch=true&resourceVersion=5", "watch services"},
+		{"GET", "/apis/discovery.k8s.io/v1/endpointslices?limit=500", "list endpointslices"},
+		{"GET", "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-1&watch=1", "watch nodes"},
+		{"GET", "/api/v1/namespaces/shardproxy-system/configmaps/shardproxy-node-node-1", "get configmaps"},
+		{"PUT", "/api/v1/namespaces/shardproxy-system/configmaps/shardproxy-node-node-1", "update configmaps"},
+		{"POST", "/api/v1/namespaces/bench/events", "create events"},
+		{"PATCH", "/api/v1/nodes/node-1/status", "patch nodes/status"},
+		{"GET", "/apis/networking.k8s.io/v1/servicecidrs", "list servicecidrs"},
+	} {
+		req, err := http.NewRequest(tc.method, "https://127.0.0.1:6443"+tc.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		verb, res := Classify(req)
+		if got := verb + " " + res; got != tc.want {
+			t.Errorf("%s %s: %q, want %q", tc.method, tc.url, got, tc.want)
+		}
+	}
+}
+
+func TestParseAPIServerMetrics(t *testing.T) {
+	text := `# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="resource",subresource="status",verb="PATCH",version="v1"} 7
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="resource",subresource="",verb="PATCH",version="v1"} 3
+apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resource="services",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
+# TYPE apiserver_watch_events_total counter
+apiserver_watch_events_total{group="",resource="nodes",version="v1"} 1000
+apiserver_watch_events_total{group="discovery.k8s.io",resource="endpointslices",version="v1"} 20
+# TYPE etcd_requests_total counter
+etcd_requests_total{operation="update",type="/registry/minions"} 10
+etcd_requests_total{operation="get",type="/registry/minions"} 99
+etcd_requests_total{operation="create",type="/registry/services/specs"} 4
+`
+	got, err := ParseAPIServerMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Requests["PATCH nodes"] != 10 || got.Requests["WATCH services"] != 2 {
+		t.Errorf("requests: %v", got.Requests)
+	}
+	if got.WatchEvents["nodes"] != 1000 || got.WatchEvents.Total() != 1020 {
+		t.Errorf("watch events: %v", got.WatchEvents)
+	}
+	if got.EtcdWrites.Total() != 14 {
+		t.Errorf("etcd writes: %v, want 14 (gets are not writes)", got.EtcdWrites)
+	}
+	d := got.Sub(APIServerCounters{WatchEvents: Counts{"nodes": 400}})
+	if d.WatchEvents["nodes"] != 600 || d.WatchEvents["endpointslices"] != 20 {
+		t.Errorf("difference: %v", d.WatchEvents)
+	}
+	if top := d.WatchEvents.Top(1, 10*time.Second); top != "nodes 60.0/s" {
+		t.Errorf("top: %q", top)
+	}
+}
+
+func TestParseProc(t *testing.T) {
+	stat := "4242 (kube apiserver) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 12 0 100 1000 200"
+	status := "Name:\tkube-apiserver\nVmHWM:\t  204800 kB\nVmRSS:\t  100000 kB\n"
+	ps, err := parseProc(stat, status)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.CPU != 2*time.Second || ps.PeakRSS != 200<<20 {
+		t.Errorf("got %+v, want 2s and 200 MiB", ps)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	if p := Percentile(d, 50); p != 50*time.Millisecond {
+		t.Errorf("p50 %v", p)
+	}
+	if p := Percentile(d, 99); p != 99*time.Millisecond {
+		t.Errorf("p99 %v", p)
+	}
+	if p := Percentile(d[:1], 99); p != time.Millisecond {
+		t.Errorf("p99 of one %v", p)
+	}
+}
+
+// TestTinyFleet runs three hollow nodes against a fake clientset: each programs the
+// Services, publishes its own status ConfigMap and programs a new Service.
+func TestTinyFleet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := fake.NewClientset()
+	c := gen.Generate(20, 3)
+	if err := Prepare(ctx, client, 3, c, 2); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Measure(ctx, Env{Admin: client, NodeClient: client}, Options{
+		Nodes: 3, ReserveOtherNodeAddresses: true, Steady: 300 * time.Millisecond, StatusPeriod: 100 * time.Millisecond,
+		Changes: 2, ReadyTimeout: 30 * time.Second, Logf: t.Logf}, len(c.Services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ProgrammingMax <= 0 || res.ProgrammingP50 > res.ProgrammingMax {
+		t.Errorf("programming: p50 %v max %v", res.ProgrammingP50, res.ProgrammingMax)
+	}
+	if res.StatusWrites == 0 {
+		t.Errorf("no Node heartbeats written")
+	}
+	for i := range 3 {
+		name := "shardproxy-node-" + NodeName(i)
+		if _, err := client.CoreV1().ConfigMaps(StatusNamespace).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("node %d's status: %v", i, err)
+		}
+		n, err := client.CoreV1().Nodes().Get(ctx, NodeName(i), metav1.GetOptions{})
+		if err != nil || n.Status.Conditions[0].Type != corev1.NodeReady {
+			t.Errorf("Node %d: %v %v", i, n, err)
+		}
+	}
+	t.Log("\n" + Table([]*Result{res}))
+}

@@ -1,0 +1,253 @@
+package fleet
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Counts are counters by a key ("verb resource", "resource", ...).
+type Counts map[string]float64
+
+// Sub returns c - before, key by key (a key missing before counts from 0).
+func (c Counts) Sub(before Counts) Counts {
+	out := Counts{}
+	for k, v := range c {
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// Total sums every key.
+func (c Counts) Total() float64 {
+	var t float64
+	for _, v := range c {
+		t += v
+	}
+	return t
+}
+
+// Top formats the n largest keys as rates over d: "watch services 12.3/s, ...".
+func (c Counts) Top(n int, d time.Duration) string {
+	keys := slices.Collect(maps.Keys(c))
+	slices.SortFunc(keys, func(a, b string) int {
+		if c[a] != c[b] {
+			if c[a] > c[b] {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for i, k := range keys {
+		if i == n {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s %.1f/s", k, c[k]/d.Seconds()))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// APIServerCounters are the kube-apiserver counters a run reads before and after.
+type APIServerCounters struct {
+	// Requests by "verb resource" (apiserver_request_total).
+	Requests Counts
+	// WatchEvents sent to watchers by resource (apiserver_watch_events_total).
+	WatchEvents Counts
+	// EtcdWrites by "operation type" (etcd_requests_total, create/update/delete only).
+	EtcdWrites Counts
+}
+
+// Sub returns a - before.
+func (a APIServerCounters) Sub(before APIServerCounters) APIServerCounters {
+	return APIServerCounters{Requests: a.Requests.Sub(before.Requests), WatchEvents: a.WatchEvents.Sub(before.WatchEvents),
+		EtcdWrites: a.EtcdWrites.Sub(before.EtcdWrites)}
+}
+
+// etcdWriteOperations are etcd_requests_total's operations that write to etcd.
+var etcdWriteOperations = map[string]bool{"create": true, "update": true, "delete": true, "GuaranteedUpdate": true}
+
+// ParseAPIServerMetrics reads kube-apiserver's /metrics text.
+func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return APIServerCounters{}, fmt.Errorf("parsing kube-apiserver metrics: %w", err)
+	}
+	out := APIServerCounters{Requests: Counts{}, WatchEvents: Counts{}, EtcdWrites: Counts{}}
+	for name, fam := range families {
+		for _, m := range fam.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			v := m.GetCounter().GetValue()
+			switch name {
+			case "apiserver_request_total":
+				out.Requests[labels["verb"]+" "+labels["resource"]] += v
+			case "apiserver_watch_events_total":
+				res := labels["resource"]
+				if res == "" {
+					res = labels["kind"] // before 1.32
+				}
+				out.WatchEvents[res] += v
+			case "etcd_requests_total":
+				if etcdWriteOperations[labels["operation"]] {
+					out.EtcdWrites[labels["operation"]+" "+labels["type"]] += v
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// ProcStat is one reading of a process's CPU time and peak RSS.
+type ProcStat struct {
+	CPU     time.Duration
+	PeakRSS int64 // bytes (VmHWM)
+}
+
+// ReadProc reads /proc/<pid>/stat and /proc/<pid>/status.
+func ReadProc(pid int) (ProcStat, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ProcStat{}, err
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return ProcStat{}, err
+	}
+	return parseProc(string(stat), string(status))
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports here.
+const clockTicks = 100
+
+func parseProc(stat, status string) (ProcStat, error) {
+	// The command may hold spaces and parentheses: the fields start after the last ')'.
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return ProcStat{}, fmt.Errorf("/proc stat %q: no command", stat)
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 13 {
+		return ProcStat{}, fmt.Errorf("/proc stat: %d fields", len(f))
+	}
+	// f[0] is field 3 (state): utime and stime are fields 14 and 15.
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return ProcStat{}, fmt.Errorf("/proc stat: utime %q stime %q", f[11], f[12])
+	}
+	ps := ProcStat{CPU: time.Duration(utime+stime) * time.Second / clockTicks}
+	for line := range strings.SplitSeq(status, "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				return ProcStat{}, fmt.Errorf("/proc status VmHWM %q: %w", rest, err)
+			}
+			ps.PeakRSS = kb << 10
+		}
+	}
+	return ps, nil
+}
+
+// RequestCounter counts a client's requests by "verb resource", the way the
+// apiserver's apiserver_request_total names them, so the proxies' own requests can be
+// told from the driver's.
+type RequestCounter struct {
+	mu     sync.Mutex
+	counts Counts
+}
+
+// NewRequestCounter returns an empty counter.
+func NewRequestCounter() *RequestCounter { return &RequestCounter{counts: Counts{}} }
+
+// Wrap is a rest.Config WrapTransport.
+func (c *RequestCounter) Wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		verb, resource := Classify(req)
+		c.mu.Lock()
+		c.counts[verb+" "+resource]++
+		c.mu.Unlock()
+		return rt.RoundTrip(req)
+	})
+}
+
+// Snapshot returns a copy of the counts.
+func (c *RequestCounter) Snapshot() Counts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.counts)
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Classify names a request's verb (get, list, watch, create, update, patch, delete) and
+// resource ("configmaps", "nodes/status") from its method and path.
+func Classify(req *http.Request) (verb, resource string) {
+	segs := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	switch {
+	case len(segs) >= 2 && segs[0] == "api":
+		segs = segs[2:]
+	case len(segs) >= 3 && segs[0] == "apis":
+		segs = segs[3:]
+	default:
+		return strings.ToLower(req.Method), "/" + strings.Join(segs, "/")
+	}
+	if len(segs) >= 3 && segs[0] == "namespaces" {
+		segs = segs[2:]
+	}
+	if len(segs) == 0 {
+		return strings.ToLower(req.Method), ""
+	}
+	resource = segs[0]
+	named := len(segs) >= 2
+	if len(segs) >= 3 {
+		resource += "/" + segs[2]
+	}
+	q := req.URL.Query()
+	switch req.Method {
+	case http.MethodGet:
+		switch {
+		case q.Get("watch") == "true" || q.Get("watch") == "1":
+			verb = "watch"
+		case named:
+			verb = "get"
+		default:
+			verb = "list"
+		}
+	case http.MethodPost:
+		verb = "create"
+	case http.MethodPut:
+		verb = "update"
+	default:
+		verb = strings.ToLower(req.Method)
+	}
+	return verb, resource
+}
+
+// Percentile returns the p-th percentile (0-100, nearest rank) of sorted durations.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(p/100*float64(len(sorted))+0.5) - 1
+	rank = max(0, min(rank, len(sorted)-1))
+	return sorted[rank]
+}
