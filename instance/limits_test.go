@@ -527,3 +527,34 @@ func TestPartialSyncSplitOverTransactionBound(t *testing.T) {
 		t.Errorf("second transaction: young not programmed or not answered")
 	}
 }
+
+// TestExternalPolicyReadOnce: externalTrafficPolicy Local applies only to Services
+// reachable from outside (as upstream); the estimate reads it where the model does, so a
+// ClusterIP Service carrying it (which the API refuses, a fake or an old object may not)
+// costs what it costs without it.
+func TestExternalPolicyReadOnce(t *testing.T) {
+	slices := []*discoveryv1.EndpointSlice{epSlice("web-1", discoveryv1.AddressTypeIPv4,
+		[]discoveryv1.EndpointPort{slicePort("http", 8080)}, append(endpointsOn("2", 4), ep("10.244.1.1", thisNodeName))...)}
+	local := func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+	for _, tc := range []struct {
+		name    string
+		edits   []func(*corev1.Service)
+		applies bool
+	}{
+		{"ClusterIP", nil, false},
+		{"ClusterIP with an externalIP", []func(*corev1.Service){func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.1"} }}, true},
+		{"NodePort", []func(*corev1.Service){ofType(corev1.ServiceTypeNodePort)}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			with, without := service(append(tc.edits, local)...), service(tc.edits...)
+			if got := externalPolicyLocal(with); got != tc.applies {
+				t.Fatalf("externalPolicyLocal = %v, want %v", got, tc.applies)
+			}
+			np := map[tables.Family]int{tables.IPv4: 2}
+			a, b := costEstimate(with, slices, np, tables.LBRandom), costEstimate(without, slices, np, tables.LBRandom)
+			if tc.applies == (a == b) {
+				t.Errorf("estimate with the Local policy %+v, without %+v: want them %s", a, b, map[bool]string{true: "different", false: "equal"}[tc.applies])
+			}
+		})
+	}
+}

@@ -222,7 +222,7 @@ func costEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, no
 		}
 	}
 	ports := len(svc.Spec.Ports)
-	extLocal := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	extLocal := externalPolicyLocal(svc)
 	affinity := svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
 	viaClusterIP := mode == tables.LBRoundRobin || mode == tables.LBConsistentHash || affinity
 	classes := 1 // sets of endpoints a port chooses among: internal, external, short circuit
@@ -301,10 +301,15 @@ func ptrOr(p *string) string {
 	return *p
 }
 
-// hasLocalPolicy reports whether svc's external or internal traffic policy is Local.
+// hasLocalPolicy reports whether svc's external or internal traffic policy is Local
+// (externalPolicyLocal, internalPolicyLocal): the one place the model reads them.
 func hasLocalPolicy(svc *corev1.Service) bool {
-	return svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal ||
-		(svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal)
+	return externalPolicyLocal(svc) || internalPolicyLocal(svc)
+}
+
+// internalPolicyLocal reports whether internalTrafficPolicy is Local.
+func internalPolicyLocal(svc *corev1.Service) bool {
+	return svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 }
 
 // builder holds the state of one Build call.
@@ -393,7 +398,7 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 		sourceRanges = b.sourceRanges()
 	}
 	common := tables.ServicePort{
-		InternalLocal:   spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
+		InternalLocal:   internalPolicyLocal(b.svc),
 		ExternalLocal:   externalPolicyLocal(b.svc),
 		AffinityTimeout: b.affinityTimeout(),
 		Claim:           tables.Claim{Created: b.svc.CreationTimestamp.Time, UID: string(b.svc.UID)},
