@@ -121,6 +121,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			cleanupCommand(),
 			migrateCommand(),
 			configCommand(),
+			completionCommand(),
 			{
 				Name:  "status",
 				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",
