@@ -43,6 +43,7 @@ const (
 	labelTo            = "to"
 	labelVersion       = "version"
 	labelGoVersion     = "go_version"
+	labelGuard         = "guard"
 
 	kindFull    = "full"
 	kindPartial = "partial"
@@ -54,6 +55,13 @@ const (
 
 	trafficPolicyInternal = "internal"
 	trafficPolicyExternal = "external"
+
+	// GuardNamespace and GuardAddress are the values of the guard label of
+	// shardproxy_guard_refusals_total: the instance does not accept Services from the
+	// Service's namespace (it is not programmed), or the user-set addresses it dropped
+	// (outside its tenant ranges, or another Service's by the node-wide precedence).
+	GuardNamespace = "namespace"
+	GuardAddress   = "address"
 )
 
 // Metrics holds every shardproxy collector and the registry they are
@@ -91,6 +99,8 @@ type Metrics struct {
 	instanceEndpoints *prometheus.GaugeVec
 	handovers         *prometheus.CounterVec
 	conntrackDeleted  *prometheus.CounterVec
+	conntrackFailures *prometheus.CounterVec
+	guardRefusals     *prometheus.CounterVec
 	syncOperations    *prometheus.HistogramVec
 	buildInfo         *prometheus.GaugeVec
 
@@ -275,6 +285,16 @@ func New() *Metrics {
 		Name:      "conntrack_deleted_entries_total",
 		Help:      "Conntrack entries deleted on behalf of the proxy instance",
 	}, inst))
+	m.conntrackFailures = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "conntrack_cleanup_failures_total",
+		Help:      "Conntrack cleanups after a sync of the proxy instance that failed: stale flows of that IP family may be left",
+	}, instFam), families...)
+	m.guardRefusals = perInstance(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "guard_refusals_total",
+		Help:      "Services a tenant guard of the proxy instance refused, counted when a Service's refusal begins or changes: guard=namespace (not programmed) or guard=address (user-set addresses dropped)",
+	}, []string{labelInstance, labelGuard}), []string{GuardNamespace}, []string{GuardAddress})
 	m.syncOperations = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: shardproxyNamespace,
 		Name:      "sync_operations",
@@ -501,6 +521,19 @@ func (m *Metrics) ConntrackDeleted(instance string, family string, n int) {
 // its rounds; node-wide, like the reconciler's deleted counter.
 func (m *Metrics) ObserveConntrackReconcile(family string, d time.Duration) {
 	m.conntrackReconcilerLatency.WithLabelValues(family).Observe(d.Seconds())
+}
+
+// ConntrackCleanupFailed counts a conntrack cleanup of IP family family that failed
+// after a sync of instance (the flows it was to delete may still be there).
+func (m *Metrics) ConntrackCleanupFailed(instance, family string) {
+	m.conntrackFailures.WithLabelValues(instance, family).Inc()
+}
+
+// GuardRefused counts a Service that a guard of instance refused (GuardNamespace or
+// GuardAddress), once when the refusal begins or changes, not on every update while it
+// lasts.
+func (m *Metrics) GuardRefused(instance, guard string) {
+	m.guardRefusals.WithLabelValues(instance, guard).Inc()
 }
 
 // SetPendingChanges records how many Services have a Service, respectively

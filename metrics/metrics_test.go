@@ -34,6 +34,8 @@ var perInstanceNames = []string{
 	"shardproxy_instance_services",
 	"shardproxy_instance_endpoints",
 	"shardproxy_conntrack_deleted_entries_total",
+	"shardproxy_conntrack_cleanup_failures_total",
+	"shardproxy_guard_refusals_total",
 	"shardproxy_sync_operations",
 }
 
@@ -63,6 +65,8 @@ func exercise(m *Metrics, instance string) {
 	m.InstanceRestarted(instance)
 	m.SetOwned(instance, 7, 21)
 	m.ConntrackDeleted(instance, "IPv4", 3)
+	m.ConntrackCleanupFailed(instance, IPv6)
+	m.GuardRefused(instance, GuardAddress)
 	m.SetPendingChanges(instance, 2, 4)
 	m.AddChanges(instance, 5, 9)
 	m.SetNoLocalEndpoints(instance, IPv4, 1, 2)
@@ -100,6 +104,10 @@ func TestValues(t *testing.T) {
 		{"per-instance conntrack", testutil.ToFloat64(m.conntrackDeleted.WithLabelValues("team-b")), 5},
 		{"reconciler conntrack sums instances per family", testutil.ToFloat64(m.conntrackReconcilerDeleted.WithLabelValues("IPv4")), 7},
 		{"reconciler conntrack IPv6", testutil.ToFloat64(m.conntrackReconcilerDeleted.WithLabelValues("IPv6")), 1},
+		{"conntrack cleanup failures", testutil.ToFloat64(m.conntrackFailures.WithLabelValues("team-a", IPv6)), 1},
+		{"conntrack cleanup failures of the other family", testutil.ToFloat64(m.conntrackFailures.WithLabelValues("team-a", IPv4)), 0},
+		{"address guard refusals", testutil.ToFloat64(m.guardRefusals.WithLabelValues("team-a", GuardAddress)), 1},
+		{"namespace guard refusals", testutil.ToFloat64(m.guardRefusals.WithLabelValues("team-a", GuardNamespace)), 0},
 		{"pending services", testutil.ToFloat64(m.serviceChangesPending.WithLabelValues("team-a")), 2},
 		{"pending endpoints", testutil.ToFloat64(m.endpointChangesPending.WithLabelValues("team-a")), 4},
 		{"service changes", testutil.ToFloat64(m.serviceChangesTotal.WithLabelValues("team-a")), 5},

@@ -103,6 +103,8 @@ type Decision struct {
 	// Rejected explains why an instance the label or annotation names refused the
 	// Service (a tenant guard); that instance is then not in the decision.
 	Rejected string
+	// RejectedBy names the instances that refused it, for the metrics.
+	RejectedBy []string
 }
 
 // Owners lists the instances that program the Service: the owner, then the shadow.
@@ -128,6 +130,7 @@ func (r *Router) Route(svc *corev1.Service) Decision {
 		spec := r.specs[inst]
 		if len(spec.Namespaces) > 0 && !slices.Contains(spec.Namespaces, svc.Namespace) {
 			rejected = append(rejected, fmt.Sprintf("instance %q does not accept Services from namespace %q", inst, svc.Namespace))
+			dec.RejectedBy = append(dec.RejectedBy, inst)
 			return ""
 		}
 		return inst

@@ -46,17 +46,18 @@ func service(ns, name, proxyName string) *corev1.Service {
 func TestRoute(t *testing.T) {
 	r := testRouter(t)
 	cases := []struct {
-		name         string
-		svc          *corev1.Service
-		want         string
-		wantRejected string
+		name           string
+		svc            *corev1.Service
+		want           string
+		wantRejected   string
+		wantRejectedBy []string
 	}{
-		{"unlabeled goes to the default instance", service("x", "s", ""), "default", ""},
-		{"labeled goes to the instance with that proxy name", service("a1", "s", "team-a"), "team-a", ""},
-		{"an instance may serve several proxy names", service("a2", "s", "a-legacy"), "team-a", ""},
-		{"an unknown proxy name belongs to no local instance", service("x", "s", "someone-else"), "", ""},
-		{"tenant guard refuses other namespaces", service("x", "s", "team-a"), "", `does not accept Services from namespace "x"`},
-		{"no namespace guard means any namespace", service("anything", "s", "team-b"), "team-b", ""},
+		{"unlabeled goes to the default instance", service("x", "s", ""), "default", "", nil},
+		{"labeled goes to the instance with that proxy name", service("a1", "s", "team-a"), "team-a", "", nil},
+		{"an instance may serve several proxy names", service("a2", "s", "a-legacy"), "team-a", "", nil},
+		{"an unknown proxy name belongs to no local instance", service("x", "s", "someone-else"), "", "", nil},
+		{"tenant guard refuses other namespaces", service("x", "s", "team-a"), "", `does not accept Services from namespace "x"`, []string{"team-a"}},
+		{"no namespace guard means any namespace", service("anything", "s", "team-b"), "team-b", "", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,6 +67,9 @@ func TestRoute(t *testing.T) {
 			}
 			if (tc.wantRejected == "") != (got.Rejected == "") || !strings.Contains(got.Rejected, tc.wantRejected) {
 				t.Errorf("rejected: got %q, want %q", got.Rejected, tc.wantRejected)
+			}
+			if !slices.Equal(got.RejectedBy, tc.wantRejectedBy) {
+				t.Errorf("rejected by: got %q, want %q", got.RejectedBy, tc.wantRejectedBy)
 			}
 		})
 	}

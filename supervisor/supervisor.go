@@ -357,11 +357,16 @@ func (s *Supervisor) dispatcherEvents() selector.Events {
 			}
 		},
 		Rejected: func(svc *corev1.Service, why string) {
+			// Route is pure: routing the Service again names the instances that refused it.
+			for _, inst := range s.router.Route(svc).RejectedBy {
+				s.metrics.GuardRefused(inst, metrics.GuardNamespace)
+			}
 			s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ServiceRejected", "%s", why)
 		},
 		Guarded: func(svc *corev1.Service, inst string, problems []string) {
 			name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 			s.logger.Info("Service addresses refused", "instance", inst, "service", name, "problems", problems)
+			s.metrics.GuardRefused(inst, metrics.GuardAddress)
 			for _, p := range problems {
 				s.deps.Recorder.Eventf(name, corev1.EventTypeWarning, "AddressRefused", "%s", p)
 			}

@@ -388,6 +388,10 @@ func TestInstancesServeOnlyTheirServices(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "a rejection event for the intruding Service", func() bool {
 		return strings.Contains(f.rec.all(), "x/intruder Warning ServiceRejected")
 	})
+	// Counted once, under the instance whose namespace guard refused it, for the alert.
+	if got := metricValue(t, f.sup, `shardproxy_guard_refusals_total{proxy_instance="team-b",guard="namespace"}`); got != "1" {
+		t.Errorf("team-b's namespace guard refusals: %q, want 1", got)
+	}
 	// One watch per resource for the whole node, however many instances run (beside
 	// the one of the API server's own EndpointSlice, reserved from user addresses).
 	watches := map[string]int{}
@@ -629,6 +633,12 @@ func TestNodeAddressesAreReserved(t *testing.T) {
 	testutil.Eventually(t, waitTimeout, "an AddressRefused event naming the node", func() bool {
 		return strings.Contains(f.rec.all(), "AddressRefused: externalIP 192.168.100.1 refused: it is an address of this node")
 	})
+	// Counted when the refusal begins or changes: once or twice, as the node's
+	// addresses arrive before or after the update (the instance's ranges refuse it
+	// first).
+	if got := metricValue(t, f.sup, `shardproxy_guard_refusals_total{proxy_instance="default",guard="address"}`); got != "1" && got != "2" {
+		t.Errorf("default's address guard refusals: %q, want 1 or 2", got)
+	}
 }
 
 // copyingClientset is a fake clientset whose watches hand out copies of the objects, as a

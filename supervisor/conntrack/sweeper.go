@@ -39,6 +39,9 @@ type Metrics interface {
 	ConntrackDeleted(instance string, family string, n int)
 	// ObserveConntrackReconcile records how long one cleanup of family took.
 	ObserveConntrackReconcile(family string, d time.Duration)
+	// ConntrackCleanupFailed counts a cleanup of family after a sync of instance that
+	// failed.
+	ConntrackCleanupFailed(instance, family string)
 }
 
 // Sweeper is the conntrack cleanup of a node's instances: after each sync it decides
@@ -161,6 +164,7 @@ func (s *Sweeper) clean(logger klog.Logger, inst string, fam tables.Family, item
 	n, err := s.cleaner.CleanupChange(ctx, ch)
 	if err != nil {
 		logger.Error(err, "Conntrack cleanup failed", "family", fam)
+		s.metrics.ConntrackCleanupFailed(inst, fam.String())
 	} else {
 		// As upstream, a round that failed is not timed: its duration says nothing.
 		s.metrics.ObserveConntrackReconcile(fam.String(), time.Since(start))

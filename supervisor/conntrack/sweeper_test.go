@@ -118,15 +118,18 @@ func TestServingEndpoints(t *testing.T) {
 // TestSweepObservesReconcileDuration: each family's cleanup that ran is observed in
 // upstream's kubeproxy_conntrack_reconciler_sync_duration_seconds under that family; a
 // family without ports to compare, and a cleanup whose dump failed (as upstream skips a
-// round whose listing failed), are not.
+// round whose listing failed), are not. A failed cleanup is counted instead, under the
+// instance and family, in shardproxy_conntrack_cleanup_failures_total (the alert
+// ShardproxyConntrackCleanupFailing reads it).
 func TestSweepObservesReconcileDuration(t *testing.T) {
 	tests := []struct {
-		name     string
-		listErr  error
-		wantIPv4 uint64
+		name         string
+		listErr      error
+		wantIPv4     uint64
+		wantFailures float64
 	}{
 		{name: "cleanup ran", wantIPv4: 1},
-		{name: "conntrack dump failed", listErr: errors.New("netlink: broken"), wantIPv4: 0},
+		{name: "conntrack dump failed", listErr: errors.New("netlink: broken"), wantIPv4: 0, wantFailures: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -135,6 +138,7 @@ func TestSweepObservesReconcileDuration(t *testing.T) {
 			ct := NewFake(udp(hostPort(clusterIP, "53"), epA))
 			ct.ListErr = tc.listErr
 			m := metrics.New()
+			m.InitInstance("team-a") // as the supervisor does
 			s := NewSweeper(NewCleaner(ct), fakeNode{slices: func() []*discoveryv1.EndpointSlice { return current }}, m, klog.Background())
 			name := types.NamespacedName{Namespace: "a", Name: "dns"}
 			before := instance.Build(svc, current, instance.NodeInfo{Name: "node-1"})
@@ -143,6 +147,10 @@ func TestSweepObservesReconcileDuration(t *testing.T) {
 			got := reconcileObservations(t, m)
 			if got["IPv4"] != tc.wantIPv4 || got["IPv6"] != 0 {
 				t.Errorf("observations by family %v, want IPv4 %d and IPv6 0 (the Service has no IPv6 port)", got, tc.wantIPv4)
+			}
+			failures := cleanupFailures(t, m)
+			if want := map[string]float64{"IPv4": tc.wantFailures, "IPv6": 0}; !reflect.DeepEqual(failures, want) {
+				t.Errorf("team-a's cleanup failures by family %v, want %v", failures, want)
 			}
 		})
 	}
@@ -166,6 +174,32 @@ func reconcileObservations(t *testing.T, m *metrics.Metrics) map[string]uint64 {
 				if l.GetName() == "ip_family" {
 					out[l.GetValue()] = s.GetHistogram().GetSampleCount()
 				}
+			}
+		}
+	}
+	return out
+}
+
+// cleanupFailures returns team-a's shardproxy_conntrack_cleanup_failures_total by
+// ip_family.
+func cleanupFailures(t *testing.T, m *metrics.Metrics) map[string]float64 {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "shardproxy_conntrack_cleanup_failures_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range s.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["proxy_instance"] == "team-a" {
+				out[labels["ip_family"]] = s.GetCounter().GetValue()
 			}
 		}
 	}
