@@ -36,11 +36,7 @@ func (lb LoadBalancing) TableConfig(cfg tables.Config) tables.Config {
 // MayUse reports whether a Service of the instance may end up in mode m: the
 // instance's mode (random for "") or one its Services may ask for.
 func (lb LoadBalancing) MayUse(m tables.LBMode) bool {
-	mode := lb.Mode
-	if mode == "" {
-		mode = tables.LBRandom
-	}
-	return mode == m || slices.Contains(lb.Allowed, m)
+	return lb.Mode.OrRandom() == m || slices.Contains(lb.Allowed, m)
 }
 
 // Build is Build with these settings: a Service's LoadBalancingAnnotation is honoured
@@ -52,10 +48,7 @@ func (lb LoadBalancing) Build(svc *corev1.Service, slices []*discoveryv1.Endpoin
 
 // modeOf returns the mode svc gets and, when its annotation is refused, why.
 func (lb LoadBalancing) modeOf(svc *corev1.Service) (tables.LBMode, string) {
-	mode := lb.Mode
-	if mode == "" {
-		mode = tables.LBRandom
-	}
+	mode := lb.Mode.OrRandom()
 	v, ok := svc.Annotations[LoadBalancingAnnotation]
 	if !ok || v == "" {
 		return mode, ""

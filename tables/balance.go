@@ -43,8 +43,8 @@ func ParseLBMode(s string) (LBMode, error) {
 	return "", fmt.Errorf("unknown load-balancing mode %q (one of %v)", s, LBModes())
 }
 
-// orRandom is the mode itself, LBRandom for "".
-func (m LBMode) orRandom() LBMode {
+// OrRandom is the mode itself, LBRandom for "": the one place "" means random.
+func (m LBMode) OrRandom() LBMode {
 	if m == "" {
 		return LBRandom
 	}
@@ -323,7 +323,7 @@ func mix64(x uint64) uint64 {
 // the family's address keyword ip ("ip" or "ip6"). For consistentHash, n is the table
 // size, not the endpoint count.
 func pickExpr(m LBMode, ip string, n int) string {
-	switch m.orRandom() {
+	switch m.OrRandom() {
 	case LBRoundRobin:
 		return fmt.Sprintf("numgen inc mod %d", n)
 	case LBSourceHash, LBConsistentHash:

@@ -138,7 +138,7 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 	}
 	pc := &portCompiler{c: c, sp: sp, out: out, pick: map[string]bool{}, epStrs: map[string][][]string{},
 		internal: sp.internalEndpoints(), external: sp.externalEndpoints(), noEndpoints: "goto " + chainReject,
-		mode: sp.LoadBalancing.orRandom(), tables: map[string][]int{}}
+		mode: sp.LoadBalancing.OrRandom(), tables: map[string][]int{}}
 	if sp.HasEndpoints {
 		// Endpoints exist elsewhere, just not for this policy: drop, as upstream does.
 		pc.noEndpoints = "drop"
@@ -706,7 +706,7 @@ func (a *affinity) toEndpoint(ep Endpoint) string {
 func (a *affinity) newClientPicks(eps []Endpoint) []string {
 	n := len(eps)
 	picks := make([]string, n)
-	mode := a.sp.LoadBalancing.orRandom()
+	mode := a.sp.LoadBalancing.OrRandom()
 	switch mode {
 	case LBSourceHash:
 		for i := range picks {

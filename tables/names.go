@@ -141,7 +141,7 @@ func pickChainFor(m LBMode, cluster bool, n int) string {
 	if cluster {
 		prefix = pickClusterPrefix
 	}
-	return fmt.Sprintf("%s%s%d", prefix, modeTags[m.orRandom()], n)
+	return fmt.Sprintf("%s%s%d", prefix, modeTags[m.OrRandom()], n)
 }
 
 // parsePickChain is the inverse of pickChainFor.
