@@ -172,8 +172,13 @@ func Cleanup(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	if ip.NoIPVS {
+	switch {
+	case ip.NoIPVS:
 		fmt.Fprintln(w, "ipvs: the kernel has no IPVS loaded: no virtual services to remove")
+	case len(ip.Services) == 0:
+		// Said as plainly when IPVS is there (a Debian kernel loads ip_vs on the first
+		// look) and holds nothing of kube-proxy's.
+		fmt.Fprintln(w, "ipvs: no virtual services to remove")
 	}
 	for _, s := range ip.Services {
 		fmt.Fprintf(w, "ipvs: %s virtual service %s\n", verb, s)

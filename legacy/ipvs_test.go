@@ -88,7 +88,15 @@ func TestIPVSCleanup(t *testing.T) {
 			name:       "nothing left: nothing removed",
 			links:      map[string][]string{"eth0": {"192.168.100.1"}},
 			wantLinks:  []string{"eth0"},
-			wantReport: []string{"ipvs: no interface kube-ipvs0"},
+			wantReport: []string{"ipvs: no virtual services to remove", "ipvs: no interface kube-ipvs0"},
+		},
+		{
+			name:       "IPVS loaded with only others' virtual services: none to remove, they stay",
+			services:   []VirtualService{{FWMark: 7, Protocol: 0}},
+			links:      map[string][]string{"eth0": {"192.168.100.1"}},
+			wantKept:   []string{"fwmark 7"},
+			wantLinks:  []string{"eth0"},
+			wantReport: []string{"ipvs: no virtual services to remove", "ipvs: kept virtual service fwmark 7 (not kube-proxy's)"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
