@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // generated returns n Services with two endpoints each and a mix of features.
@@ -156,6 +158,9 @@ func TestPartialEqualsFull(t *testing.T) {
 				consistentSvc3(state)
 			}
 			fullSync(t, target.s, state)
+			if tc.kernel {
+				tc.steps = testutil.Steps(tc.steps)
+			}
 			direct := 0
 			for step := 0; step < tc.steps; step++ {
 				changes := randomChanges(rng, state, IPv4)

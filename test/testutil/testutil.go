@@ -122,3 +122,17 @@ func CopyFile(t testing.TB, from, to string, perm os.FileMode) {
 		t.Fatalf("copying %s to %s: %v", from, to, err)
 	}
 }
+
+// EmulatedEnv is the environment variable hack/kernels.sh's VM sets (to 1): the tests run
+// on a kernel under software emulation, some 20 to 30 times slower than on the host.
+const EmulatedEnv = "SHARDPROXY_EMULATED"
+
+// Steps returns n, the length of a random walk whose every step runs nft, or a quarter
+// of it (at least 1) under emulation (EmulatedEnv), where the full walk would take the
+// guest's whole time budget. The host's real-kernel layer always walks all n.
+func Steps(n int) int {
+	if os.Getenv(EmulatedEnv) == "1" {
+		return max(n/4, 1)
+	}
+	return n
+}
