@@ -74,16 +74,6 @@ type entryElements struct {
 	slots *slotTable
 }
 
-// elementsOf returns the ids of entry en's elements in entries (nil: none).
-func elementsOf(entries []entryElements, en string) []string {
-	for _, e := range entries {
-		if e.entry == en {
-			return e.ids
-		}
-	}
-	return nil
-}
-
 // compiler turns ServicePorts into elements and knows the family's tokens.
 type compiler struct {
 	cfg     *Config
@@ -493,15 +483,6 @@ func (pc *portCompiler) portID() string {
 		pc.id = portID(spn, LBRoundRobin)
 	}
 	return pc.id
-}
-
-// identity returns 0..n-1.
-func identity(n int) []int {
-	out := make([]int, n)
-	for i := range out {
-		out[i] = i
-	}
-	return out
 }
 
 // dispatchOrRefuse dispatches en to eps, or, without any, refuses it.

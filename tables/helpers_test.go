@@ -185,3 +185,13 @@ func (e entryElements) allIDs(prefix []string) []string {
 	}
 	return e.slots.appendIDs(e.ids[:len(e.ids):len(e.ids)], prefix)
 }
+
+// elementsOf returns the ids of entry en's elements in entries (nil: none).
+func elementsOf(entries []entryElements, en string) []string {
+	for _, e := range entries {
+		if e.entry == en {
+			return e.ids
+		}
+	}
+	return nil
+}

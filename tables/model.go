@@ -43,9 +43,7 @@ const (
 	TCP Protocol = "tcp"
 	// UDP needs conntrack cleanup when endpoints change.
 	UDP Protocol = "udp"
-	// SCTP is loaded like TCP and UDP. These test machines refuse SCTP sockets, so its
-	// rules are loaded into the kernel and traced, never sent traffic (see the top-level
-	// README.md, "Tests").
+	// SCTP is programmed like TCP and UDP.
 	SCTP Protocol = "sctp"
 )
 
