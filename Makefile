@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet
 
 all: build
 
@@ -156,6 +156,21 @@ BENCH_COMPARE_PLOT   ?= _output/bench/compare.svg
 bench-compare: deps
 	$(GO) build -o bin/shardproxy-bench-compare ./test/bench/cmd/shardproxy-bench-compare
 	bin/shardproxy-bench-compare -repo . -scales $(BENCH_COMPARE_SCALES) -out $(BENCH_COMPARE_OUT) -plot $(BENCH_COMPARE_PLOT) $(BENCH_COMPARE_FLAGS)
+
+# fleet runs FLEET_NODES hollow shardproxy nodes (test/fleet: the real supervisor with
+# the kernel faked, each node with its own Node object and client at QPS 5, burst 10)
+# against one local kube-apiserver and etcd holding FLEET_SERVICES of the bench's mix,
+# with reserveOtherNodeAddresses on and off, while the driver writes every Node's status
+# each FLEET_STATUS_PERIOD; prints the apiserver's CPU per minute, peak RSS, watch events,
+# the proxies' requests, etcd writes and fleet-wide programming latency (docs/fleet.md).
+# Not part of `make test`. FLEET_FLAGS adds flags (-h lists them).
+FLEET_NODES         ?= 100,300
+FLEET_SERVICES      ?= 1000
+FLEET_STATUS_PERIOD ?= 30s
+fleet:
+	hack/build-apiserver.sh
+	$(GO) build -o bin/shardproxy-fleet ./test/fleet/cmd/shardproxy-fleet
+	bin/shardproxy-fleet -nodes $(FLEET_NODES) -services $(FLEET_SERVICES) -status-period $(FLEET_STATUS_PERIOD) $(FLEET_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

@@ -1,0 +1,140 @@
+// Command shardproxy-fleet runs hollow shardproxy nodes (test/fleet) at several sizes
+// against one local kube-apiserver and etcd holding the bench's mix of Services, with
+// reserveOtherNodeAddresses on and off, and prints what they cost the API server.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/controlplane"
+	"github.com/shardproxy/shardproxy/test/fleet"
+)
+
+func main() { os.Exit(run()) }
+
+type options struct {
+	nodes        []int
+	services     int
+	endpoints    int
+	steady       time.Duration
+	statusPeriod time.Duration
+	changes      int
+	reserve      string
+}
+
+func run() int {
+	var o options
+	var nodes string
+	fs := flag.NewFlagSet("shardproxy-fleet", flag.ContinueOnError)
+	fs.StringVar(&nodes, "nodes", "100,300", "hollow node counts, comma-separated")
+	fs.IntVar(&o.services, "services", 1000, "Services (the bench's mix)")
+	fs.IntVar(&o.endpoints, "endpoints", 10, "endpoints per Service")
+	fs.DurationVar(&o.steady, "steady", time.Minute, "steady-state window per run")
+	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
+	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
+	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run")
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	_ = klogFlags.Set("v", "0")
+	_ = klogFlags.Set("stderrthreshold", "ERROR")
+	_ = klogFlags.Set("logtostderr", "false")
+	_ = klogFlags.Set("alsologtostderr", "false")
+	klog.SetOutput(discard{})
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	for f := range strings.SplitSeq(nodes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "-nodes %q: want positive integers\n", nodes)
+			return 2
+		}
+		o.nodes = append(o.nodes, n)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := measure(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "shardproxy-fleet: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func measure(ctx context.Context, o options) error {
+	cp, stopCP, err := controlplane.StartProcess(ctx, controlplane.Options{
+		ServiceCIDRs:       gen.ServiceCIDRs,
+		ExtraAPIServerArgs: []string{"--service-node-port-range=" + gen.NodePortRange},
+		Progress:           logf,
+	})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopCP(); err != nil {
+			logf("stopping the control plane: %v", err)
+		}
+	}()
+	pids := cp.PIDs()
+	admin := cp.Client()
+	c := gen.Generate(o.services, o.endpoints)
+	start := time.Now()
+	maxNodes := 0
+	for _, n := range o.nodes {
+		maxNodes = max(maxNodes, n)
+	}
+	if err := fleet.Prepare(ctx, admin, maxNodes, c, 8); err != nil {
+		return err
+	}
+	logf("created %d Nodes and %d Services × %d endpoints in %v", maxNodes, o.services, o.endpoints, time.Since(start).Round(time.Second))
+	env := fleet.Env{
+		Admin:        admin,
+		NodeConfig:   func() *rest.Config { return cp.RESTConfig() },
+		APIServerPID: pids[len(pids)-1],
+		APIServerMetrics: func(ctx context.Context) (fleet.APIServerCounters, error) {
+			raw, err := admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+			if err != nil {
+				return fleet.APIServerCounters{}, fmt.Errorf("reading kube-apiserver /metrics: %w", err)
+			}
+			return fleet.ParseAPIServerMetrics(strings.NewReader(string(raw)))
+		},
+	}
+	var results []*fleet.Result
+	for _, n := range o.nodes {
+		for r := range strings.SplitSeq(o.reserve, ",") {
+			res, err := fleet.Measure(ctx, env, fleet.Options{
+				Nodes: n, ReserveOtherNodeAddresses: r == "on", Steady: o.steady, StatusPeriod: o.statusPeriod,
+				Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
+			}, o.services)
+			if err != nil {
+				fmt.Print(fleet.Table(results))
+				return fmt.Errorf("%d nodes, reserve %s: %w", n, r, err)
+			}
+			results = append(results, res)
+			logf("\n%s", fleet.Table([]*fleet.Result{res}))
+		}
+	}
+	fmt.Printf("%d Services × %d endpoints (bench mix); each Node heartbeat every %v; steady window %v; %d Service creations timed\n",
+		o.services, o.endpoints, o.statusPeriod, o.steady, o.changes)
+	fmt.Print(fleet.Table(results))
+	return nil
+}
