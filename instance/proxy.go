@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"reflect"
 	"runtime/debug"
 	"slices"
@@ -596,13 +595,7 @@ func (p *Proxy) buildModels(plan *syncPlan) {
 func (p *Proxy) nodePortAddrs() map[tables.Family]int {
 	out := map[tables.Family]int{}
 	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
-		var seen []netip.Addr
-		for _, a := range p.cfg.NodePortIPs {
-			if fam.Contains(a) && !a.IsLoopback() && !a.IsUnspecified() && !slices.Contains(seen, a) {
-				seen = append(seen, a)
-			}
-		}
-		out[fam] = len(seen)
+		out[fam] = len(tables.ServedNodePortIPs(fam, p.cfg.NodePortIPs))
 	}
 	return out
 }

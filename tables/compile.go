@@ -109,14 +109,21 @@ func newCompiler(cfg *Config) *compiler {
 			c.nodeIPs = append(c.nodeIPs, a)
 		}
 	}
-	for _, a := range cfg.NodePortIPs {
-		// NodePorts are never served on loopback: that would need route_localnet and
-		// would let anything on the node reach Services through 127.0.0.1.
-		if cfg.Family.Contains(a) && !a.IsLoopback() && !a.IsUnspecified() && !slices.Contains(c.npIPs, a) {
-			c.npIPs = append(c.npIPs, a)
+	c.npIPs = ServedNodePortIPs(cfg.Family, cfg.NodePortIPs)
+	return c
+}
+
+// ServedNodePortIPs are the addresses of ips in fam that NodePorts are served on, in
+// order, without repeats. Never loopback (that would need route_localnet and would let
+// anything on the node reach Services through 127.0.0.1), nor unspecified.
+func ServedNodePortIPs(fam Family, ips []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range ips {
+		if fam.Contains(a) && !a.IsLoopback() && !a.IsUnspecified() && !slices.Contains(out, a) {
+			out = append(out, a)
 		}
 	}
-	return c
+	return out
 }
 
 // compile computes the elements of one Service port. Entries for which mayTake returns
