@@ -133,9 +133,9 @@ func (c *compiler) compile(sp *ServicePort, mayTake func(entry string) bool) *co
 	if !c.cfg.Family.Contains(sp.ClusterIP) || sp.Port == 0 {
 		return out
 	}
-	pc := &portCompiler{c: c, sp: sp, out: out, pick: map[string]bool{}, epStrs: map[string][][]string{},
+	pc := &portCompiler{c: c, sp: sp, out: out, pick: map[string]bool{}, epStrs: map[endpointClass][][]string{},
 		internal: sp.internalEndpoints(), external: sp.externalEndpoints(), noEndpoints: "goto " + chainReject,
-		mode: sp.LoadBalancing.OrRandom(), tables: map[string][]int{}}
+		mode: sp.LoadBalancing.OrRandom(), tables: map[endpointClass][]int{}}
 	if sp.HasEndpoints {
 		// Endpoints exist elsewhere, just not for this policy: drop, as upstream does.
 		pc.noEndpoints = "drop"
@@ -189,11 +189,11 @@ type portCompiler struct {
 	lastEntry entry
 	lastID    string
 	// epStrs holds each class's endpoint strings, made once for all its entries.
-	epStrs map[string][][]string
+	epStrs map[endpointClass][][]string
 	// mode is the port's load-balancing mode; tables its consistent-hash tables per
 	// class; id its portID for round-robin chains (made on first use).
 	mode   LBMode
-	tables map[string][]int
+	tables map[endpointClass][]int
 	id     string
 	// cip is the port's cluster IP entry once the port holds it (zero otherwise); its
 	// consistent-hash table can serve the port's other entries (sharesClusterIPTable).
@@ -231,7 +231,7 @@ func (pc *portCompiler) entryRecord(en entry) *entryElements {
 	return &pc.out.entries[k]
 }
 
-func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string {
+func (pc *portCompiler) endpointStrings(class endpointClass, eps []Endpoint) [][]string {
 	if strs, ok := pc.epStrs[class]; ok {
 		return strs
 	}
@@ -247,7 +247,7 @@ func (pc *portCompiler) endpointStrings(class string, eps []Endpoint) [][]string
 // chain of the class, or through the pick chain of the port's mode, which DNATs through
 // the entry's elements of the endpoint map (one per endpoint; one per slot of the
 // consistent-hash table).
-func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class string) {
+func (pc *portCompiler) dispatch(en entry, eps []Endpoint, class endpointClass) {
 	vmap, epMap := mapServiceIPs, mapEndpoints
 	if class == classCluster {
 		vmap, epMap = mapShortCircuit, mapClusterEndpoints
@@ -349,7 +349,7 @@ func (pc *portCompiler) inBucket(en entry, eps []Endpoint) bool {
 // the port's other entries with those endpoints, the chain that rewrites the
 // destination to the cluster IP and port and goes on to the bucket; for entries with
 // other endpoints, a class chain of the port's own.
-func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class string) string {
+func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class endpointClass) string {
 	if !pc.inBucket(en, eps) {
 		return pc.aff.chain(class, eps)
 	}
@@ -404,7 +404,7 @@ func (pc *portCompiler) viaRoundRobinBucket(en entry, vmap string) {
 // endpoint i, every mode but consistentHash). The pick chains are
 // shared by every port with the same mode and count; round robin needs a counter of the
 // port's own, so its chain is the port's (rrChain).
-func (pc *portCompiler) picker(class string, eps []Endpoint) (string, []int) {
+func (pc *portCompiler) picker(class endpointClass, eps []Endpoint) (string, []int) {
 	cluster := class == classCluster
 	switch pc.mode {
 	case LBConsistentHash:
@@ -422,11 +422,12 @@ func (pc *portCompiler) picker(class string, eps []Endpoint) (string, []int) {
 
 // consistentSlots is the consistent-hash table of a class's endpoints, built once per
 // port and class.
-func (pc *portCompiler) consistentSlots(class string, eps []Endpoint) []int {
-	// Classes often share their endpoints (Cluster policy): one table for both.
+func (pc *portCompiler) consistentSlots(class endpointClass, eps []Endpoint) []int {
+	// Classes often share their endpoints (Cluster policy): one table for all those
+	// using every endpoint, kept under classCluster's.
 	key := class
 	if sameEndpoints(eps, pc.sp.ClusterEndpoints) {
-		key = "cluster"
+		key = classCluster
 	}
 	if t, ok := pc.tables[key]; ok {
 		return t
@@ -493,7 +494,7 @@ func (pc *portCompiler) portID() string {
 }
 
 // dispatchOrRefuse dispatches en to eps, or, without any, refuses it.
-func (pc *portCompiler) dispatchOrRefuse(en entry, eps []Endpoint, class string) {
+func (pc *portCompiler) dispatchOrRefuse(en entry, eps []Endpoint, class endpointClass) {
 	if len(eps) > 0 {
 		pc.dispatch(en, eps, class)
 		return
@@ -603,11 +604,15 @@ func hairpinIDs(sp *ServicePort) []string {
 	return ids
 }
 
-// Endpoint classes of a Service port: which endpoints a way in uses.
+// endpointClass is which endpoints of a Service port a way in uses; its value is part
+// of the chain and set names it picks among.
+type endpointClass string
+
+// The endpoint classes of a Service port.
 const (
-	classInternal = "int" // cluster IP: internalTrafficPolicy
-	classExternal = "ext" // from outside: externalTrafficPolicy
-	classCluster  = "clu" // Local-policy short circuit for pods and the node: all endpoints
+	classInternal endpointClass = "int" // cluster IP: internalTrafficPolicy
+	classExternal endpointClass = "ext" // from outside: externalTrafficPolicy
+	classCluster  endpointClass = "clu" // Local-policy short circuit for pods and the node: all endpoints
 )
 
 // affinity builds the per-port chains and sets of a ClientIP-affinity Service port, as
@@ -651,13 +656,13 @@ func (a *affinity) epSet(ep Endpoint) string { return affinityPrefix + a.id + "-
 // the port needs no chain per endpoint. Every commit costs the kernel ~18 ns per chain
 // in the namespace (tables/README.md, "Sync"), and a chain per endpoint made the
 // affinity chains most of a table's at 100,000 Services.
-func (a *affinity) chain(class string, eps []Endpoint) string {
+func (a *affinity) chain(class endpointClass, eps []Endpoint) string {
 	for _, ch := range a.chains {
 		if slices.Equal(ch.eps, eps) {
 			return ch.name
 		}
 	}
-	name := affinityPrefix + a.id + "-" + class
+	name := affinityPrefix + a.id + "-" + string(class)
 	a.chains = append(a.chains, classChain{name: name, eps: eps})
 	a.out.objects.chains[name] = a.rules(eps, "")
 	return name
