@@ -103,16 +103,24 @@ func (d *Diff) Len() int {
 		n += 1 + 2*(len(sk.Chains)+len(sk.Sets)+len(sk.Maps)) + len(sk.Rules) + len(sk.RecreatedMaps)
 	}
 	for _, ch := range d.WriteChains {
-		switch {
-		case ch.Delta:
-			n += len(ch.RemovedAt) + len(ch.Appended)
-		case ch.MayExist:
-			n += 2 + len(ch.Rules)
-		default:
-			n += 1 + len(ch.Rules)
-		}
+		n += ch.operations(1)
 	}
 	return n
+}
+
+// operations counts the operations writing ch takes, a rule added counting perRule (the
+// netlink writer's take two: google/nftables asks for its echo besides the ack): one per
+// rule removed in a delta, else a flush or a create (and a flush when it may exist) and
+// the rules.
+func (ch ChainRules) operations(perRule int) int {
+	switch {
+	case ch.Delta:
+		return len(ch.RemovedAt) + perRule*len(ch.Appended)
+	case ch.MayExist:
+		return 2 + perRule*len(ch.Rules)
+	default:
+		return 1 + perRule*len(ch.Rules)
+	}
 }
 
 // diffOfChange computes the Diff of a tracked change of the ledger: elements whose

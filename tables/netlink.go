@@ -94,16 +94,8 @@ func fitsNetlink(d *Diff) bool {
 // netlinkChunk elements, a flush and a delete per deleted chain, one per deleted set.
 func netlinkMessages(d *Diff) int {
 	n := len(d.FlushFirst) + len(d.FlushChains) + len(d.DeleteChains) + len(d.DeleteSets) + len(d.DeleteMaps)
-	// A rule added takes two: google/nftables asks for its echo besides the ack.
 	for _, ch := range d.WriteChains {
-		switch {
-		case ch.Delta:
-			n += len(ch.RemovedAt) + 2*len(ch.Appended)
-		case ch.MayExist:
-			n += 2 + 2*len(ch.Rules)
-		default:
-			n += 1 + 2*len(ch.Rules)
-		}
+		n += ch.operations(2)
 	}
 	for _, ids := range [][]string{d.AddElements, d.DeleteElements} {
 		run := 0
