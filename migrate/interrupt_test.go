@@ -27,7 +27,9 @@ import (
 func TestInterruptedBatchGoesBack(t *testing.T) {
 	shop := []string{"shop/a", "shop/b", "shop/c", "shop/d"}
 	annotates := func(name string) func(patchRecord) bool {
-		return func(p patchRecord) bool { return p.name == name && !labelPatch(p) && strings.Contains(p.body, `"shardproxy.io/shadow":"team-a"`) }
+		return func(p patchRecord) bool {
+			return p.name == name && !labelPatch(p) && strings.Contains(p.body, `"shardproxy.io/shadow":"team-a"`)
+		}
 	}
 	labels := func(name string) func(patchRecord) bool {
 		return func(p patchRecord) bool { return p.name == name && labelPatch(p) }
@@ -131,8 +133,14 @@ func TestBatchSizeMustBePositive(t *testing.T) {
 	c := newCluster(t, svc("shop", "a", ""))
 	m := &Mover{Client: c.client, StatusNamespace: statusNS, BatchSize: -1}
 	for name, run := range map[string]func() error{
-		"move":     func() error { _, err := m.Move(context.Background(), Selection{Namespace: "shop"}, "team-a"); return err },
-		"rollback": func() error { _, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", ""); return err },
+		"move": func() error {
+			_, err := m.Move(context.Background(), Selection{Namespace: "shop"}, "team-a")
+			return err
+		},
+		"rollback": func() error {
+			_, err := m.Rollback(context.Background(), Selection{Namespace: "shop"}, "team-a", "")
+			return err
+		},
 	} {
 		if err := run(); err == nil || !strings.Contains(err.Error(), "batch size -1: must be at least 1") {
 			t.Errorf("%s with batch size -1: %v", name, err)

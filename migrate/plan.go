@@ -16,14 +16,14 @@ import (
 
 // PlanRow is one Service in a migration plan.
 type PlanRow struct {
-	Service string
+	Service string `json:"service"`
 	// ProxyName is the service-proxy-name label, "" when unlabeled.
-	ProxyName string
+	ProxyName string `json:"proxyName,omitempty"`
 	// ServedBy names who serves it: shardproxy instances (from the node statuses), or
 	// the legacy proxy.
-	ServedBy string
+	ServedBy string `json:"servedBy"`
 	// Notes flag what behaves differently under shardproxy than under iptables kube-proxy.
-	Notes []string
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Differences an operator should know before moving a Service off iptables kube-proxy.

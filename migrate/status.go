@@ -138,6 +138,15 @@ type InstanceStatus struct {
 	// instance), or the local instance that owns them has programmed them. A rollback
 	// removes the shadow only once every node lists the Service here.
 	HandedBack []string `json:"handedBack,omitempty"`
+	// Failing says, in a line (FailingReason), why the instance is not healthy on the
+	// node; empty when it is. It is worded to stay the same while the fault does, so a
+	// failing instance does not make its node rewrite the status.
+	Failing string `json:"failing,omitempty"`
+	// LastSync is when the instance last synced successfully (PublishedSync): exact
+	// while it is failing (it does not move then), else coarse, so that syncing does
+	// not make the node rewrite its status more than once per SyncResolution. Absent
+	// before the first sync, and from supervisors older than the field.
+	LastSync time.Time `json:"lastSync,omitzero"`
 }
 
 // Migrating reports whether a migration involves the node: an instance holds Services in

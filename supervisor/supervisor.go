@@ -715,8 +715,15 @@ func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
 	st := migrate.NodeStatus{Instances: map[string]migrate.InstanceStatus{}}
 	shadows := d.Shadows()
 	handed := s.handedBack(d, shadows)
+	health := s.health.Status().Instances
 	for _, in := range s.cfg.Instances {
 		is := migrate.InstanceStatus{Default: in.Default, ProxyNames: in.ProxyNames}
+		// Health in words that hold while the fault does, and the last sync coarse while
+		// healthy: the status is rewritten on change, not on every sync.
+		if h, ok := health[in.Name]; ok {
+			is.Failing = migrate.FailingReason(h.Healthy, h.Up, h.DownReason, h.LastError, h.LastQueued)
+			is.LastSync = migrate.PublishedSync(s.cfg.NodeName, h.LastUpdated, is.Failing != "")
+		}
 		for _, n := range shadows[in.Name] {
 			is.Shadow = append(is.Shadow, n.String())
 			if handed[n] {

@@ -33,6 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
@@ -124,17 +125,36 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			completionCommand(),
 			{
 				Name:  "status",
-				Usage: "print the running supervisor's per-instance status (from its /status endpoint)",
+				Usage: "print the running supervisor's per-instance status (from its /status endpoint), or with --cluster every instance across the nodes",
+				Description: `Without --cluster: the supervisor on this node, from its /status endpoint (loopback only).
+With --cluster: every node's status ConfigMap in --status-namespace, the Nodes and the
+Services (paged lists, with an operator's kubeconfig), summed up per instance: nodes
+running it, how many report it healthy, failing or stale (and why, node by node), the
+Services that are its to serve, and the oldest last sync its nodes report (to within
+5 minutes on healthy nodes). A status is stale when the API server stored it more than
+10 minutes ago, by the server's clock.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "address", Usage: "the supervisor's healthz address (default: the configuration's healthzBindAddress on loopback)"},
 					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Value: defaultPodConfig, Usage: "the supervisor's configuration, for its healthzBindAddress (the DaemonSet's path; if it does not exist and --config is not given, " + config.DefaultHealthzBindAddress + ")"},
+					&cli.BoolFlag{Name: "cluster", Usage: "every instance across the nodes, from their status ConfigMaps (needs a kubeconfig)"},
+					&cli.StringFlag{Name: "instance", Usage: "only this instance"},
+					&cli.StringFlag{Name: "kubeconfig", Usage: "with --cluster: kubeconfig file (default: the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config, else in-cluster)"},
+					&cli.StringFlag{Name: "status-namespace", Value: migrate.DefaultNamespace, Usage: "with --cluster: namespace of the supervisors' node status ConfigMaps (statusNamespace in their config)"},
+					outputFlag(),
 				},
 				Action: func(c *cli.Context) error {
+					format, err := outputFormat(c)
+					if err != nil {
+						return err
+					}
+					if c.Bool("cluster") {
+						return clusterStatus(c.Context, c.App.Writer, c.String("kubeconfig"), c.String("status-namespace"), c.String("instance"), format)
+					}
 					addr, err := statusAddress(c.String("address"), c.String("config"), c.IsSet("config"))
 					if err != nil {
 						return err
 					}
-					return status(c.Context, c.App.Writer, addr)
+					return status(c.Context, c.App.Writer, addr, c.String("instance"), format)
 				},
 			},
 			{
@@ -346,7 +366,28 @@ func loopbackFor(bind string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func status(ctx context.Context, w io.Writer, addr string) error {
+// clusterStatus prints every instance across the nodes (ReadClusterStatus).
+func clusterStatus(ctx context.Context, w io.Writer, kubeconfig, namespace, instance, format string) error {
+	rc, err := operatorRESTConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	clock, err := migrate.NewAPIServerClock(rc)
+	if err != nil {
+		return err
+	}
+	cs, err := migrate.ReadClusterStatus(ctx, client, namespace, clock, instance)
+	if err != nil {
+		return err
+	}
+	return writeOutput(w, format, cs, func() error { return migrate.WriteClusterStatus(w, cs) })
+}
+
+func status(ctx context.Context, w io.Writer, addr, instance, format string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status", nil)
@@ -367,7 +408,14 @@ func status(ctx context.Context, w io.Writer, addr string) error {
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return fmt.Errorf("decoding status: %w", err)
 	}
-	return printStatus(w, st)
+	if instance != "" {
+		i, ok := st.Instances[instance]
+		if !ok {
+			return fmt.Errorf("the supervisor at %s runs no instance %q", addr, instance)
+		}
+		st.Instances = map[string]healthcheck.InstanceStatus{instance: i}
+	}
+	return writeOutput(w, format, st, func() error { return printStatus(w, st) })
 }
 
 func printStatus(w io.Writer, st healthcheck.StatusResponse) error {

@@ -42,6 +42,8 @@ func TestCommandLineConventions(t *testing.T) {
 			wantErr: []string{`flag --batch-size after the argument "shop/web": put every flag before the arguments`, "Usage: shardproxy migrate move [options] [namespace/name ...]"}},
 		{name: "a batch size of 0 is refused, not replaced", args: []string{"migrate", "move", "--to", "shardproxy", "--batch-size", "0"}, wantCode: 2,
 			wantErr: []string{"shardproxy migrate move: --batch-size 0: must be at least 1", "Usage: shardproxy migrate move [options]"}},
+		{name: "an output format shardproxy does not print", args: []string{"status", "-o", "xml"}, wantCode: 2,
+			wantErr: []string{`shardproxy status: --output "xml": must be table, json or yaml`}},
 		{name: "a required flag after an argument is refused as such", args: []string{"migrate", "rollback", "shop/web", "--from", "shardproxy"}, wantCode: 2,
 			wantErr: []string{`shardproxy migrate rollback: flag --from after the argument "shop/web"`}},
 		{name: "an argument to a command that takes none", args: []string{"check", "--skip-probe", "--config", "testdata/config.yaml", "extra"}, wantCode: 2,

@@ -103,8 +103,12 @@ was, without a shadow; a second signal stops at once.`,
 				Name:      "plan",
 				Usage:     "list the chosen Services, who serves them, and what behaves differently under shardproxy",
 				ArgsUsage: "[namespace/name ...]",
-				Flags:     selection,
+				Flags:     append(append([]cli.Flag{}, selection...), outputFlag()),
 				Action: func(c *cli.Context) error {
+					format, err := outputFormat(c)
+					if err != nil {
+						return err
+					}
 					m, sel, err := mover(c)
 					if err != nil {
 						return err
@@ -113,7 +117,7 @@ was, without a shadow; a second signal stops at once.`,
 					if err != nil {
 						return err
 					}
-					return migrate.WritePlan(c.App.Writer, rows)
+					return writeOutput(c.App.Writer, format, map[string]any{"services": rows}, func() error { return migrate.WritePlan(c.App.Writer, rows) })
 				},
 			},
 			{

@@ -545,6 +545,18 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	return resp, healthy
 }
 
+// Status returns what /status serves: each instance's health, counts and errors. The
+// node status the supervisor publishes is built from it.
+func (h *ProxyHealth) Status() StatusResponse {
+	s := h.snapshot()
+	return StatusResponse{
+		CurrentTime:  s.now,
+		NodeDeleting: s.nodeDeleting,
+		Instances:    s.instances,
+		ListenErrors: s.listenErrors,
+	}
+}
+
 // Handler returns the handler for /healthz, /livez and /status. /status answers 403 to
 // clients that are not on loopback: its errors and stacks are for the node's operator
 // (`shardproxy status` on the node), not for whoever can reach the health port.
@@ -564,13 +576,7 @@ func (h *ProxyHealth) Handler() http.Handler {
 			http.Error(w, statusForbidden, http.StatusForbidden)
 			return
 		}
-		s := h.snapshot()
-		writeJSON(h.logger, w, http.StatusOK, StatusResponse{
-			CurrentTime:  s.now,
-			NodeDeleting: s.nodeDeleting,
-			Instances:    s.instances,
-			ListenErrors: s.listenErrors,
-		})
+		writeJSON(h.logger, w, http.StatusOK, h.Status())
 	})
 	mux.HandleFunc(ReadyzPath, h.serveReadyz)
 	return mux
