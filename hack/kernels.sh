@@ -15,9 +15,10 @@
 #                                        iptables, setcap), as the shardproxy image ships them
 #   the package's networking modules     kernel/net, crypto and lib, a few drivers, with
 #                                        their dependencies, depmod'ed
-#   the test binaries                    `go test -c` of each package in $KERNEL_PACKAGES
-#                                        (default: the real-kernel layer, hack/layers.sh),
-#                                        beside their testdata, and test2json
+#   the test binaries                    `go test -c` of each package in
+#                                        hack/kernels/tests.txt (the real-kernel layer's
+#                                        packages and which of their tests touch the
+#                                        kernel), beside their testdata, and test2json
 #
 # and hack/kernels/init.sh as /init, which runs each binary in CI mode (a missing tool
 # fails, never skips) and streams test2json events back over a second serial port. The
@@ -29,8 +30,9 @@
 #
 # Environment:
 #   KERNELS            comma-separated series when none are given (5.10,6.1,6.12)
-#   KERNEL_PACKAGES    import paths or ./dirs to test (default: hack/layers.sh's kernel)
-#   KERNEL_RUN         a -test.run pattern for every package (default: all tests)
+#   KERNEL_PACKAGES    comma-separated package dirs of tests.txt to run (default: all)
+#   KERNEL_RUN         a -test.run pattern for every package (default: tests.txt's)
+#   KERNEL_SET=ci      tests.txt's smaller "ci" selection (make test's 6.1 layer)
 #   KERNEL_CEILING     the wall-time bound of one VM, boot to power-off (default 14m)
 #   KERNEL_TIMEOUT     each test binary's -test.timeout in the guest (default 12m)
 #   KERNEL_CPUS, KERNEL_MEMORY  the VM's (2, 3072 MiB)
@@ -47,8 +49,8 @@ cache="${SHARDPROXY_CACHE:-${HOME}/.cache/shardproxy}/kernels"
 export PATH="${PATH}:/usr/sbin:/sbin"
 
 # The guest's user space: the shardproxy image's packages (deploy/Dockerfile) and what
-# the tests run besides (setcap/getcap; setpriv is in util-linux).
-rootfs_packages=(nftables conntrack iproute2 kmod iptables libcap2-bin)
+# the tests run besides (setcap/getcap, sysctl; setpriv is in util-linux).
+rootfs_packages=(nftables conntrack iproute2 kmod iptables libcap2-bin procps)
 suite=bookworm
 
 # series → the Debian suite that has it and the package name pattern (newest wins).
@@ -246,26 +248,39 @@ tests_cpio() {
 	cp "$(${go} env GOTOOLDIR)/test2json" "${t}/usr/local/bin/test2json" 2>/dev/null ||
 		${go} build -o "${t}/usr/local/bin/test2json" cmd/test2json || return 1
 	(cd "${root}" && git ls-files -z -- '*testdata/*' | cpio --quiet -0 -pdm "${t}/repo") || return 1
-	local pkgs=() line ip dir name
-	if [[ -n "${KERNEL_PACKAGES:-}" ]]; then
-		read -r -a pkgs <<<"${KERNEL_PACKAGES//,/ }"
-	else
-		# shellcheck source=hack/layers.sh
-		source "${root}/hack/layers.sh"
-		read -r -a pkgs <<<"$(tr '\n' ' ' <<<"${kernel}")"
-	fi
-	local flags="-test.count=1 -test.timeout=${KERNEL_TIMEOUT:-12m}"
-	[[ -n "${KERNEL_RUN:-}" ]] && flags+=" -test.run=${KERNEL_RUN}"
+	# tests.txt: DIR RUN [SKIP] a line; KERNEL_PACKAGES picks some of its packages,
+	# KERNEL_RUN replaces every RUN (and drops SKIP).
+	# With KERNEL_SET=ci (make test's kernel-6.1 layer), a "ci DIR RUN" line replaces
+	# DIR's RUN, and "ci DIR none" leaves DIR out.
+	local word dir run skip name ip flags
+	local base="-test.count=1 -test.timeout=${KERNEL_TIMEOUT:-12m}"
+	declare -A ci_run=()
+	while read -r word dir run; do
+		[[ "${word}" == ci ]] && ci_run[${dir}]="${run}"
+	done <"${root}/hack/kernels/tests.txt"
 	: >"${t}/repo/MANIFEST"
-	while read -r ip dir; do
-		dir="${dir#"${root}"/}"
-		name="$(basename "${ip}").test"
+	while read -r dir run skip; do
+		[[ -z "${dir}" || "${dir}" == \#* || "${dir}" == ci ]] && continue
+		if [[ "${KERNEL_SET:-}" == ci && -n "${ci_run[${dir}]:-}" ]]; then
+			[[ "${ci_run[${dir}]}" == none ]] && continue
+			run="${ci_run[${dir}]}"
+		fi
+		if [[ -n "${KERNEL_PACKAGES:-}" && ",${KERNEL_PACKAGES}," != *",${dir},"* ]]; then
+			continue
+		fi
+		ip="$(cd "${root}" && ${go} list "./${dir}")" || return 1
+		name="$(basename "${dir}").test"
+		flags="${base} -test.run=${KERNEL_RUN:-${run}}"
+		[[ -n "${skip}" && -z "${KERNEL_RUN:-}" ]] && flags+=" -test.skip=${skip}"
 		mkdir -p "${t}/repo/${dir}"
 		log "go test -c ${ip}"
-		${go} test -c -ldflags="-s -w" -o "${t}/repo/${dir}/${name}" "${ip}" >&2 || return 1
-		# A package without tests builds no binary.
-		[[ -f "${t}/repo/${dir}/${name}" ]] && echo "${ip} ${dir} ${name} ${flags}" >>"${t}/repo/MANIFEST"
-	done < <(${go} list -f '{{.ImportPath}} {{.Dir}}' "${pkgs[@]}")
+		(cd "${root}" && ${go} test -c -ldflags="-s -w" -o "${t}/repo/${dir}/${name}" "./${dir}") >&2 || return 1
+		echo "${ip} ${dir} ${name} ${flags}" >>"${t}/repo/MANIFEST"
+	done <"${root}/hack/kernels/tests.txt"
+	if [[ ! -s "${t}/repo/MANIFEST" ]]; then
+		log "no package of hack/kernels/tests.txt selected (KERNEL_PACKAGES=${KERNEL_PACKAGES:-})"
+		return 1
+	fi
 	(cd "${t}" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"${work}/tests.cpio" || return 1
 	echo "${work}/tests.cpio"
 }
