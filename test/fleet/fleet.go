@@ -213,8 +213,8 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		return nil, errors.Join(err, stopAll())
 	}
 	steadyStart := time.Now()
-	sctx, cancel := context.WithTimeout(ctx, opts.Steady)
-	writes, hbErr := heartbeats(sctx, env.Admin, opts.Nodes, opts.StatusPeriod)
+	window, cancel := context.WithTimeout(ctx, opts.Steady)
+	writes, hbErr := heartbeats(ctx, window, env.Admin, opts.Nodes, opts.StatusPeriod)
 	cancel()
 	if hbErr != nil && ctx.Err() == nil {
 		return nil, errors.Join(hbErr, stopAll())
@@ -269,11 +269,12 @@ func readCounters(ctx context.Context, env Env, counter *RequestCounter) (ProcSt
 	return ps, sc, counter.Snapshot(), nil
 }
 
-// heartbeats writes every Node's heartbeat once per period, spread evenly, until ctx
-// ends; it returns how many it wrote.
-func heartbeats(ctx context.Context, admin kubernetes.Interface, n int, period time.Duration) (int, error) {
+// heartbeats writes every Node's heartbeat once per period, spread evenly, until
+// window ends; it returns how many it wrote. The writes themselves run under ctx: one
+// sent as the window closes completes.
+func heartbeats(ctx, window context.Context, admin kubernetes.Interface, n int, period time.Duration) (int, error) {
 	if n == 0 || period <= 0 {
-		<-ctx.Done()
+		<-window.Done()
 		return 0, nil
 	}
 	tick := time.NewTicker(period / time.Duration(n))
@@ -281,7 +282,7 @@ func heartbeats(ctx context.Context, admin kubernetes.Interface, n int, period t
 	writes := 0
 	for i := 0; ; i = (i + 1) % n {
 		select {
-		case <-ctx.Done():
+		case <-window.Done():
 			return writes, nil
 		case now := <-tick.C:
 			if err := heartbeat(ctx, admin, i, now); err != nil {

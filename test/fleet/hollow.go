@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -45,6 +46,9 @@ type HollowOptions struct {
 	ReserveOtherNodeAddresses bool
 	// Logger receives the supervisor's log lines; default: discarded.
 	Logger logr.Logger
+	// FullFake keeps every rule and element in knftables' Fake (its Dump is then the
+	// ruleset); default: names only (namesOnly), which hundreds of nodes can afford.
+	FullFake bool
 }
 
 // HollowNode is one running supervisor with a fake kernel.
@@ -97,7 +101,7 @@ func StartHollow(ctx context.Context, opts HollowOptions) (*HollowNode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hollow node %s: %w", opts.Name, err)
 	}
-	ft := &fakeTables{fakes: map[string]*knftables.Fake{}}
+	ft := &fakeTables{full: opts.FullFake, fakes: map[string]*knftables.Fake{}, names: map[string]*namesOnly{}}
 	addr := opts.Addr
 	sup, err := supervisor.New(cfg, supervisor.Deps{
 		Client:              opts.Client,
@@ -139,7 +143,7 @@ func (h *HollowNode) Healthy() bool { return h.sup.Health().Healthy(DefaultInsta
 func (h *HollowNode) Tables() int {
 	h.tables.mu.Lock()
 	defer h.tables.mu.Unlock()
-	return len(h.tables.fakes)
+	return len(h.tables.fakes) + len(h.tables.names)
 }
 
 // Stop stops the node and waits for every goroutine of its supervisor.
@@ -149,16 +153,26 @@ func (h *HollowNode) Stop() error {
 	return h.err
 }
 
-// fakeTables hands out one knftables.Fake per table.
+// fakeTables hands out one fake per table: knftables.Fake (full) or namesOnly.
 type fakeTables struct {
+	full  bool
 	mu    sync.Mutex
 	fakes map[string]*knftables.Fake
+	names map[string]*namesOnly
 }
 
 func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := tablestest.Key(fam, table)
+	if !f.full {
+		n := f.names[key]
+		if n == nil {
+			n = newNamesOnly(tables.KnftFamily(fam), table)
+			f.names[key] = n
+		}
+		return n, nil
+	}
 	fk := f.fakes[key]
 	if fk == nil {
 		fk = knftables.NewFake(tables.KnftFamily(fam), table)
@@ -170,7 +184,17 @@ func (f *fakeTables) open(fam tables.Family, table string) (knftables.Interface,
 func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]tables.ListedTable, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return tablestest.Listed(f.fakes, fam), nil
+	if f.full {
+		return tablestest.Listed(f.fakes, fam), nil
+	}
+	var out []tables.ListedTable
+	for key, n := range f.names {
+		family, name, _ := strings.Cut(key, " ")
+		if family == string(tables.KnftFamily(fam)) && n.present() {
+			out = append(out, tables.ListedTable{Name: name})
+		}
+	}
+	return out, nil
 }
 
 // nullListener opens health-check node ports that accept nothing: many hollow nodes
