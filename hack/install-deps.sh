@@ -32,10 +32,12 @@ declare -A pkg_for=(
 	[qemu-system-x86_64]=qemu-system-x86
 	[cpio]=cpio
 	[depmod]=kmod
+	[zsh]=zsh
+	[fish]=fish
 )
 
 missing=()
-for cmd in nft conntrack etcd ip iptables setcap containerd runc /usr/lib/cni/bridge mmdebstrap umoci qemu-system-x86_64 cpio depmod; do
+for cmd in nft conntrack etcd ip iptables setcap containerd runc /usr/lib/cni/bridge mmdebstrap umoci qemu-system-x86_64 cpio depmod zsh fish; do
 	if ! PATH="${PATH}:/usr/sbin:/sbin" command -v "${cmd}" >/dev/null 2>&1; then
 		missing+=("${pkg_for[${cmd}]}")
 	fi

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestCompletionScripts: `shardproxy completion bash|zsh|fish` prints a script naming
@@ -41,7 +43,7 @@ func TestCompletionScripts(t *testing.T) {
 				return
 			}
 			if _, err := exec.LookPath(tc.syntax[0]); err != nil {
-				t.Logf("%s is not installed: the script's syntax is not checked", tc.syntax[0])
+				testutil.Unavailable(t, "%s is not installed (make deps installs it): the script's syntax is not checked", tc.syntax[0])
 				return
 			}
 			file := filepath.Join(t.TempDir(), "completion."+tc.shell)
@@ -60,7 +62,7 @@ func TestCompletionScripts(t *testing.T) {
 // after a flag that takes a value (bash then completes file names).
 func TestBashCompletion(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("bash is not installed")
+		testutil.Unavailable(t, "bash is not installed")
 	}
 	script, errOut, code := runCLI("completion", "bash")
 	if code != 0 {
@@ -107,7 +109,7 @@ func TestBashCompletion(t *testing.T) {
 // subcommands come with their descriptions, after a value flag files are completed.
 func TestZshCompletion(t *testing.T) {
 	if _, err := exec.LookPath("zsh"); err != nil {
-		t.Skip("zsh is not installed (the script's output is checked by TestCompletionScripts)")
+		testutil.Unavailable(t, "zsh is not installed (make deps installs it)")
 	}
 	script, errOut, code := runCLI("completion", "zsh")
 	if code != 0 {
