@@ -112,15 +112,7 @@ func SeedHoldings(statuses []NodeStatus) []selector.Holding {
 		}
 		out = append(out, h)
 	}
-	slices.SortFunc(out, func(x, y selector.Holding) int {
-		if c := x.Addr.Compare(y.Addr); c != 0 {
-			return c
-		}
-		if c := strings.Compare(string(x.Protocol), string(y.Protocol)); c != 0 {
-			return c
-		}
-		return int(x.Port) - int(y.Port)
-	})
+	slices.SortFunc(out, selector.Holding.Compare)
 	return out
 }
 

@@ -122,6 +122,17 @@ type Holding struct {
 	UID types.UID `json:"uid"`
 }
 
+// Compare orders holdings by address, protocol and port.
+func (h Holding) Compare(o Holding) int {
+	if c := h.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	if c := strings.Compare(string(h.Protocol), string(o.Protocol)); c != 0 {
+		return c
+	}
+	return int(h.Port) - int(o.Port)
+}
+
 // NodeIP is an address of a Node.
 type NodeIP struct {
 	Addr netip.Addr
@@ -462,15 +473,7 @@ func (b *addressBook) holdings() []Holding {
 		h := b.claimants[b.holder(k)]
 		out = append(out, Holding{Addr: k.addr, Protocol: k.port.proto, Port: k.port.port, UID: h.svc.UID})
 	}
-	slices.SortFunc(out, func(x, y Holding) int {
-		if c := x.Addr.Compare(y.Addr); c != 0 {
-			return c
-		}
-		if c := strings.Compare(string(x.Protocol), string(y.Protocol)); c != 0 {
-			return c
-		}
-		return int(x.Port) - int(y.Port)
-	})
+	slices.SortFunc(out, Holding.Compare)
 	return out
 }
 
