@@ -399,12 +399,12 @@ func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
 // Table formats results, one row each.
 func Table(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-6s %-8s %-8s %-9s %-10s %-9s %-11s %-10s %-10s %-10s %-26s %s\n",
-		"nodes", "reserve", "ready", "apiCPU/m", "apiPeakRSS", "watchEv/s", "proxyReq/s", "etcdW/s", "prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
+	fmt.Fprintf(&b, "%-6s %-8s %-8s %-6s %-9s %-10s %-9s %-11s %-8s %-9s %-9s %-9s %s\n",
+		"nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiPeakRSS", "watchEv/s", "proxyReq/s", "etcdW/s", "prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
 	for _, r := range results {
 		s := r.Steady
-		fmt.Fprintf(&b, "%-6d %-8t %-8s %-9.1f %-10s %-9.1f %-11.2f %-10.1f %-10s %-10s %-26s %s; %s\n",
-			r.Nodes, r.ReserveOtherNodeAddresses, r.Ready.Round(time.Second), r.APIServerCPUPerMinute,
+		fmt.Fprintf(&b, "%-6d %-8t %-8s %-6.1f %-9.1f %-10s %-9.1f %-11.2f %-8.1f %-9s %-9s %-9s %s; %s\n",
+			r.Nodes, r.ReserveOtherNodeAddresses, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
 			fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
 			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(),
 			r.ProgrammingP50.Round(time.Millisecond), r.ProgrammingP99.Round(time.Millisecond), r.ProgrammingMax.Round(time.Millisecond),
