@@ -107,8 +107,11 @@ type Supervisor struct {
 	// slicesOf lists a Service's EndpointSlices from the watch; set in Run with watches.
 	slicesOf selector.SliceLister
 
-	instances map[string]*instance.Proxy
-	specs     map[string]config.Instance
+	// instances are built by Run (wire) before anything it starts reads them;
+	// instancesMu is for Instance, which callers outside Run may call meanwhile.
+	instancesMu sync.RWMutex
+	instances   map[string]*instance.Proxy
+	specs       map[string]config.Instance
 
 	// conntrack cleans up conntrack flows after the instances' syncs; nil: disabled.
 	conntrack *conntrack.Sweeper
@@ -262,7 +265,12 @@ func (s *Supervisor) Metrics() *metrics.Metrics { return s.metrics }
 func (s *Supervisor) Health() *healthcheck.ProxyHealth { return s.health }
 
 // Instance returns a running instance by name (for tests).
-func (s *Supervisor) Instance(name string) *instance.Proxy { return s.instances[name] }
+// Safe to call while Run builds them.
+func (s *Supervisor) Instance(name string) *instance.Proxy {
+	s.instancesMu.RLock()
+	defer s.instancesMu.RUnlock()
+	return s.instances[name]
+}
 
 // Run starts everything and blocks until ctx is done. Rules stay in place when it
 // returns: stopping the supervisor never interrupts traffic. Every goroutine it starts
@@ -324,7 +332,9 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		s.instancesMu.Lock()
 		s.instances[spec.Name] = p
+		s.instancesMu.Unlock()
 		s.health.AddInstance(spec.Name)
 		s.metrics.InitInstance(spec.Name)
 	}
