@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 )
 
@@ -17,7 +18,8 @@ const idleWindow = 30 * time.Second
 // TestAPIRequestsWhenIdle measures the real binary's steady-state load on the
 // apiserver (issue 16 item 6), from its own rest_client_requests_total: with every
 // instance synced and nothing changing, and no migration running, a node writes nothing
-// (no status heartbeat, no event) and reads only to reopen its watches. At 5,000 nodes
+// but its status's last-sync refresh every migrate.SyncResolution (no heartbeat, no
+// event) and reads only to reopen its watches and before that refresh. At 5,000 nodes
 // every request per node per minute is 83 per second on the apiserver.
 func TestAPIRequestsWhenIdle(t *testing.T) {
 	e := environment(t)
@@ -35,6 +37,10 @@ func TestAPIRequestsWhenIdle(t *testing.T) {
 	elapsed := time.Since(start)
 
 	perMinute := func(n float64) float64 { return n / elapsed.Minutes() }
+	// A healthy node rewrites its status when its published last sync, rounded to
+	// migrate.SyncResolution (5 min, at a phase of the node's own), moves: at most one
+	// update (and the GET before it) in a window shorter than that.
+	refreshes := float64(elapsed/migrate.SyncResolution + 1)
 	var reads, writes float64
 	for method, n := range after {
 		d := n - before[method]
@@ -43,14 +49,15 @@ func TestAPIRequestsWhenIdle(t *testing.T) {
 			continue
 		}
 		writes += d
-		if d > 0 {
-			t.Errorf("%s: %v requests in %v of idle (want none: no heartbeat without a migration, no event without a change)", method, d, elapsed.Round(time.Second))
+		if allowed := map[string]float64{http.MethodPut: refreshes}[method]; d > allowed {
+			t.Errorf("%s: %v requests in %v of idle (want at most %v: no heartbeat without a migration but the status's %v last-sync refresh, no event without a change)",
+				method, d, elapsed.Round(time.Second), allowed, migrate.SyncResolution)
 		}
 	}
 	// The supervisor holds at most 8 watches (Services and EndpointSlices twice when
 	// scoped, Node, ServiceCIDR, IPAddress, status); each reopens at most once a window.
-	if reads > 8 {
-		t.Errorf("%v GETs in %v of idle, want at most one reopened watch each (8)", reads, elapsed.Round(time.Second))
+	if reads > 8+refreshes {
+		t.Errorf("%v GETs in %v of idle, want at most one reopened watch each (8) and the status refresh's (%v)", reads, elapsed.Round(time.Second), refreshes)
 	}
 	t.Logf("idle for %v: %v reads, %v writes (%.2f requests/minute/node; %.1f/s on the apiserver at 5,000 nodes); since start %v",
 		elapsed.Round(time.Second), reads, writes, perMinute(reads+writes), perMinute(reads+writes)*5000/60, after)
