@@ -315,7 +315,7 @@ func (in *injector) deleteTable(ctx context.Context, r *rand.Rand) (string, erro
 // full sync (fullSyncPeriod) restores it.
 func (in *injector) flushChain(ctx context.Context, r *rand.Rand) (string, error) {
 	k := tableKey{damagedInstances[r.IntN(len(damagedInstances))], families[r.IntN(len(families))]}
-	out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "table", k.family, k.table())
+	out, err := in.listWhenThere(ctx, "-j", "list", "table", k.family, k.table())
 	if err != nil {
 		return "", err
 	}
@@ -331,6 +331,27 @@ func (in *injector) flushChain(ctx context.Context, r *rand.Rand) (string, error
 		return "", err
 	}
 	return fmt.Sprintf("flushed chain %s of table %s (%d rules)", chain, k, chains[chain]), nil
+}
+
+// tableGoneWait bounds how long a fault waits for a table another fault deleted (the
+// table-delete fault's own bound for its rebuild).
+const tableGoneWait = time.Minute
+
+// listWhenThere runs an nft listing in the node, waiting while its table is missing:
+// faults run concurrently, and one may pick a table another has just deleted and the
+// instance has not rebuilt yet (seen: 11 s while the nft-fail fault failed half the
+// rebuild's transactions).
+func (in *injector) listWhenThere(ctx context.Context, args ...string) ([]byte, error) {
+	deadline := time.Now().Add(tableGoneWait)
+	for {
+		out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, args...)
+		if err == nil || !strings.Contains(err.Error(), "No such file or directory") || time.Now().After(deadline) {
+			return out, err
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // pickChain picks a random chain that has rules: flushing an empty one would change
@@ -385,7 +406,7 @@ func (in *injector) removeElement(ctx context.Context, r *rand.Rand) (string, er
 	}
 	r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 	for _, k := range keys {
-		out, err := in.s.check.run(ctx, in.s.e.TP.Node, nil, "-j", "list", "map", k.family, k.table(), "service-ips")
+		out, err := in.listWhenThere(ctx, "-j", "list", "map", k.family, k.table(), "service-ips")
 		if err != nil {
 			return "", err
 		}
