@@ -3,7 +3,6 @@ package kerneltest
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -17,13 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/knftables"
 
-	"github.com/shardproxy/shardproxy/legacy"
 	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
-	"github.com/shardproxy/shardproxy/supervisor/conntrack"
-	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
@@ -133,24 +128,7 @@ func startNeighbours(t *testing.T, tp *netns.Topology, ns string) kubernetes.Int
 		t.Fatal(err)
 	}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	sup, err := supervisor.New(cfg, supervisor.Deps{
-		Client: client,
-		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.New(tables.KnftFamily(fam), table)
-		},
-		ListTables: func(ctx context.Context, fam tables.Family) (out []tables.ListedTable, err error) {
-			if doErr := tp.Do(ns, func() error { out, err = tables.ListTables(ctx, fam); return nil }); doErr != nil {
-				return nil, doErr
-			}
-			return out, err
-		},
-		Conntrack:         conntrack.NewFake(),
-		InterfaceAddrs:    func() ([]netip.Addr, error) { return nil, nil },
-		Sysctl:            func(string, string) error { return nil },
-		ConntrackHashsize: func(int) error { return nil },
-		LegacyRules:       func(context.Context) (map[string]legacy.ServiceRules, error) { return nil, nil },
-		Logger:            logr.Logger(funcr.New(func(string, string) {}, funcr.Options{})),
-	})
+	sup, err := supervisor.New(cfg, nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(string, string) {}, funcr.Options{}))))
 	if err != nil {
 		t.Fatal(err)
 	}

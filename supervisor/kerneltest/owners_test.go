@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/knftables"
 
@@ -125,24 +126,7 @@ func start(t *testing.T, tp *netns.Topology, ns string, port, firstSlot int, ins
 		r.log.WriteString(prefix + " " + args + "\n")
 	}, funcr.Options{Verbosity: 2})
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	sup, err := supervisor.New(cfg, supervisor.Deps{
-		Client: client,
-		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
-			return knftables.New(tables.KnftFamily(fam), table)
-		},
-		ListTables: func(ctx context.Context, fam tables.Family) (out []tables.ListedTable, err error) {
-			if doErr := tp.Do(ns, func() error { out, err = tables.ListTables(ctx, fam); return nil }); doErr != nil {
-				return nil, doErr
-			}
-			return out, err
-		},
-		Conntrack:         conntrack.NewFake(),
-		InterfaceAddrs:    func() ([]netip.Addr, error) { return nil, nil },
-		Sysctl:            func(string, string) error { return nil },
-		ConntrackHashsize: func(int) error { return nil },
-		LegacyRules:       func(context.Context) (map[string]legacy.ServiceRules, error) { return nil, nil },
-		Logger:            logr.Logger(logger),
-	})
+	sup, err := supervisor.New(cfg, nodeDeps(tp, ns, client, logr.Logger(logger)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +142,30 @@ func start(t *testing.T, tp *netns.Topology, ns string, port, firstSlot int, ins
 	r.stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(r.stop)
 	return r
+}
+
+// nodeDeps are a supervisor's seams for one in the node namespace ns: the real nft
+// (nftInNode puts the namespace's first on PATH) and table listing there, the rest of
+// the host (conntrack, interfaces, sysctls, legacy rules) faked.
+func nodeDeps(tp *netns.Topology, ns string, client kubernetes.Interface, logger logr.Logger) supervisor.Deps {
+	return supervisor.Deps{
+		Client: client,
+		NFT: func(fam tables.Family, table string) (knftables.Interface, error) {
+			return knftables.New(tables.KnftFamily(fam), table)
+		},
+		ListTables: func(ctx context.Context, fam tables.Family) (out []tables.ListedTable, err error) {
+			if doErr := tp.Do(ns, func() error { out, err = tables.ListTables(ctx, fam); return nil }); doErr != nil {
+				return nil, doErr
+			}
+			return out, err
+		},
+		Conntrack:         conntrack.NewFake(),
+		InterfaceAddrs:    func() ([]netip.Addr, error) { return nil, nil },
+		Sysctl:            func(string, string) error { return nil },
+		ConntrackHashsize: func(int) error { return nil },
+		LegacyRules:       func(context.Context) (map[string]legacy.ServiceRules, error) { return nil, nil },
+		Logger:            logger,
+	}
 }
 
 // nftInNode puts first on PATH an nft that runs the real one inside ns, so that the
