@@ -286,7 +286,16 @@ func runHostileCase(t *testing.T, hc hostileCase, objs []runtime.Object) {
 			t.Errorf("the tables lack %q", want)
 		}
 	}
-	checkHostileEvents(t, f.rec.all(), names, hc.Events)
+	// The events are recorded after the sync that refused the Service has written its
+	// tables, so a probe can see those tables first: wait for every wanted event.
+	var missing, unexpected []string
+	testutil.Eventually(t, waitTimeout, fmt.Sprintf("the events %q", hc.Events), func() bool {
+		missing, unexpected = hostileEvents(f.rec.all(), names, hc.Events)
+		return len(missing) == 0
+	})
+	for _, u := range unexpected {
+		t.Errorf("unexpected event: %s", u)
+	}
 	if got := logs.naming(names); len(got) != hc.LogLines {
 		t.Errorf("%d log lines name the case's Services, want %d:\n%s", len(got), hc.LogLines, strings.Join(got, "\n"))
 	}
@@ -404,9 +413,8 @@ func (f *fakeTables) dumpAll() string {
 	return b.String()
 }
 
-// checkHostileEvents compares the events on the case's Services with the wanted ones.
-func checkHostileEvents(t *testing.T, all string, names []types.NamespacedName, want []string) {
-	t.Helper()
+// hostileEvents compares the events on the case's Services with the wanted ones.
+func hostileEvents(all string, names []types.NamespacedName, want []string) (missing, unexpected []string) {
 	var got []string
 	for _, line := range strings.Split(all, "\n") {
 		for _, n := range names {
@@ -426,14 +434,15 @@ func checkHostileEvents(t *testing.T, all string, names []types.NamespacedName, 
 			}
 		}
 		if !found {
-			t.Errorf("no event %q; events:\n%s", w, strings.Join(got, "\n"))
+			missing = append(missing, w)
 		}
 	}
 	for i, g := range got {
 		if !matched[i] {
-			t.Errorf("unexpected event: %s", g)
+			unexpected = append(unexpected, g)
 		}
 	}
+	return missing, unexpected
 }
 
 // syncFailures sums the instances' failed nftables syncs.
