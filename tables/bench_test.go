@@ -170,12 +170,12 @@ func BenchmarkFullSyncFake(b *testing.B) {
 	}
 }
 
-// BenchmarkPartialOneEndpoint changes one endpoint of one Service per sync; its cost
-// must not grow with the number of Services.
+// BenchmarkPartialOneEndpoint changes one endpoint of one Service per sync (benchChange);
+// its cost must not grow with the number of Services.
 func BenchmarkPartialOneEndpoint(b *testing.B) {
 	for _, n := range benchScales {
 		for _, nft := range []string{"render", "fake"} {
-			for _, mode := range []LBMode{LBRandom, LBConsistentHash} {
+			for _, mode := range []LBMode{LBRandom, LBConsistentHash, LBRoundRobin} {
 				b.Run(fmt.Sprintf("services=%d/%s/%s", n, nft, mode), func(b *testing.B) {
 					services := benchServices(n, 10)
 					for _, ports := range services {
@@ -201,7 +201,7 @@ func BenchmarkPartialOneEndpoint(b *testing.B) {
 						changed := make([]*ServicePort, len(ports))
 						for k, sp := range ports {
 							c := *sp
-							c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
+							c.ClusterEndpoints = benchChange(sp, pod, 10)
 							changed[k] = &c
 						}
 						pod = pod.Next()
@@ -214,6 +214,20 @@ func BenchmarkPartialOneEndpoint(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchChange returns sp's endpoints after one change of a partial sync benchmark: one of
+// its m endpoints replaced by pod; for roundRobin, one gone or back in turns instead, so
+// that the port's rule in its bucket chain changes (a replacement keeps it).
+func benchChange(sp *ServicePort, pod netip.Addr, m int) []Endpoint {
+	eps := sp.ClusterEndpoints
+	switch {
+	case sp.LoadBalancing != LBRoundRobin:
+		return append([]Endpoint{{IP: pod, Port: 8080}}, eps[1:]...)
+	case len(eps) == m:
+		return eps[1:]
+	}
+	return append([]Endpoint{{IP: pod, Port: 8080}}, eps...)
 }
 
 // BenchmarkPartialOverNetlink is BenchmarkPartialOneEndpoint into a real table: a full
@@ -233,7 +247,7 @@ func BenchmarkPartialOverNetlink(b *testing.B) {
 		mode                LBMode
 	}{
 		{1000, 5, LBRandom}, {100_000, 5, LBRandom},
-		{10_000, 10, LBRandom}, {10_000, 10, LBConsistentHash},
+		{10_000, 10, LBRandom}, {10_000, 10, LBConsistentHash}, {10_000, 10, LBRoundRobin},
 	} {
 		b.Run(fmt.Sprintf("services=%d/endpoints=%d/%s", sc.services, sc.endpoints, sc.mode), func(b *testing.B) {
 			services := benchServices(sc.services, sc.endpoints)
@@ -258,7 +272,7 @@ func BenchmarkPartialOverNetlink(b *testing.B) {
 				changed := make([]*ServicePort, 0, len(services[name]))
 				for _, sp := range services[name] {
 					c := *sp
-					c.ClusterEndpoints = append([]Endpoint{{IP: pod, Port: 8080}}, sp.ClusterEndpoints[1:]...)
+					c.ClusterEndpoints = benchChange(sp, pod, sc.endpoints)
 					changed = append(changed, &c)
 				}
 				pod = pod.Next()
