@@ -44,6 +44,8 @@ type Events struct {
 // where neither serves it. Objects no local instance owns cost a map lookup. Safe for
 // concurrent use.
 type Dispatcher struct {
+	// router and sinks are replaced whole by Reconfigure, under dispatchMu and mu, and
+	// never written in place: read them holding either lock.
 	router *Router
 	sinks  map[string]Sink
 	slices SliceLister
@@ -72,6 +74,9 @@ type Dispatcher struct {
 	joining map[types.NamespacedName]map[string][]sliceEvent
 	// shadows are the Services programmed in shadow, for the node status.
 	shadows map[types.NamespacedName]*shadowState
+	// releasing counts, per instance, the Services it is to let go of once their new
+	// owners programmed them (release), for Holds.
+	releasing map[string]int
 }
 
 // ownership is who programs one Service: the label's owner ("" if not local) and every
@@ -142,6 +147,7 @@ func NewDispatcher(router *Router, sinks map[string]Sink, slices SliceLister, ev
 		joining:         map[types.NamespacedName]map[string][]sliceEvent{},
 		reported:        map[types.NamespacedName]map[string]string{},
 		shadows:         map[types.NamespacedName]*shadowState{},
+		releasing:       map[string]int{},
 	}
 }
 
@@ -366,6 +372,11 @@ func (d *Dispatcher) letGo(name types.NamespacedName, had, want []string, added 
 			d.sinks[inst].DeleteService(name)
 		}
 	default:
+		d.mu.Lock()
+		for _, inst := range removed {
+			d.releasing[inst]++
+		}
+		d.mu.Unlock()
 		go d.release(name, removed, added)
 	}
 }
@@ -441,9 +452,9 @@ func (d *Dispatcher) sliceReachedShadow(name types.NamespacedName, given []strin
 	}
 	st.needSlices = false
 	st.gen++
-	gen, svc := st.gen, st.svc
+	gen, svc, sink := st.gen, st.svc, d.sinks[st.instance]
 	d.mu.Unlock()
-	go d.shadowProgrammed(name, st, gen, d.sinks[st.instance].UpdateService(svc))
+	go d.shadowProgrammed(name, st, gen, sink.UpdateService(svc))
 }
 
 // OwnerProgrammed returns the instance that owns a Service by its label ("" if none
@@ -472,6 +483,7 @@ wait:
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, inst := range old {
+		d.releasing[inst]--
 		if !slices.Contains(d.owners[name].all, inst) {
 			d.sinks[inst].DeleteService(name)
 		}
@@ -529,7 +541,7 @@ func (d *Dispatcher) dispatchSlice(ev sliceEvent) {
 	}
 	var now []string
 	d.mu.Lock()
-	queues := d.joining[name]
+	queues, sinks := d.joining[name], d.sinks
 	for _, inst := range d.owners[name].all {
 		if q, joining := queues[inst]; joining {
 			queues[inst] = append(q, ev)
@@ -539,7 +551,7 @@ func (d *Dispatcher) dispatchSlice(ev sliceEvent) {
 	}
 	d.mu.Unlock()
 	for _, inst := range now {
-		ev.apply(d.sinks[inst])
+		ev.apply(sinks[inst])
 	}
 	if !ev.deleted {
 		d.sliceReachedShadow(name, now)

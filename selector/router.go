@@ -91,6 +91,12 @@ func NewRouter(specs []Spec) (*Router, error) {
 	return r, errors.Join(errs...)
 }
 
+// Has reports whether the Router routes to an instance of that name.
+func (r *Router) Has(inst string) bool {
+	_, ok := r.specs[inst]
+	return ok
+}
+
 // Decision is the outcome of routing one Service.
 type Decision struct {
 	// Instance is the owning instance, or "" when no local instance serves the Service.
