@@ -1,0 +1,102 @@
+package selector
+
+import (
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Reconfigure replaces the instances the Dispatcher routes to, for a live configuration
+// change. router and sinks are the new set. replaced names instances kept by name whose
+// sink is new (restarted with new settings): they are given every Service they serve
+// again, with its EndpointSlices, as a new instance is. services are every Service of
+// the watches: each is routed again under the new set, with the usual handover (an
+// instance that no longer serves a Service lets go of it once the new owner programmed
+// it), and its address claims are weighed again (tenant ranges may have changed).
+//
+// The sink of an instance the new set leaves out stays until that instance has let go of
+// everything (Holds is 0); the caller then drops it with Forget.
+func (d *Dispatcher) Reconfigure(router *Router, sinks map[string]Sink, replaced []string, services []*corev1.Service) {
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	d.mu.Lock()
+	next := maps.Clone(sinks)
+	for inst, sink := range d.sinks {
+		if _, kept := next[inst]; !kept {
+			next[inst] = sink
+		}
+	}
+	d.router, d.sinks = router, next
+	d.forgetReplaced(replaced)
+	d.mu.Unlock()
+	for _, svc := range services {
+		affected := d.addresses.observe(svc, d.claimable(svc))
+		d.serviceChanged(svc)
+		d.redispatch(affected)
+	}
+}
+
+// forgetReplaced makes the Dispatcher treat the replaced instances as new to every
+// Service: their old sink is gone with what it was given. Called with mu held.
+func (d *Dispatcher) forgetReplaced(replaced []string) {
+	if len(replaced) == 0 {
+		return
+	}
+	for name, own := range d.owners {
+		if !slices.ContainsFunc(own.all, func(inst string) bool { return slices.Contains(replaced, inst) }) {
+			continue
+		}
+		own.all = slices.DeleteFunc(slices.Clone(own.all), func(inst string) bool { return slices.Contains(replaced, inst) })
+		if slices.Contains(replaced, own.owner) {
+			own.synced = nil // the new sink has programmed nothing yet
+		}
+		d.owners[name] = own
+		if q := d.joining[name]; q != nil {
+			for _, inst := range replaced {
+				delete(q, inst)
+			}
+		}
+	}
+	for name, st := range d.shadows {
+		if slices.Contains(replaced, st.instance) {
+			delete(d.shadows, name)
+		}
+	}
+}
+
+// Holds counts the Services an instance serves or has yet to let go of: 0 once an
+// instance left out by Reconfigure has handed everything over.
+func (d *Dispatcher) Holds(inst string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.releasing[inst]
+	for _, own := range d.owners {
+		if slices.Contains(own.all, inst) {
+			n++
+		}
+	}
+	return n
+}
+
+// Forget drops the sink of an instance the routing no longer names, once it holds
+// nothing (Holds); it reports whether it did.
+func (d *Dispatcher) Forget(inst string) bool {
+	d.dispatchMu.Lock()
+	defer d.dispatchMu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.router.Has(inst) || d.releasing[inst] > 0 {
+		return false
+	}
+	for _, own := range d.owners {
+		if slices.Contains(own.all, inst) {
+			return false
+		}
+	}
+	next := maps.Clone(d.sinks)
+	delete(next, inst)
+	d.sinks = next
+	delete(d.releasing, inst)
+	return true
+}
