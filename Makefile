@@ -14,7 +14,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet docs
 
 all: build
 
@@ -66,6 +66,12 @@ conformance: deps
 
 vet:
 	$(GO) vet $(PKGS)
+
+# docs rewrites the generated part of docs/configuration.md (the configuration reference)
+# from supervisor/config's types and example.yaml; docs/configref's test, in the unit
+# layer, fails when the page differs or a field is undocumented.
+docs:
+	$(GO) run ./docs/configref/cmd/gendocs
 
 # kernels runs the real-kernel layer on Debian's own kernels (KERNELS, default 5.10 from
 # bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), each in a QEMU VM under
