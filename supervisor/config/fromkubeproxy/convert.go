@@ -1,10 +1,12 @@
 package fromkubeproxy
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,14 +54,40 @@ type Options struct {
 	Namespaces []string
 	// Source says where the configuration came from, for the header comment.
 	Source string
+	// APIServer is the API server URL kube-proxy's kubeconfig names (APIServer reads
+	// it from kubeadm's ConfigMap), "" when unknown. Without kube-proxy the supervisor
+	// must reach it directly: the replace overlay's apiserver-endpoint.yaml.
+	APIServer string
 }
 
-// converter collects the output and the notes on what is not carried.
+// Endpoint is the host and port of an API server URL, as the replace overlay's
+// KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT take them.
+func Endpoint(server string) (host, port string, err error) {
+	u, err := url.Parse(server)
+	if err != nil || u.Host == "" {
+		return "", "", fmt.Errorf("API server %q: not a URL with a host", server)
+	}
+	host, port = u.Hostname(), u.Port()
+	if port == "" {
+		port = "443"
+	}
+	return host, port, nil
+}
+
+// converter collects the output, the notes on what is not carried, and what it changed
+// so that the shipped overlays (deploy/) can run it.
 type converter struct {
-	kp    *kpv1alpha1.KubeProxyConfiguration
-	opts  Options
-	mode  string
-	notes []string
+	kp      *kpv1alpha1.KubeProxyConfiguration
+	opts    Options
+	mode    string
+	notes   []string
+	changes []string
+}
+
+// change records what the output does differently from kube-proxy's configuration for
+// the overlays' sake, and why.
+func (c *converter) change(format string, args ...any) {
+	c.changes = append(c.changes, fmt.Sprintf(format, args...))
 }
 
 // note records a setting the output does not carry, and why.
@@ -79,6 +107,10 @@ func Convert(kp *kpv1alpha1.KubeProxyConfiguration, opts Options) ([]byte, error
 	case "iptables", "ipvs", "nftables":
 	default:
 		return nil, fmt.Errorf("mode %q: shardproxy runs on Linux nodes and replaces the iptables, ipvs and nftables modes only", c.mode)
+	}
+	if c.mode == "ipvs" && opts.Alongside {
+		return nil, errors.New("mode ipvs: shardproxy does not run beside kube-proxy in IPVS mode, which takes Service traffic in the INPUT path " +
+			"outside the nat-hook order a gapless handover relies on (docs/design.md, \"Out of scope\"); convert without --alongside to replace it")
 	}
 	root, err := c.root()
 	if err != nil {
@@ -128,6 +160,12 @@ func (c *converter) header() string {
 		lines = append(lines, fmt.Sprintf("shardproxy programs nftables where kube-proxy's %s mode programmed %s: Services behave the same.",
 			c.mode, map[string]string{"iptables": "iptables", "ipvs": "IPVS"}[c.mode]))
 	}
+	if len(c.changes) > 0 {
+		lines = append(lines, "", "Changed so that deploy/'s overlays can run it:")
+		for _, ch := range c.changes {
+			lines = append(lines, "- "+ch)
+		}
+	}
 	if len(c.notes) == 0 {
 		lines = append(lines, "", "Every setting of the kube-proxy configuration is carried over.")
 	} else {
@@ -149,7 +187,11 @@ func (c *converter) root() (*mapNode, error) {
 		root.set("nodeName", kp.HostnameOverride, commentLines("From hostnameOverride: one node's name. In a DaemonSet leave it out; $NODE_NAME names each node."))
 	}
 	if kc := kp.ClientConnection.Kubeconfig; kc != "" {
-		root.set("kubeconfig", kc, commentLines("From clientConnection.kubeconfig (empty: the in-cluster ServiceAccount)."))
+		c.change("clientConnection.kubeconfig %s is left out: it is a file of kube-proxy's pod (kubeadm mounts it from its ConfigMap), "+
+			"which shardproxy's DaemonSet does not mount; the supervisor uses its own ServiceAccount (in-cluster), which deploy/'s RBAC grants.", kc)
+	}
+	if !c.opts.Alongside {
+		c.apiServer()
 	}
 	if cc := c.clientConnection(); cc != nil {
 		root.set("clientConnection", cc, commentLines("From clientConnection."))
@@ -286,38 +328,81 @@ func (c *converter) section() string {
 	return "iptables"
 }
 
-// conntrack converts the conntrack sysctls; beside kube-proxy they stay kube-proxy's.
+// apiServer says where the replace overlay's supervisor must reach the API server: the
+// server of kube-proxy's kubeconfig, which the overlay's apiserver-endpoint.yaml carries
+// (the configuration file has no field for it: in-cluster configuration reads it from
+// the environment).
+func (c *converter) apiServer() {
+	const patch = "deploy/overlays/replace-kube-proxy/apiserver-endpoint.yaml"
+	if c.opts.APIServer == "" {
+		c.change("The API server: kube-proxy's configuration does not say where it is; set KUBERNETES_SERVICE_HOST and " +
+			"KUBERNETES_SERVICE_PORT in " + patch + " to your control plane's address (kubeadm: controlPlaneEndpoint).")
+		return
+	}
+	host, port, err := Endpoint(c.opts.APIServer)
+	if err != nil {
+		c.change("The API server: kube-proxy's kubeconfig names %q, which is not a URL; set %s by hand.", c.opts.APIServer, patch)
+		return
+	}
+	msg := fmt.Sprintf("The API server: kube-proxy's kubeconfig names %s; without kube-proxy the supervisor reaches it directly, "+
+		"so set KUBERNETES_SERVICE_HOST=%s and KUBERNETES_SERVICE_PORT=%s in %s (--write-overlay does).", c.opts.APIServer, host, port, patch)
+	if _, err := netip.ParseAddr(host); err != nil {
+		msg += fmt.Sprintf(" %s is a name: the pod resolves it through the node's resolver, never cluster DNS; an IP address is safer.", host)
+	}
+	c.change("%s", msg)
+}
+
+// Conntrack sysctl values the replace overlay's init container (conntrack-sysctls.yaml)
+// writes: kube-proxy's defaults.
+const (
+	overlayMaxPerCore  = 32768
+	overlayMin         = 131072
+	overlayEstablished = 24 * time.Hour
+	overlayCloseWait   = time.Hour
+)
+
+// conntrack converts the conntrack sysctls. The supervisor's container cannot write
+// /proc/sys, so the output leaves every sysctl alone (0): beside kube-proxy they stay
+// kube-proxy's; replacing it, the replace overlay's privileged init container writes
+// kube-proxy's defaults, and a value of kube-proxy's that differs is noted with where to
+// set it.
 func (c *converter) conntrack() (*mapNode, string) {
 	ct := c.kp.Conntrack
 	if ct.TCPBeLiberal {
 		c.note("conntrack.tcpBeLiberal", true, "shardproxy does not set nf_conntrack_tcp_be_liberal: set the sysctl on the node (an init container) if you need it")
 	}
 	m := newMap()
+	m.set("maxPerCore", 0, "").set("tcpEstablishedTimeout", "0s", "").set("tcpCloseWaitTimeout", "0s", "")
 	if c.opts.Alongside {
-		m.set("maxPerCore", 0, "").set("tcpEstablishedTimeout", "0s", "").set("tcpCloseWaitTimeout", "0s", "")
 		return m, commentLines("kube-proxy owns the conntrack sysctls on this node: 0 leaves them alone.")
 	}
-	if ct.MaxPerCore != nil {
-		m.set("maxPerCore", *ct.MaxPerCore, "")
+	const initContainer = "the replace overlay's conntrack-sysctls.yaml init container writes kube-proxy's default"
+	const unwritable = "shardproxy's unprivileged container cannot write /proc/sys"
+	if v := ct.MaxPerCore; v != nil && *v != overlayMaxPerCore {
+		c.note("conntrack.maxPerCore", *v, fmt.Sprintf("%s; %s (%d): change its value there", unwritable, initContainer, overlayMaxPerCore))
 	}
-	if ct.Min != nil {
-		m.set("min", *ct.Min, "")
+	if v := ct.Min; v != nil && *v != overlayMin {
+		c.note("conntrack.min", *v, fmt.Sprintf("%s; %s (%d): change its value there", unwritable, initContainer, overlayMin))
+	}
+	for _, d := range []struct {
+		key  string
+		v    *metav1.Duration
+		want time.Duration
+	}{{"tcpEstablishedTimeout", ct.TCPEstablishedTimeout, overlayEstablished}, {"tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout, overlayCloseWait}} {
+		if d.v != nil && d.v.Duration != d.want {
+			c.note("conntrack."+d.key, d.v.Duration, fmt.Sprintf("%s; %s (%s): change its value there", unwritable, initContainer, d.want))
+		}
 	}
 	for _, d := range []struct {
 		key string
-		v   *metav1.Duration
-	}{
-		{"tcpEstablishedTimeout", ct.TCPEstablishedTimeout}, {"tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout},
-		{"udpTimeout", &ct.UDPTimeout}, {"udpStreamTimeout", &ct.UDPStreamTimeout},
-	} {
-		if d.v != nil && (d.v.Duration != 0 || d.key == "tcpEstablishedTimeout" || d.key == "tcpCloseWaitTimeout") {
-			m.set(d.key, d.v.Duration.String(), "")
+		v   time.Duration
+	}{{"udpTimeout", ct.UDPTimeout.Duration}, {"udpStreamTimeout", ct.UDPStreamTimeout.Duration}} {
+		if d.v != 0 {
+			c.note("conntrack."+d.key, d.v, unwritable+", and the replace overlay's init container does not set it: add it to conntrack-sysctls.yaml or set it on the node")
 		}
 	}
-	if len(m.n.Content) == 0 {
-		return nil, ""
-	}
-	return m, commentLines("From conntrack (unset: kube-proxy's defaults, which are shardproxy's).")
+	return m, commentLines("The supervisor's container cannot write /proc/sys: 0 leaves these alone. The replace overlay's",
+		"conntrack-sysctls.yaml init container sets kube-proxy's defaults (notes above for values that differ).")
 }
 
 // ignored notes the settings with no shardproxy counterpart at all.

@@ -24,6 +24,9 @@ func load(t *testing.T, file string, opts Options) (*config.Config, string) {
 		t.Fatalf("Decode: %v", err)
 	}
 	opts.Source = file
+	if opts.APIServer, err = APIServer(data); err != nil {
+		t.Fatalf("APIServer: %v", err)
+	}
 	out, err := Convert(kp, opts)
 	if err != nil {
 		t.Fatalf("Convert: %v", err)
@@ -56,12 +59,12 @@ func TestConvert(t *testing.T) {
 			file: "kubeadm-configmap.yaml",
 			check: func(t *testing.T, c *config.Config) {
 				in := c.Instances[0]
-				expect(t, "kubeconfig", c.Kubeconfig, "/var/lib/kube-proxy/kubeconfig.conf")
+				expect(t, "kubeconfig", c.Kubeconfig, "") // kube-proxy's pod's file: the DaemonSet runs in-cluster
 				expect(t, "healthzBindAddress", c.HealthzBindAddress, "0.0.0.0:10256")
 				expect(t, "metricsBindAddress", c.MetricsBindAddress, "127.0.0.1:10249")
 				expect(t, "clientConnection.qps", c.ClientConnection.QPS, 5) // kubeadm leaves 0: the default
 				expect(t, "masqueradeBit", *c.MasqueradeBit, 14)
-				expect(t, "conntrack.maxPerCore", *c.Conntrack.MaxPerCore, 32768)
+				expect(t, "conntrack.maxPerCore", *c.Conntrack.MaxPerCore, 0) // the overlay's init container writes it
 				expect(t, "default", in.Default, true)
 				expect(t, "nodePortAddresses", strings.Join(in.NodePortAddresses, ","), "0.0.0.0/0,::/0")
 				expect(t, "detectLocal", in.DetectLocal.Mode+" "+strings.Join(in.DetectLocal.ClusterCIDRs, ","), "ClusterCIDR 10.244.0.0/16")
@@ -77,7 +80,7 @@ func TestConvert(t *testing.T) {
 				in := c.Instances[0]
 				expect(t, "nodePortAddresses", strings.Join(in.NodePortAddresses, ","), "primary")
 				expect(t, "clusterCIDRs", strings.Join(in.DetectLocal.ClusterCIDRs, ","), "10.244.0.0/16,fd00:10:244::/48")
-				expect(t, "conntrack", c.Conntrack.TCPEstablishedTimeout.Duration, 24*time.Hour)
+				expect(t, "conntrack", c.Conntrack.TCPEstablishedTimeout.Duration, 0) // kube-proxy's default: the overlay's init container writes it
 			},
 			wantNotes: []string{"oomScoreAdj: -999", "configSyncPeriod: 15m0s"},
 		},
@@ -253,6 +256,164 @@ func TestConvertErrors(t *testing.T) {
 			_, err = Convert(kp, Options{})
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("err = %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestConvertForOverlays converts kubeadm's kube-proxy ConfigMap (testdata, as kubeadm
+// v1.36 writes it) into what deploy/'s overlays can run, and checks what the header says
+// it changed and why.
+func TestConvertForOverlays(t *testing.T) {
+	kubeadm, err := os.ReadFile("testdata/kubeadm-configmap.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit := func(old, new string) []byte {
+		t.Helper()
+		if !strings.Contains(string(kubeadm), old) {
+			t.Fatalf("testdata/kubeadm-configmap.yaml has no %q", old)
+		}
+		return []byte(strings.Replace(string(kubeadm), old, new, 1))
+	}
+	for _, tc := range []struct {
+		name        string
+		input       []byte
+		alongside   bool
+		wantErr     string
+		want        []string // in the output
+		wantNot     []string
+		wantConfig  func(t *testing.T, c *config.Config)
+		wantAPIHost string
+	}{
+		{
+			name:  "replace: kubeadm's kubeconfig path left out, its server named for apiserver-endpoint.yaml",
+			input: kubeadm,
+			want: []string{
+				"# - clientConnection.kubeconfig /var/lib/kube-proxy/kubeconfig.conf is left out",
+				"set KUBERNETES_SERVICE_HOST=control-plane.example and KUBERNETES_SERVICE_PORT=6443 in deploy/overlays/replace-kube-proxy/apiserver-endpoint.yaml",
+				"control-plane.example is a name: the pod resolves it through the node's resolver",
+			},
+			wantNot:     []string{"kubeconfig: /var/lib/kube-proxy"},
+			wantAPIHost: "control-plane.example",
+		},
+		{
+			name:        "replace: an IP address as the server needs no resolver",
+			input:       edit("server: https://control-plane.example:6443", "server: https://10.0.0.10:6443"),
+			want:        []string{"set KUBERNETES_SERVICE_HOST=10.0.0.10 and KUBERNETES_SERVICE_PORT=6443"},
+			wantNot:     []string{"is a name"},
+			wantAPIHost: "10.0.0.10",
+		},
+		{
+			name:  "replace: no kubeconfig in the ConfigMap, the endpoint is for the operator to set",
+			input: []byte(strings.Split(string(kubeadm), "  kubeconfig.conf: |-")[0]),
+			want:  []string{"kube-proxy's configuration does not say where it is; set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"},
+		},
+		{
+			name:      "alongside: the kubeconfig path left out, no endpoint to set (kube-proxy keeps serving the kubernetes Service)",
+			input:     kubeadm,
+			alongside: true,
+			want:      []string{"# - clientConnection.kubeconfig /var/lib/kube-proxy/kubeconfig.conf is left out"},
+			wantNot:   []string{"KUBERNETES_SERVICE_HOST"},
+		},
+		{
+			name:      "alongside an IPVS-mode kube-proxy is refused",
+			input:     edit(`mode: ""`, "mode: ipvs"),
+			alongside: true,
+			wantErr:   "shardproxy does not run beside kube-proxy in IPVS mode",
+		},
+		{
+			name:  "replacing an IPVS-mode kube-proxy is converted",
+			input: edit(`mode: ""`, "mode: ipvs"),
+			want:  []string{"mode ipvs", "loadBalancing:"},
+		},
+		{
+			name:  "replace: conntrack sysctls the pod cannot write are left alone, kube-proxy's own values noted with where to set them",
+			input: edit("maxPerCore: null", "maxPerCore: 65536"),
+			want: []string{
+				"# - conntrack.maxPerCore: 65536: shardproxy's unprivileged container cannot write /proc/sys; the replace overlay's conntrack-sysctls.yaml init container writes kube-proxy's default (32768)",
+			},
+			wantConfig: func(t *testing.T, c *config.Config) {
+				expect(t, "conntrack.maxPerCore", *c.Conntrack.MaxPerCore, 0)
+				expect(t, "conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout.Duration, 0)
+				expect(t, "conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout.Duration, 0)
+			},
+		},
+		{
+			name:  "replace: a UDP timeout neither the pod nor the overlay sets",
+			input: edit("udpTimeout: 0s\n", "udpTimeout: 30s\n"),
+			want:  []string{"# - conntrack.udpTimeout: 30s: shardproxy's unprivileged container cannot write /proc/sys, and the replace overlay's init container does not set it"},
+		},
+		{
+			name:    "replace: kube-proxy's default conntrack values need no note",
+			input:   kubeadm,
+			wantNot: []string{"# - conntrack."},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kp, err := Decode(tc.input)
+			if err != nil {
+				t.Fatal(err)
+			}
+			server, err := APIServer(tc.input)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantAPIHost != "" {
+				host, _, err := Endpoint(server)
+				if err != nil || host != tc.wantAPIHost {
+					t.Errorf("Endpoint(%q) = %q, %v; want %q", server, host, err, tc.wantAPIHost)
+				}
+			}
+			out, err := Convert(kp, Options{Alongside: tc.alongside, APIServer: server, Source: "kubeadm"})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(out)
+			for _, w := range tc.want {
+				if !strings.Contains(text, w) {
+					t.Errorf("no %q in:\n%s", w, text)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(text, w) {
+					t.Errorf("%q in:\n%s", w, text)
+				}
+			}
+			if tc.wantConfig != nil {
+				cfg, err := config.Decode(out, "t")
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.wantConfig(t, cfg)
+			}
+		})
+	}
+}
+
+func TestEndpoint(t *testing.T) {
+	for _, tc := range []struct{ server, host, port, wantErr string }{
+		{server: "https://10.0.0.10:6443", host: "10.0.0.10", port: "6443"},
+		{server: "https://[fd00::10]:6443", host: "fd00::10", port: "6443"},
+		{server: "https://api.example", host: "api.example", port: "443"},
+		{server: "10.0.0.10:6443", wantErr: "not a URL with a host"},
+	} {
+		t.Run(tc.server, func(t *testing.T) {
+			host, port, err := Endpoint(tc.server)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || host != tc.host || port != tc.port {
+				t.Errorf("got %q %q %v, want %q %q", host, port, err, tc.host, tc.port)
 			}
 		})
 	}
