@@ -215,9 +215,9 @@ func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 		}
 	}
 	for _, ch := range d.WriteChains {
-		rules := ch.Rules
+		rules := ch.text()
 		if ch.appendOnly() {
-			rules = ch.Appended
+			rules = bucketText(ch.Edit.Append)
 		}
 		for _, r := range rules {
 			ops.add(&knftables.Rule{Chain: ch.Name, Rule: r})

@@ -1,15 +1,13 @@
 package tables
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
 	"maps"
-	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -20,31 +18,34 @@ import (
 // Service ports each, so their order is a protocol of its own, kept in this file:
 //
 //   - The compiler gives each port's rules in a bucket as one ruleGroup, under a key
-//     of the port's own (portCompiler.groupKey).
+//     of the port's own (portCompiler.groupKey). Each rule is a BucketRule, built from
+//     its parts, which it is written from as nft text and as netlink expressions, and
+//     found in the kernel by: no rule text is ever read back.
 //   - The ledger holds a chain's groups with a sequence number each (heldGroup.seq,
 //     countRules): the chain's rules are its groups in the order they came (rulesOf),
 //     and a group that comes back within a change with the same rules keeps its place.
-//   - A partial sync writes a bucket that existed as a delta (groupDelta): the rules
-//     of the groups that went or changed, by position in what the kernel holds, and
-//     those of the groups that came or changed, appended, since they come last.
+//   - A partial sync writes a bucket that existed as a ChainEdit (groupDelta): the
+//     rules of the groups that went or changed, by position in what the kernel holds,
+//     and those of the groups that came or changed, appended, since they come last.
 //   - nft cannot find rules to delete, so it rewrites a bucket that loses rules and
 //     appends to one that only gains them (ChainRules.appendOnly), keeping the other
 //     rules' numgen counters; NetlinkWriter deletes the lost rules by handle
-//     (ruleHandles, after checking that the kernel's rules are the expected ones) and
-//     encodes the appended round-robin rules itself (ruleExprs).
+//     (ruleHandles, after checking that the kernel's rules are the expected ones:
+//     BucketRule.foundIn) and encodes the appended round-robin rules itself
+//     (BucketRule.exprs).
 
 // ruleGroup is the rules one port has in a chain that holds the rules of several ports,
 // in order, under a key unique to the port (groupKey): the chain holds the groups in
 // the order they came (ledger.countRules).
 type ruleGroup struct {
 	chain, key string
-	rules      []string
+	rules      []BucketRule
 }
 
 // heldGroup is a rule group in chainRules, how many ports hold it (one, but for a port
 // compiled again before its release within a change), and its place in the chain.
 type heldGroup struct {
-	rules []string
+	rules []BucketRule
 	n     int
 	seq   uint64
 }
@@ -86,7 +87,7 @@ func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
 }
 
 // rulesOf returns the rules of a chain of chainRules: its groups in the order they came.
-func (l *ledger) rulesOf(chain string) []string {
+func (l *ledger) rulesOf(chain string) []BucketRule {
 	return groupRules(inOrder(l.chainRules[chain]))
 }
 
@@ -98,8 +99,8 @@ func inOrder(held map[string]heldGroup) []heldGroup {
 }
 
 // groupRules concatenates the rules of groups.
-func groupRules(groups []heldGroup) []string {
-	var rules []string
+func groupRules(groups []heldGroup) []BucketRule {
+	var rules []BucketRule
 	for _, g := range groups {
 		rules = append(rules, g.rules...)
 	}
@@ -108,7 +109,7 @@ func groupRules(groups []heldGroup) []string {
 
 // ruleChainChanges returns the chains of chainRules the change touched whose groups
 // changed, to be written, and those it emptied, to be deleted; sorted by name. A chain
-// that existed is written as a delta: the rules of the groups that went or changed
+// that existed is written as a ChainEdit: the rules of the groups that went or changed
 // (by position), and those of new or changed groups, appended (they came last).
 func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []string) {
 	for _, ch := range slices.Sorted(maps.Keys(log.groupsBefore)) {
@@ -119,9 +120,9 @@ func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []
 				gone = append(gone, ch)
 			}
 		case len(was) == 0:
-			written = append(written, ChainRules{Name: ch, Rules: l.rulesOf(ch)})
+			written = append(written, ChainRules{Name: ch, Bucket: l.rulesOf(ch)})
 		default:
-			if cr := groupDelta(ch, was, now); cr.Removed != nil || cr.Appended != nil {
+			if cr := groupDelta(ch, was, now); len(cr.Edit.Remove) > 0 || len(cr.Edit.Append) > 0 {
 				written = append(written, cr)
 			}
 		}
@@ -129,8 +130,8 @@ func (l *ledger) ruleChainChanges(log *changeLog) (written []ChainRules, gone []
 	return written, gone
 }
 
-// groupDelta is the change of a chain from groups was to groups now: the positions
-// (in was's rules) of the rules of groups that went or changed, and the rules of the
+// groupDelta is the change of a chain from groups was to groups now: the rules of
+// groups that went or changed, at their positions in was's rules, and the rules of the
 // groups that came or changed, which come after every kept one (countRules numbers
 // them last).
 func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
@@ -143,48 +144,157 @@ func groupDelta(ch string, was, now map[string]heldGroup) ChainRules {
 	}
 	wasSeqs, nowSeqs := seqs(was), seqs(now)
 	nowGroups := inOrder(now)
-	cr := ChainRules{Name: ch, Rules: groupRules(nowGroups), MayExist: true, Delta: true}
+	edit := &ChainEdit{}
 	for _, g := range inOrder(was) {
 		for _, r := range g.rules {
 			if !nowSeqs[g.seq] {
-				cr.RemovedAt, cr.Removed = append(cr.RemovedAt, cr.Had), append(cr.Removed, r)
+				edit.Remove = append(edit.Remove, PlacedRule{At: edit.Held, Rule: r})
 			}
-			cr.Had++
+			edit.Held++
 		}
 	}
 	for _, g := range nowGroups {
 		if !wasSeqs[g.seq] {
-			cr.Appended = append(cr.Appended, g.rules...)
+			edit.Append = append(edit.Append, g.rules...)
 		}
 	}
-	return cr
+	return ChainRules{Name: ch, Bucket: groupRules(nowGroups), MayExist: true, Edit: edit}
 }
 
-// appendOnly reports whether the chain, a bucket written as a delta, only gains rules:
-// nft appends them, and the other rules (and their numgen counters) stay. nft cannot
-// find the handles of rules to delete, so it rewrites a chain that loses any.
-func (ch ChainRules) appendOnly() bool { return ch.Delta && len(ch.RemovedAt) == 0 }
+// ChainEdit is how a Diff changes a bucket chain the kernel holds, in place, instead of
+// rewriting it: an Applier that can find rules in the kernel removes and appends just
+// these, and the other rules keep their numgen inc counters (a rewritten rule's starts
+// again, and a bucket holds the round-robin rules of ~40 Service ports).
+type ChainEdit struct {
+	// Held is the number of rules the chain holds in the kernel before the edit.
+	Held int
+	// Remove are the rules that go, with their positions among the Held ones, in order.
+	Remove []PlacedRule
+	// Append are the rules that come after those that stay: the last of the chain's.
+	Append []BucketRule
+}
 
-// roundRobinRuleRE is the one rule shape NetlinkWriter encodes itself: a round-robin
-// bucket rule (portCompiler.roundRobinRule). A roundRobin Service coming or changing
-// its endpoint count adds its rule to its bucket; through nft that was ~60 ms at 10,000
-// Services (nft dumps the node's chains and sets first), over netlink two messages.
-var roundRobinRuleRE = regexp.MustCompile(`^(ip6?) daddr (\S+) (tcp|udp|sctp) dport (\d+) numgen inc mod (\d+) vmap @(\S+)$`)
+// PlacedRule is a rule of a bucket chain and its position in the chain.
+type PlacedRule struct {
+	At   int
+	Rule BucketRule
+}
+
+// appendOnly reports whether the chain is a bucket edited in place that only gains
+// rules: nft appends them, and the other rules (and their numgen counters) stay. nft
+// cannot find the handles of rules to delete, so it rewrites a chain that loses any.
+func (ch ChainRules) appendOnly() bool { return ch.Edit != nil && len(ch.Edit.Remove) == 0 }
+
+// BucketRule is one rule of a bucket chain, kept as its parts: the equality match of a
+// port's cluster IP entry ("ip daddr 172.30.0.10 tcp dport 80"), then either the
+// round-robin pick among picks endpoints ("numgen inc mod 3 vmap @round-robin-picks",
+// portCompiler.roundRobinRule) or the rest of an affinity rule, as nft text
+// (affinity.rules). It is written as nft text (String) and, a round-robin rule, as
+// netlink expressions (exprs), and found in the kernel by its parts (foundIn).
+type BucketRule struct {
+	en entry
+	// picks is a round-robin rule's modulus; 0 for an affinity rule.
+	picks int
+	// rest is an affinity rule's text after the entry match.
+	rest string
+}
+
+// roundRobinRule is the round-robin bucket rule of entry en over n endpoints.
+func roundRobinRule(en entry, n int) BucketRule { return BucketRule{en: en, picks: n} }
+
+// affinityRules are the affinity bucket rules of entry en: each of rules (nft text)
+// after the entry's match.
+func affinityRules(en entry, rules []string) []BucketRule {
+	out := make([]BucketRule, len(rules))
+	for i, r := range rules {
+		out[i] = BucketRule{en: en, rest: r}
+	}
+	return out
+}
+
+// String returns the rule as nft text.
+func (r BucketRule) String() string {
+	ip := "ip"
+	if r.en.addr.Is6() {
+		ip = "ip6"
+	}
+	rest := r.rest
+	if r.picks > 0 {
+		rest = pickExpr(LBRoundRobin, ip, r.picks) + " vmap @" + mapRoundRobinPicks
+	}
+	return ip + " daddr " + r.en.addr.String() + " " + string(r.en.proto) + " dport " + strconv.Itoa(int(r.en.port)) + " " + rest
+}
+
+// exprs returns the netlink expressions of a round-robin rule in a table of family fam,
+// those nft 1.0.6 makes of its text (nft --debug=netlink), so that either writer
+// leaves the same rule (TestNetlinkWritesRoundRobinBuckets compares them in the
+// kernel). NetlinkWriter encodes no affinity rule: such changes go through nft.
+func (r BucketRule) exprs(fam nftables.TableFamily) ([]expr.Any, error) {
+	if r.picks <= 0 {
+		return nil, fmt.Errorf("rule %q: not a rule NetlinkWriter can encode", r)
+	}
+	if r.en.addr.Is4() != (fam == nftables.TableFamilyIPv4) {
+		return nil, fmt.Errorf("rule %q: not of this table's family", r)
+	}
+	offset := uint32(16) // IPv4 header: daddr at 16
+	if r.en.addr.Is6() {
+		offset = 24 // IPv6 header: daddr at 24
+	}
+	addr, proto, port := r.matched()
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(addr))},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: proto},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port},
+		&expr.Numgen{Register: 1, Modulus: uint32(r.picks), Type: unix.NFT_NG_INCREMENTAL},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: mapRoundRobinPicks},
+	}, nil
+}
+
+// matched returns the values the rule's entry match compares, as the kernel holds them:
+// the destination address, the protocol's number and the port, in network order.
+func (r BucketRule) matched() (addr, proto, port []byte) {
+	return r.en.addr.AsSlice(), []byte{protoNumbers[r.en.proto]}, binary.BigEndian.AppendUint16(nil, r.en.port)
+}
+
+// foundIn reports whether exprs, a rule the kernel holds, is r: every bucket rule
+// starts with its entry match, whose three comparisons are expressions 1, 3 and 5; a
+// round-robin rule is then its numgen inc and its map. (An affinity rule is known by
+// its match alone: a port's rules in its bucket are together, and removed together.)
+func (r BucketRule) foundIn(exprs []expr.Any) bool {
+	if len(exprs) < 6 || (r.picks > 0 && len(exprs) != 8) {
+		return false
+	}
+	addr, proto, port := r.matched()
+	for i, want := range [][]byte{addr, proto, port} {
+		c, ok := exprs[2*i+1].(*expr.Cmp)
+		if !ok || c.Op != expr.CmpOpEq || !bytes.Equal(c.Data, want) {
+			return false
+		}
+	}
+	if r.picks == 0 {
+		return true
+	}
+	ng, ok1 := exprs[6].(*expr.Numgen)
+	lk, ok2 := exprs[7].(*expr.Lookup)
+	return ok1 && ok2 && ng.Type == unix.NFT_NG_INCREMENTAL && ng.Modulus == uint32(r.picks) && lk.SetName == mapRoundRobinPicks
+}
 
 // netlinkEncodable reports whether NetlinkWriter can write chains: the rules each adds
-// (a Delta's Appended, or all of a round-robin bucket written whole) are round-robin
-// bucket rules; rules a Delta removes need no encoding.
+// (an edit's Append, or all of a bucket written whole) are round-robin bucket rules;
+// rules an edit removes need no encoding.
 func netlinkEncodable(chains []ChainRules) bool {
 	for _, ch := range chains {
-		rules := ch.Appended
-		if !ch.Delta {
-			if !strings.HasPrefix(ch.Name, roundRobinBucketPrefix) || len(ch.Rules) == 0 {
-				return false
-			}
-			rules = ch.Rules
+		rules := ch.Bucket
+		if ch.Edit != nil {
+			rules = ch.Edit.Append
+		} else if len(ch.Rules) > 0 || len(ch.Bucket) == 0 {
+			return false
 		}
 		for _, r := range rules {
-			if !roundRobinRuleRE.MatchString(r) {
+			if r.picks <= 0 {
 				return false
 			}
 		}
@@ -192,131 +302,25 @@ func netlinkEncodable(chains []ChainRules) bool {
 	return true
 }
 
-// ruleExprs compiles a rule of the shape of roundRobinRuleRE for a table of family fam
-// into the expressions nft 1.0.6 makes of it (nft --debug=netlink), so that either
-// writer leaves the same rule (TestNetlinkWritesRoundRobinBuckets compares them in the
-// kernel).
-func ruleExprs(fam nftables.TableFamily, rule string) ([]expr.Any, error) {
-	m := roundRobinRuleRE.FindStringSubmatch(rule)
-	if m == nil {
-		return nil, fmt.Errorf("rule %q: not a rule NetlinkWriter can encode", rule)
-	}
-	addr, err := netip.ParseAddr(m[2])
+// ruleHandles returns the kernel's handles of the rules edit removes from chain: the
+// kernel lists a chain's rules in order, and the chain is as the Syncer wrote it, so
+// they are the rules at the edit's positions. A chain of another length, or a rule
+// there that is not the expected one (foundIn), is an error (the Syncer then needs a
+// full sync): deleting another port's rule would break that port.
+func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, chain string, edit *ChainEdit) ([]uint64, error) {
+	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: chain, Table: w.table})
 	if err != nil {
-		return nil, fmt.Errorf("rule %q: %w", rule, err)
+		return nil, fmt.Errorf("listing chain %s of table %s: %w", chain, w.table.Name, err)
 	}
-	wantFam, offset := nftables.TableFamilyIPv4, uint32(16) // IPv4 header: daddr at 16
-	if m[1] == "ip6" {
-		wantFam, offset = nftables.TableFamilyIPv6, 24 // IPv6 header: daddr at 24
+	if len(inKernel) != edit.Held {
+		return nil, fmt.Errorf("chain %s of table %s has %d rules; want %d", chain, w.table.Name, len(inKernel), edit.Held)
 	}
-	if fam != wantFam || (m[1] == "ip") != addr.Is4() {
-		return nil, fmt.Errorf("rule %q: not of this table's family", rule)
-	}
-	port, err := strconv.ParseUint(m[4], 10, 16)
-	if err != nil {
-		return nil, fmt.Errorf("rule %q: port: %w", rule, err)
-	}
-	mod, err := strconv.ParseUint(m[5], 10, 32)
-	if err != nil || mod == 0 {
-		return nil, fmt.Errorf("rule %q: bad modulus", rule)
-	}
-	proto := map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[m[3]]
-	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(addr.BitLen() / 8)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr.AsSlice()},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.BigEndian.AppendUint16(nil, uint16(port))},
-		&expr.Numgen{Register: 1, Modulus: uint32(mod), Type: unix.NFT_NG_INCREMENTAL},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: m[6]},
-	}, nil
-}
-
-// ruleHandles returns the kernel's handles of the rules ch lost: the kernel lists a
-// chain's rules in order, and the chain is as the Syncer wrote it, so they are the
-// rules at ch.RemovedAt. A chain of another length, a rule there that does not match
-// the expected rule's cluster IP, protocol and port, or (for a round-robin rule) its
-// modulus and map, is an error (the Syncer then needs a full sync): deleting another
-// port's rule would break that port.
-func (w *NetlinkWriter) ruleHandles(conn *nftables.Conn, ch ChainRules) ([]uint64, error) {
-	inKernel, err := conn.GetRules(w.table, &nftables.Chain{Name: ch.Name, Table: w.table})
-	if err != nil {
-		return nil, fmt.Errorf("listing chain %s of table %s: %w", ch.Name, w.table.Name, err)
-	}
-	if len(inKernel) != ch.Had {
-		return nil, fmt.Errorf("chain %s of table %s has %d rules; want %d", ch.Name, w.table.Name, len(inKernel), ch.Had)
-	}
-	handles := make([]uint64, 0, len(ch.RemovedAt))
-	for k, i := range ch.RemovedAt {
-		if want, ok := textEntryMatch(ch.Removed[k]); !ok || want != exprsEntryMatch(inKernel[i].Exprs) {
-			return nil, fmt.Errorf("chain %s of table %s: rule %d does not match as %q", ch.Name, w.table.Name, i, ch.Removed[k])
+	handles := make([]uint64, 0, len(edit.Remove))
+	for _, rm := range edit.Remove {
+		if !rm.Rule.foundIn(inKernel[rm.At].Exprs) {
+			return nil, fmt.Errorf("chain %s of table %s: rule %d is not %q", chain, w.table.Name, rm.At, rm.Rule)
 		}
-		if exprs, err := ruleExprs(w.table.Family, ch.Removed[k]); err == nil {
-			want, _ := ruleKey(exprs)
-			if got, _ := ruleKey(inKernel[i].Exprs); got != want {
-				return nil, fmt.Errorf("chain %s of table %s: rule %d is not %q", ch.Name, w.table.Name, i, ch.Removed[k])
-			}
-		}
-		handles = append(handles, inKernel[i].Handle)
+		handles = append(handles, inKernel[rm.At].Handle)
 	}
 	return handles, nil
-}
-
-// entryMatchRE is the start of every bucket rule (compiler.entryMatch).
-var entryMatchRE = regexp.MustCompile(`^ip6? daddr (\S+) (tcp|udp|sctp) dport (\d+) `)
-
-// textEntryMatch returns the values a bucket rule's entry match compares, as
-// exprsEntryMatch reads them from the kernel's rule; ok is false for another rule.
-func textEntryMatch(rule string) (string, bool) {
-	m := entryMatchRE.FindStringSubmatch(rule)
-	if m == nil {
-		return "", false
-	}
-	addr, err := netip.ParseAddr(m[1])
-	port, err2 := strconv.ParseUint(m[3], 10, 16)
-	if err != nil || err2 != nil {
-		return "", false
-	}
-	proto := map[string]byte{"tcp": unix.IPPROTO_TCP, "udp": unix.IPPROTO_UDP, "sctp": unix.IPPROTO_SCTP}[m[2]]
-	return fmt.Sprintf("%x/%x/%x", addr.AsSlice(), []byte{proto}, binary.BigEndian.AppendUint16(nil, uint16(port))), true
-}
-
-// exprsEntryMatch returns the values the first three comparisons of a rule compare
-// (a bucket rule's destination address, protocol and port), or "".
-func exprsEntryMatch(exprs []expr.Any) string {
-	var parts []string
-	for _, i := range []int{1, 3, 5} {
-		if i >= len(exprs) {
-			return ""
-		}
-		c, ok := exprs[i].(*expr.Cmp)
-		if !ok || c.Op != expr.CmpOpEq {
-			return ""
-		}
-		parts = append(parts, fmt.Sprintf("%x", c.Data))
-	}
-	return strings.Join(parts, "/")
-}
-
-// ruleKey identifies a rule of the shape ruleExprs makes by the values it compares and
-// its modulus and map; ok is false for any other rule.
-func ruleKey(exprs []expr.Any) (key string, ok bool) {
-	if len(exprs) != 8 {
-		return "", false
-	}
-	var parts []string
-	for _, i := range []int{1, 3, 5} {
-		c, ok := exprs[i].(*expr.Cmp)
-		if !ok || c.Op != expr.CmpOpEq {
-			return "", false
-		}
-		parts = append(parts, fmt.Sprintf("%x", c.Data))
-	}
-	ng, ok1 := exprs[6].(*expr.Numgen)
-	lk, ok2 := exprs[7].(*expr.Lookup)
-	if !ok1 || !ok2 || ng.Type != unix.NFT_NG_INCREMENTAL {
-		return "", false
-	}
-	return fmt.Sprintf("%s/%d/%s", strings.Join(parts, "/"), ng.Modulus, lk.SetName), true
 }

@@ -361,7 +361,7 @@ func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class endpointC
 		return chain
 	}
 	chain := affinityBucketChain(bucketOf(cip))
-	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: pc.aff.rules(eps, pc.c.entryMatch(en))})
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: affinityRules(en, pc.aff.rules(eps))})
 	return chain
 }
 
@@ -369,8 +369,7 @@ func (pc *portCompiler) affinityTarget(en entry, eps []Endpoint, class endpointC
 // into en's bucket chain, and returns the chain.
 func (pc *portCompiler) roundRobinRule(en entry, n int) string {
 	chain := roundRobinBucketChain(bucketOf(en))
-	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: []string{fmt.Sprintf("%s %s vmap @%s",
-		pc.c.entryMatch(en), pickExpr(LBRoundRobin, pc.c.ip, n), mapRoundRobinPicks)}})
+	pc.out.rules = append(pc.out.rules, ruleGroup{chain: chain, key: pc.groupKey(en), rules: []BucketRule{roundRobinRule(en, n)}})
 	pc.roundRobinPicks(false, n)
 	return chain
 }
@@ -380,12 +379,6 @@ func (pc *portCompiler) roundRobinRule(en entry, n int) string {
 // younger port still holds its group (ledger.settle releases it afterwards).
 func (pc *portCompiler) groupKey(en entry) string {
 	return pc.entryID(en) + " " + pc.sp.Name.String()
-}
-
-// entryMatch matches the packets of entry en by equality: "ip daddr 172.30.0.10 tcp
-// dport 80".
-func (c *compiler) entryMatch(en entry) string {
-	return fmt.Sprintf("%s daddr %s %s dport %d", c.ip, en.addr, en.proto, en.port)
 }
 
 // viaRoundRobinBucket dispatches en, an entry other than the cluster IP's, to the chain
@@ -664,24 +657,24 @@ func (a *affinity) chain(class endpointClass, eps []Endpoint) string {
 	}
 	name := affinityPrefix + a.id + "-" + string(class)
 	a.chains = append(a.chains, classChain{name: name, eps: eps})
-	a.out.objects.chains[name] = a.rules(eps, "")
+	a.out.objects.chains[name] = a.rules(eps)
 	return name
 }
 
-// rules returns the rules that choose among eps, each starting with match (if any):
-// send a remembered client back to its endpoint, then place a new one by the port's
-// mode.
-func (a *affinity) rules(eps []Endpoint, match string) []string {
+// rules returns the rules that choose among eps: send a remembered client back to its
+// endpoint, then place a new one by the port's mode (in a bucket, each after the
+// entry's match: affinityRules).
+func (a *affinity) rules(eps []Endpoint) []string {
 	join := func(parts ...string) string {
 		return strings.Join(slices.DeleteFunc(parts, func(p string) bool { return p == "" }), " ")
 	}
 	rules := make([]string, 0, 2*len(eps))
 	for _, ep := range eps {
 		a.eps[ep] = true
-		rules = append(rules, join(match, fmt.Sprintf("%s saddr @%s", a.c.ip, a.epSet(ep)), a.toEndpoint(ep)))
+		rules = append(rules, join(fmt.Sprintf("%s saddr @%s", a.c.ip, a.epSet(ep)), a.toEndpoint(ep)))
 	}
 	for i, pick := range a.newClientPicks(eps) {
-		rules = append(rules, join(match, pick, a.toEndpoint(eps[i])))
+		rules = append(rules, join(pick, a.toEndpoint(eps[i])))
 	}
 	return rules
 }

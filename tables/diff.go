@@ -62,27 +62,39 @@ type Skeleton struct {
 	RecreatedMaps []string
 }
 
-// ChainRules is a chain with all its rules.
+// ChainRules is a chain a Diff writes, with all its rules: a pick or affinity chain's
+// as nft text (Rules), a bucket chain's as BucketRules (Bucket; bucket.go).
 type ChainRules struct {
 	// Name is the chain's name (a pick, affinity or bucket chain).
 	Name string
-	// Rules are the chain's rules, in order.
+	// Rules are the rules of a chain other than a bucket, in order.
 	Rules []string
+	// Bucket are the rules of a bucket chain, in order.
+	Bucket []BucketRule
 	// MayExist is false when the chain is known not to be in the kernel, so it needs no
 	// flush (with a few thousand affinity chains, the flushes cost more than the rest of
 	// a full sync's load).
 	MayExist bool
-	// Delta, if set, says how the chain (a bucket) got from its Had rules in the kernel
-	// to Rules: the rules Removed, at positions RemovedAt, went, and the rules Appended
-	// came after the rest. An Applier that can find rules in the kernel may make just
-	// these changes instead of rewriting the chain: a rewritten rule's numgen inc
-	// counter starts again, and the buckets hold the round-robin rules of ~40 Service
-	// ports each. Deleting rules also needs no rule text.
-	Delta     bool
-	Removed   []string
-	RemovedAt []int
-	Had       int
-	Appended  []string
+	// Edit, if set, is how the chain (a bucket the kernel holds) gets to Bucket in
+	// place; nil: the chain is created, or emptied, and written whole.
+	Edit *ChainEdit
+}
+
+// text returns the chain's rules as nft text, in order.
+func (ch ChainRules) text() []string {
+	if ch.Bucket == nil {
+		return ch.Rules
+	}
+	return bucketText(ch.Bucket)
+}
+
+// bucketText returns rules as nft text.
+func bucketText(rules []BucketRule) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
@@ -110,16 +122,17 @@ func (d *Diff) Len() int {
 
 // operations counts the operations writing ch takes, a rule added counting perRule (the
 // netlink writer's take two: google/nftables asks for its echo besides the ack): one per
-// rule removed in a delta, else a flush or a create (and a flush when it may exist) and
-// the rules.
+// rule an edit removes and the rules it appends, else a create (and a flush when it may
+// exist) and the rules.
 func (ch ChainRules) operations(perRule int) int {
+	rules := len(ch.Rules) + len(ch.Bucket)
 	switch {
-	case ch.Delta:
-		return len(ch.RemovedAt) + perRule*len(ch.Appended)
+	case ch.Edit != nil:
+		return len(ch.Edit.Remove) + perRule*len(ch.Edit.Append)
 	case ch.MayExist:
-		return 2 + perRule*len(ch.Rules)
+		return 2 + perRule*rules
 	default:
-		return 1 + perRule*len(ch.Rules)
+		return 1 + perRule*rules
 	}
 }
 
@@ -271,7 +284,7 @@ func (l *ledger) diffOfAll(sk *Skeleton, in existing, log *changeLog, recreate b
 	}
 	d.WriteChains = append(d.WriteChains, picks...)
 	for _, ch := range slices.Sorted(maps.Keys(l.chainRules)) {
-		d.WriteChains = append(d.WriteChains, ChainRules{Name: ch, Rules: l.rulesOf(ch), MayExist: mayExist(ch)})
+		d.WriteChains = append(d.WriteChains, ChainRules{Name: ch, Bucket: l.rulesOf(ch), MayExist: mayExist(ch)})
 	}
 	d.AddElements = l.elementIDs()
 	return d, nil

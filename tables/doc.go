@@ -6,7 +6,8 @@
 // ledger (ledger.go) records what the table holds and what a change did; diff.go turns
 // that into a Diff, a plain value; an Applier (apply.go: nft; netlink.go: netlink)
 // writes the Diff in one transaction. sync.go's Syncer runs the pipeline. bucket.go keeps
-// the one protocol these stages share, the order of the rules in the bucket chains.
+// the one protocol these stages share, the bucket chains: the order of their rules, and
+// each rule kept as its parts, which both writers write it from.
 // names.go and priority.go fix the object names and hook priorities other components may
 // rely on; README.md beside this file is that contract.
 //

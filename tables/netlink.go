@@ -136,8 +136,8 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	// Handles of the rules to remove, asked for before anything is queued.
 	removals := map[string][]uint64{}
 	for _, ch := range d.WriteChains {
-		if ch.Delta && len(ch.RemovedAt) > 0 {
-			handles, err := w.ruleHandles(conn, ch)
+		if ch.Edit != nil && len(ch.Edit.Remove) > 0 {
+			handles, err := w.ruleHandles(conn, ch.Name, ch.Edit)
 			if err != nil {
 				return err
 			}
@@ -156,22 +156,22 @@ func (w *NetlinkWriter) transact(conn *nftables.Conn, d *Diff) error {
 	// Every chain exists before the elements that jump to it.
 	for _, ch := range d.WriteChains {
 		chain := &nftables.Chain{Name: ch.Name, Table: w.table}
-		rules := ch.Appended
-		if ch.Delta {
+		rules := ch.Bucket
+		if ch.Edit != nil {
 			for _, h := range removals[ch.Name] {
 				if err := conn.DelRule(&nftables.Rule{Table: w.table, Chain: chain, Handle: h}); err != nil {
 					return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)
 				}
 			}
+			rules = ch.Edit.Append
 		} else {
 			conn.AddChain(chain)
 			if ch.MayExist {
 				conn.FlushChain(chain)
 			}
-			rules = ch.Rules
 		}
 		for _, r := range rules {
-			exprs, err := ruleExprs(w.table.Family, r)
+			exprs, err := r.exprs(w.table.Family)
 			if err != nil {
 				return fmt.Errorf("chain %s of table %s: %w", ch.Name, w.table.Name, err)
 			}

@@ -41,26 +41,26 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 	for _, ch := range d.FlushChains {
 		tx.Flush(&knftables.Chain{Name: ch})
 	}
-	// As NetlinkWriter: a Delta's removed rules one by one by handle (by position),
+	// As NetlinkWriter: an edit's removed rules one by one by handle (by position),
 	// then its appended ones; other chains rewritten.
 	for _, ch := range d.WriteChains {
-		if ch.Delta {
+		if ch.Edit != nil {
 			chain := w.fake.Table.Chains[ch.Name]
 			if chain == nil {
 				return fmt.Errorf("chain %s is not there", ch.Name)
 			}
 			rules := chain.Rules
-			if len(rules) != ch.Had {
-				return fmt.Errorf("chain %s has %d rules; want %d", ch.Name, len(rules), ch.Had)
+			if len(rules) != ch.Edit.Held {
+				return fmt.Errorf("chain %s has %d rules; want %d", ch.Name, len(rules), ch.Edit.Held)
 			}
-			for k, i := range ch.RemovedAt {
-				if rules[i].Rule != ch.Removed[k] {
-					return fmt.Errorf("chain %s: rule %d is %q; want %q", ch.Name, i, rules[i].Rule, ch.Removed[k])
+			for _, rm := range ch.Edit.Remove {
+				if rules[rm.At].Rule != rm.Rule.String() {
+					return fmt.Errorf("chain %s: rule %d is %q; want %q", ch.Name, rm.At, rules[rm.At].Rule, rm.Rule)
 				}
-				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: rules[i].Handle})
+				tx.Delete(&knftables.Rule{Chain: ch.Name, Handle: rules[rm.At].Handle})
 			}
-			for _, r := range ch.Appended {
-				tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r})
+			for _, r := range ch.Edit.Append {
+				tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r.String()})
 			}
 			continue
 		}
@@ -68,7 +68,7 @@ func (w *fakeNetlink) Apply(ctx context.Context, d *Diff) error {
 		if ch.MayExist {
 			tx.Flush(&knftables.Chain{Name: ch.Name})
 		}
-		for _, r := range ch.Rules {
+		for _, r := range ch.text() {
 			tx.Add(&knftables.Rule{Chain: ch.Name, Rule: r})
 		}
 	}
@@ -376,6 +376,7 @@ func TestNetlinkMessages(t *testing.T) {
 		}
 		return out
 	}
+	r1, r2, r3, r4 := roundRobinRule(entry{}, 1), roundRobinRule(entry{}, 2), roundRobinRule(entry{}, 3), roundRobinRule(entry{}, 4)
 	for _, tc := range []struct {
 		name           string
 		added, deleted []string
@@ -392,8 +393,8 @@ func TestNetlinkMessages(t *testing.T) {
 		// echo and its ack), or a delete per removed rule and two per appended one.
 		{"new bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}}}, 5},
 		{"rewritten bucket", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r2"}, MayExist: true}}, 6},
-		{"delta", nil, nil, 0, 0, []ChainRules{{Name: "b", Rules: []string{"r1", "r4"}, MayExist: true, Delta: true,
-			Removed: []string{"r2", "r3"}, RemovedAt: []int{1, 2}, Had: 3, Appended: []string{"r4"}}}, 4},
+		{"delta", nil, nil, 0, 0, []ChainRules{{Name: "b", Bucket: []BucketRule{r1, r4}, MayExist: true,
+			Edit: &ChainEdit{Held: 3, Remove: []PlacedRule{{1, r2}, {2, r3}}, Append: []BucketRule{r4}}}}, 4},
 	} {
 		d := &Diff{AddElements: tc.added, DeleteElements: tc.deleted, WriteChains: tc.write}
 		for i := 0; i < tc.chains; i++ {
