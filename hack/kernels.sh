@@ -33,6 +33,8 @@
 #   KERNEL_PACKAGES    comma-separated package dirs of tests.txt to run (default: all)
 #   KERNEL_RUN         a -test.run pattern for every package (default: tests.txt's)
 #   KERNEL_SET=ci      tests.txt's smaller "ci" selection (make test's 6.1 layer)
+#   KERNEL_LANES=1     every test binary one after another (default: tests.txt's "lane"
+#                      packages each beside the rest, two at a time on the VM's 2 CPUs)
 #   KERNEL_CEILING     the wall-time bound of one VM, boot to power-off (default 14m)
 #   KERNEL_TIMEOUT     each test binary's -test.timeout in the guest (default 12m)
 #   KERNEL_CPUS, KERNEL_MEMORY  the VM's (2, 3072 MiB)
@@ -251,16 +253,19 @@ tests_cpio() {
 	# tests.txt: DIR RUN [SKIP] a line; KERNEL_PACKAGES picks some of its packages,
 	# KERNEL_RUN replaces every RUN (and drops SKIP).
 	# With KERNEL_SET=ci (make test's kernel-6.1 layer), a "ci DIR RUN" line replaces
-	# DIR's RUN, and "ci DIR none" leaves DIR out.
-	local word dir run skip name ip flags
+	# DIR's RUN, and "ci DIR none" leaves DIR out. A "lane DIR" line runs DIR's binary
+	# in a lane of its own, beside the lane that runs the others one after another
+	# (KERNEL_LANES=1: every binary in one lane).
+	local word dir run skip name ip flags lane
 	local base="-test.count=1 -test.timeout=${KERNEL_TIMEOUT:-12m}"
-	declare -A ci_run=()
+	declare -A ci_run=() own_lane=()
 	while read -r word dir run; do
 		[[ "${word}" == ci ]] && ci_run[${dir}]="${run}"
+		[[ "${word}" == lane && "${KERNEL_LANES:-}" != 1 ]] && own_lane[${dir}]=$((${#own_lane[@]} + 1))
 	done <"${root}/hack/kernels/tests.txt"
 	: >"${t}/repo/MANIFEST"
 	while read -r dir run skip; do
-		[[ -z "${dir}" || "${dir}" == \#* || "${dir}" == ci ]] && continue
+		[[ -z "${dir}" || "${dir}" == \#* || "${dir}" == ci || "${dir}" == lane ]] && continue
 		if [[ "${KERNEL_SET:-}" == ci && -n "${ci_run[${dir}]:-}" ]]; then
 			[[ "${ci_run[${dir}]}" == none ]] && continue
 			run="${ci_run[${dir}]}"
@@ -275,7 +280,8 @@ tests_cpio() {
 		mkdir -p "${t}/repo/${dir}"
 		log "go test -c ${ip}"
 		(cd "${root}" && ${go} test -c -ldflags="-s -w" -o "${t}/repo/${dir}/${name}" "./${dir}") >&2 || return 1
-		echo "${ip} ${dir} ${name} ${flags}" >>"${t}/repo/MANIFEST"
+		lane="${own_lane[${dir}]:-0}"
+		echo "${lane} ${ip} ${dir} ${name} ${flags}" >>"${t}/repo/MANIFEST"
 	done <"${root}/hack/kernels/tests.txt"
 	if [[ ! -s "${t}/repo/MANIFEST" ]]; then
 		log "no package of hack/kernels/tests.txt selected (KERNEL_PACKAGES=${KERNEL_PACKAGES:-})"

@@ -6,7 +6,10 @@
 # test2json converter), the kernel package's networking modules (modules.dep from
 # depmod), and /repo: the compiled test binaries beside each package's testdata, laid
 # out as in the repository so relative paths resolve. /repo/MANIFEST lists, one a line,
-# "IMPORT_PATH DIR BINARY [TEST FLAGS...]" (hack/kernels/tests.txt chose the tests).
+# "LANE IMPORT_PATH DIR BINARY [TEST FLAGS...]" (hack/kernels/tests.txt chose the tests).
+# Each lane's binaries run one after another, the lanes side by side (the VM has two
+# CPUs; one binary alone keeps about one of them busy under TCG), as go test -p 2 runs
+# the host's real-kernel layer.
 #
 # Output: /dev/ttyS1 carries only test2json events (one stream for all packages), the
 # console (/dev/ttyS0) carries progress and ends with
@@ -66,18 +69,34 @@ done
 # br_netfilter sends bridged traffic through iptables; off as on a node without it.
 sysctl -qw net.bridge.bridge-nf-call-iptables=0 net.bridge.bridge-nf-call-ip6tables=0 2>/dev/null
 
-failed=0
 set -f # the flags hold regular expressions: no globbing
-while read -r pkg dir bin flags; do
-	[[ -z "${pkg}" || "${pkg}" == \#* ]] && continue
-	start=$(date +%s)
-	log "=== ${pkg}"
-	# shellcheck disable=SC2086 # flags are words
-	(cd "/repo/${dir}" && test2json -t -p "${pkg}" "./${bin}" -test.v=test2json ${flags}) >&3
-	status=$?
-	log "=== ${pkg}: exit ${status} in $(($(date +%s) - start))s"
-	[[ ${status} -ne 0 ]] && failed=$((failed + 1))
-done </repo/MANIFEST
+# run_lane LANE runs the lane's binaries one after another and writes how many failed
+# to /run/lane-LANE.failed. Every test2json event is one write(2) to the serial port, and
+# a write to a tty is whole (the tty's write lock): the lanes' events interleave by line.
+run_lane() {
+	local lane="$1" failed=0 l pkg dir bin flags start status
+	while read -r l pkg dir bin flags; do
+		[[ -z "${l}" || "${l}" == \#* || "${l}" != "${lane}" ]] && continue
+		start=$(date +%s)
+		log "=== ${pkg} (lane ${lane})"
+		# shellcheck disable=SC2086 # flags are words
+		(cd "/repo/${dir}" && test2json -t -p "${pkg}" "./${bin}" -test.v=test2json ${flags}) >&3
+		status=$?
+		log "=== ${pkg}: exit ${status} in $(($(date +%s) - start))s"
+		[[ ${status} -ne 0 ]] && failed=$((failed + 1))
+	done </repo/MANIFEST
+	echo "${failed}" >"/run/lane-${lane}.failed"
+}
+lanes="$(awk '$1 !~ /^#/ {print $1}' /repo/MANIFEST | sort -u)"
+for lane in ${lanes}; do
+	run_lane "${lane}" &
+done
+wait
+failed=0
+for lane in ${lanes}; do
+	# A lane that wrote no count died: count it as a failure.
+	failed=$((failed + $(cat "/run/lane-${lane}.failed" 2>/dev/null || echo 1)))
+done
 
 exec 3>&-
 sync
