@@ -42,6 +42,7 @@ func registeredFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	m.HealthzResult(200)
 	m.LivezResult(200)
 	m.SetBuildInfo("v0.0.0-test")
+	m.SetConfig("0123456789abcdef", time.Now())
 	fams, err := m.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -44,6 +44,8 @@ const (
 	labelVersion       = "version"
 	labelGoVersion     = "go_version"
 	labelGuard         = "guard"
+	labelHash          = "hash"
+	labelResult        = "result"
 
 	kindFull    = "full"
 	kindPartial = "partial"
@@ -103,6 +105,9 @@ type Metrics struct {
 	guardRefusals     *prometheus.CounterVec
 	syncOperations    *prometheus.HistogramVec
 	buildInfo         *prometheus.GaugeVec
+	configInfo        *prometheus.GaugeVec
+	configApplied     prometheus.Gauge
+	configReloads     *prometheus.CounterVec
 
 	// rest counts and times the API client's requests (restclient.go).
 	rest restClientMetrics
@@ -312,6 +317,26 @@ func New() *Metrics {
 		Help:      "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
 	}, []string{labelVersion, labelGoVersion}))
 
+	m.configInfo = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "config_info",
+		Help:      "A metric with a constant '1' value labeled by the hash of the configuration file in force",
+	}, []string{labelHash}))
+	m.configApplied = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "config_applied_timestamp_seconds",
+		Help:      "When the configuration in force was applied (at start, or by a live change), in seconds since the epoch",
+	})
+	m.registry.MustRegister(m.configApplied)
+	m.configReloads = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "config_reloads_total",
+		Help:      "Changed configuration files seen by the running supervisor, by result: applied, invalid (it does not validate) or refused (a node-wide field changed)",
+	}, []string{labelResult}))
+	for _, r := range []string{ReloadApplied, ReloadInvalid, ReloadRefused} {
+		m.configReloads.WithLabelValues(r)
+	}
+
 	m.rest = newRESTClientMetrics(m)
 
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
@@ -403,6 +428,25 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) SetBuildInfo(version string) {
 	m.buildInfo.Reset()
 	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+}
+
+// The results of a changed configuration file, for shardproxy_config_reloads_total.
+const (
+	ReloadApplied = "applied"
+	ReloadInvalid = "invalid"
+	ReloadRefused = "refused"
+)
+
+// SetConfig records the configuration in force: its hash and when it was applied.
+func (m *Metrics) SetConfig(hash string, applied time.Time) {
+	m.configInfo.Reset()
+	m.configInfo.WithLabelValues(hash).Set(1)
+	m.configApplied.Set(float64(applied.UnixNano()) / 1e9)
+}
+
+// ConfigReloaded counts a changed configuration file by its result (Reload*).
+func (m *Metrics) ConfigReloaded(result string) {
+	m.configReloads.WithLabelValues(result).Inc()
 }
 
 // InitInstance creates every per-instance series of instance at zero, so

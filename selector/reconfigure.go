@@ -5,19 +5,23 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Reconfigure replaces the instances the Dispatcher routes to, for a live configuration
-// change. router and sinks are the new set. replaced names instances kept by name whose
-// sink is new (restarted with new settings): they are given every Service they serve
-// again, with its EndpointSlices, as a new instance is. services are every Service of
-// the watches: each is routed again under the new set, with the usual handover (an
-// instance that no longer serves a Service lets go of it once the new owner programmed
-// it), and its address claims are weighed again (tenant ranges may have changed).
+// change. router and sinks are the new set. changed names the instances whose routing,
+// guards or sink the change touches (added, removed, restarted, rerouted); replaced,
+// among them, those kept by name whose sink is new (restarted with new settings): they
+// are given every Service they serve again, with its EndpointSlices, as a new instance
+// is. services are every Service of the watches: each that a changed instance served or
+// now serves is routed again, with the usual handover (an instance that no longer serves
+// a Service lets go of it once the new owner programmed it), and its address claims are
+// weighed again. A Service only unchanged instances serve, before and after, is not
+// given to them again: they do not sync for a change that is not theirs.
 //
 // The sink of an instance the new set leaves out stays until that instance has let go of
 // everything (Holds is 0); the caller then drops it with Forget.
-func (d *Dispatcher) Reconfigure(router *Router, sinks map[string]Sink, replaced []string, services []*corev1.Service) {
+func (d *Dispatcher) Reconfigure(router *Router, sinks map[string]Sink, replaced, changed []string, services []*corev1.Service) {
 	d.dispatchMu.Lock()
 	defer d.dispatchMu.Unlock()
 	d.mu.Lock()
@@ -31,10 +35,27 @@ func (d *Dispatcher) Reconfigure(router *Router, sinks map[string]Sink, replaced
 	d.forgetReplaced(replaced)
 	d.mu.Unlock()
 	for _, svc := range services {
+		if !d.touches(svc, changed) {
+			continue
+		}
 		affected := d.addresses.observe(svc, d.claimable(svc))
 		d.serviceChanged(svc)
 		d.redispatch(affected)
 	}
+}
+
+// touches reports whether a change of the changed instances concerns svc: one of them
+// served it or serves it now, or its owners change. Called with dispatchMu held.
+func (d *Dispatcher) touches(svc *corev1.Service, changed []string) bool {
+	dec := d.router.Route(svc)
+	now := dec.Owners()
+	d.mu.Lock()
+	had := d.owners[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}].all
+	d.mu.Unlock()
+	if len(now) != len(had) || !slices.Equal(slices.Sorted(slices.Values(now)), slices.Sorted(slices.Values(had))) {
+		return true
+	}
+	return slices.ContainsFunc(now, func(inst string) bool { return slices.Contains(changed, inst) })
 }
 
 // forgetReplaced makes the Dispatcher treat the replaced instances as new to every

@@ -52,11 +52,11 @@ func TestReconfigureAddsRemovesAndReplaces(t *testing.T) {
 	t.Run("removed instance lets go", func(t *testing.T) {
 		f, svcs := reconfigureFixture(t)
 		sinks := map[string]Sink{"default": f.sinks["default"], "team-b": f.sinks["team-b"]}
-		f.d.Reconfigure(routerOf(t, Spec{Name: "default", Default: true}, Spec{Name: "team-b", ProxyNames: []string{"team-b"}}), sinks, nil, svcs)
+		f.d.Reconfigure(routerOf(t, Spec{Name: "default", Default: true}, Spec{Name: "team-b", ProxyNames: []string{"team-b"}}), sinks, nil, []string{"team-a"}, svcs)
 		// No local instance serves web's label any more (the default instance serves
-		// unlabeled Services only): team-a lets go at once; the others' Services are
-		// given again unchanged, their slices not.
-		if got, want := f.take(), []string{"team-a: delete service a1/web", "team-b: service b/db", "default: service x/plain"}; !sameItems(got, want) {
+		// unlabeled Services only): team-a lets go at once; the instances the change
+		// does not concern are given nothing.
+		if got, want := f.take(), []string{"team-a: delete service a1/web"}; !sameItems(got, want) {
 			t.Fatalf("re-dispatch: %q, want %q", got, want)
 		}
 		if f.d.Holds("team-a") != 0 || !f.d.Forget("team-a") {
@@ -75,7 +75,7 @@ func TestReconfigureAddsRemovesAndReplaces(t *testing.T) {
 		teamC := f.newSink("team-c")
 		router := routerOf(t, Spec{Name: "default", Default: true}, Spec{Name: "team-a", ProxyNames: []string{"team-a"}},
 			Spec{Name: "team-b", ProxyNames: []string{"team-b-old"}}, Spec{Name: "team-c", ProxyNames: []string{"team-b"}})
-		f.d.Reconfigure(router, map[string]Sink{"default": f.sinks["default"], "team-a": f.sinks["team-a"], "team-b": f.sinks["team-b"], "team-c": teamC}, nil, svcs)
+		f.d.Reconfigure(router, map[string]Sink{"default": f.sinks["default"], "team-a": f.sinks["team-a"], "team-b": f.sinks["team-b"], "team-c": teamC}, nil, []string{"team-b", "team-c"}, svcs)
 		got := f.take()
 		if !slices.Contains(got, "team-c: slice b/db-1") || !slices.Contains(got, "team-c: service b/db") || slices.Contains(got, "team-b: delete service b/db") {
 			t.Fatalf("team-c takes db, team-b keeps it until then: %q", got)
@@ -93,7 +93,7 @@ func TestReconfigureAddsRemovesAndReplaces(t *testing.T) {
 	t.Run("replaced instance is given everything again", func(t *testing.T) {
 		f, svcs := reconfigureFixture(t)
 		fresh := f.newSink("team-a")
-		f.d.Reconfigure(testRouter(t), map[string]Sink{"default": f.sinks["default"], "team-a": fresh, "team-b": f.sinks["team-b"]}, []string{"team-a"}, svcs)
+		f.d.Reconfigure(testRouter(t), map[string]Sink{"default": f.sinks["default"], "team-a": fresh, "team-b": f.sinks["team-b"]}, []string{"team-a"}, []string{"team-a"}, svcs)
 		got := f.take()
 		if !slices.Contains(got, "team-a: slice a1/web-1") || !slices.Contains(got, "team-a: service a1/web") {
 			t.Fatalf("the replaced instance got: %q", got)
@@ -152,7 +152,7 @@ func TestReconfigureRacesEvents(t *testing.T) {
 			fresh.auto = true
 			sinks["team-a"], replaced = fresh, []string{"team-a"}
 		}
-		f.d.Reconfigure(testRouter(t), sinks, replaced, svcs)
+		f.d.Reconfigure(testRouter(t), sinks, replaced, replaced, svcs)
 	}
 	wg.Wait()
 	if got := f.d.Owner(types.NamespacedName{Namespace: "a1", Name: "web"}); got != "team-a" {

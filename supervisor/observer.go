@@ -80,7 +80,7 @@ func (s *Supervisor) serviceShadows() map[string][]types.NamespacedName {
 }
 
 func (s *Supervisor) appliedModel(inst string, name types.NamespacedName) *instance.ServiceModel {
-	if p := s.instances[inst]; p != nil {
+	if p := s.Instance(inst); p != nil {
 		return p.AppliedModel(name)
 	}
 	return nil

@@ -6,32 +6,37 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/validate/content"
 
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/tables"
 )
 
-// firstFullSyncs closes done once every instance has completed a successful full sync.
+// firstFullSyncs closes done once every instance configured at start has completed a
+// successful full sync.
 type firstFullSyncs struct {
 	mu sync.Mutex
-	// pending counts the instances still to complete one.
-	pending int
-	synced  map[string]bool
+	// pending are the instances still to complete one.
+	pending map[string]bool
 	done    chan struct{}
 }
 
-// newFirstFullSyncs waits for the first full syncs of n instances.
-func newFirstFullSyncs(n int) *firstFullSyncs {
-	return &firstFullSyncs{pending: n, synced: map[string]bool{}, done: make(chan struct{})}
+// newFirstFullSyncs waits for the first full syncs of the instances.
+func newFirstFullSyncs(instances []config.Instance) *firstFullSyncs {
+	f := &firstFullSyncs{pending: map[string]bool{}, done: make(chan struct{})}
+	for _, in := range instances {
+		f.pending[in.Name] = true
+	}
+	return f
 }
 
 // fullSynced records a successful full sync of inst.
 func (f *firstFullSyncs) fullSynced(inst string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.synced[inst] || f.pending <= 0 {
+	if !f.pending[inst] {
 		return
 	}
-	f.synced[inst] = true
-	if f.pending--; f.pending == 0 {
+	delete(f.pending, inst)
+	if len(f.pending) == 0 {
 		close(f.done)
 	}
 }
@@ -87,7 +92,7 @@ func (s *Supervisor) unconfiguredTableOf(fam tables.Family, t tables.ListedTable
 	if !ok || len(content.IsDNS1123Label(named)) > 0 {
 		return "", false
 	}
-	if _, configured := s.specs[named]; configured {
+	if _, configured := s.spec(named); configured {
 		return "", false
 	}
 	inst, owner, ok := t.Owner(s.cfg.TablePrefix)
@@ -122,7 +127,7 @@ func (s *Supervisor) takeOverTables(ctx context.Context) {
 		}
 		for _, t := range listed {
 			inst, owner, ok := t.Owner(s.cfg.TablePrefix)
-			p := s.instances[inst]
+			p := s.Instance(inst)
 			if !ok || p == nil || owner == me {
 				continue
 			}

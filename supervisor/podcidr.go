@@ -27,7 +27,7 @@ func (s *Supervisor) setNode(node *corev1.Node) (old *corev1.Node) {
 // shardproxy_instance_up with the reason, and the other instances run. It returns false
 // when ctx ends first.
 func (s *Supervisor) waitForPodCIDRs(ctx context.Context, name string) bool {
-	if s.specs[name].DetectLocal.Mode != string(tables.LocalNodeCIDR) {
+	if spec, _ := s.spec(name); spec.DetectLocal.Mode != string(tables.LocalNodeCIDR) {
 		return true
 	}
 	logger := s.logger.WithValues("instance", name)

@@ -85,6 +85,12 @@ type Deps struct {
 	// caller passes its own when something outside the supervisor feeds it too (the
 	// API client's transport, see metrics.InstrumentTransport).
 	Metrics *metrics.Metrics
+	// ConfigFile is the file the configuration was read from and ConfigData its content
+	// then. When set, Run reads the file every ConfigPoll (default 2 s) and applies a
+	// changed instance set live (reload.go).
+	ConfigFile string
+	ConfigData []byte
+	ConfigPoll time.Duration
 	// MinRestartStuckAfter, when set, replaces minRestartStuckAfter, the floor of how long
 	// an instance's sync loop may finish no sync before the supervisor restarts it.
 	MinRestartStuckAfter time.Duration
@@ -98,7 +104,6 @@ type Supervisor struct {
 	metrics *metrics.Metrics
 	health  *healthcheck.ProxyHealth
 	svcHC   *healthcheck.ServiceHealth
-	router  *selector.Router
 	watches *Watches
 	// tableConfigs maps the configuration to the instances' tables.
 	tableConfigs tableConfigs
@@ -107,11 +112,15 @@ type Supervisor struct {
 	// slicesOf lists a Service's EndpointSlices from the watch; set in Run with watches.
 	slicesOf selector.SliceLister
 
-	// instances are built by Run (wire) before anything it starts reads them;
-	// instancesMu is for Instance, which callers outside Run may call meanwhile.
+	// instancesMu guards the instance set, which a live configuration change replaces
+	// (reload.go): the instances, their specs in the file's order, the router between
+	// them and their supervised loops. cfg's node-wide fields never change.
 	instancesMu sync.RWMutex
 	instances   map[string]*instance.Proxy
 	specs       map[string]config.Instance
+	order       []config.Instance
+	router      *selector.Router
+	loops       map[string]*instanceLoop
 
 	// conntrack cleans up conntrack flows after the instances' syncs; nil: disabled.
 	conntrack *conntrack.Sweeper
@@ -198,6 +207,8 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		metrics:   deps.Metrics,
 		instances: map[string]*instance.Proxy{},
 		specs:     map[string]config.Instance{},
+		order:     slices.Clone(cfg.Instances),
+		loops:     map[string]*instanceLoop{},
 
 		nodeChanged: make(chan struct{}),
 		otherNodes:  make(chan struct{}, 1),
@@ -205,7 +216,7 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	s.metrics.SetBuildInfo(deps.Version)
 	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
-	s.fullSyncs = newFirstFullSyncs(len(cfg.Instances))
+	s.fullSyncs = newFirstFullSyncs(cfg.Instances)
 	s.health = healthcheck.NewProxyHealth(nil, s.healthTimeout)
 	s.svcHC = healthcheck.NewServiceHealth(deps.HealthCheckListener, deps.Recorder, s.health.Healthy)
 	if deps.Conntrack == nil {
@@ -227,6 +238,9 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 	}
 	s.specs = specs
 	s.router = router
+	if deps.ConfigFile != "" {
+		s.setConfigApplied(configHash(deps.ConfigData), time.Now(), "")
+	}
 	return s, nil
 }
 
@@ -272,6 +286,35 @@ func (s *Supervisor) Instance(name string) *instance.Proxy {
 	return s.instances[name]
 }
 
+// spec returns an instance's configuration.
+func (s *Supervisor) spec(name string) (config.Instance, bool) {
+	s.instancesMu.RLock()
+	defer s.instancesMu.RUnlock()
+	spec, ok := s.specs[name]
+	return spec, ok
+}
+
+// currentRouter is the router of the instance set in force.
+func (s *Supervisor) currentRouter() *selector.Router {
+	s.instancesMu.RLock()
+	defer s.instancesMu.RUnlock()
+	return s.router
+}
+
+// instanceSpecs are the configured instances, in the file's order.
+func (s *Supervisor) instanceSpecs() []config.Instance {
+	s.instancesMu.RLock()
+	defer s.instancesMu.RUnlock()
+	return slices.Clone(s.order)
+}
+
+// running returns the instances and their specs, a copy to range over without the lock.
+func (s *Supervisor) running() (map[string]*instance.Proxy, map[string]config.Instance) {
+	s.instancesMu.RLock()
+	defer s.instancesMu.RUnlock()
+	return maps.Clone(s.instances), maps.Clone(s.specs)
+}
+
 // Run starts everything and blocks until ctx is done. Rules stay in place when it
 // returns: stopping the supervisor never interrupts traffic. Every goroutine it starts
 // has ended when it returns.
@@ -302,7 +345,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	// From here on a new claim on an address ranks after those already there.
 	d.MarkListed()
-	s.logger.Info("API caches filled; starting instances", "instances", len(s.instances))
+	s.logger.Info("API caches filled; starting instances", "instances", len(s.instanceSpecs()))
 	// Every Node's addresses are known: verdicts are final before any instance syncs.
 	s.updateReserved()
 	s.startLoops(ctx, &wg, w, cidrDrop)
@@ -342,7 +385,7 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 	for n, p := range s.instances {
 		sinks[n] = &countingSink{Sink: p, instance: n, counter: s.changes}
 	}
-	d := selector.NewDispatcher(s.router, sinks, w.SlicesOf, s.dispatcherEvents())
+	d := selector.NewDispatcher(s.currentRouter(), sinks, w.SlicesOf, s.dispatcherEvents())
 	s.dispatcher = d
 	s.svcHC.SetOwnerLookup(d.Owner)
 	cidrDrop := s.newServiceCIDRDrop(serviceCIDRs)
@@ -368,7 +411,7 @@ func (s *Supervisor) dispatcherEvents() selector.Events {
 		},
 		Rejected: func(svc *corev1.Service, why string) {
 			// Route is pure: routing the Service again names the instances that refused it.
-			for _, inst := range s.router.Route(svc).RejectedBy {
+			for _, inst := range s.currentRouter().Route(svc).RejectedBy {
 				s.metrics.GuardRefused(inst, metrics.GuardNamespace)
 			}
 			s.deps.Recorder.Eventf(types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}, corev1.EventTypeWarning, "ServiceRejected", "%s", why)
@@ -416,8 +459,12 @@ func (s *Supervisor) startLoops(ctx context.Context, wg *sync.WaitGroup, w *Watc
 	wg.Go(func() { s.runServiceCIDRDrop(ctx, cidrDrop) })
 	wg.Go(func() { s.auditSlices(ctx, w) })
 	s.takeOverTables(ctx)
-	for _, name := range slices.Sorted(maps.Keys(s.instances)) {
-		wg.Go(func() { s.superviseInstance(ctx, s.instances[name]) })
+	instances, _ := s.running()
+	for _, name := range slices.Sorted(maps.Keys(instances)) {
+		s.startInstance(ctx, wg, instances[name])
+	}
+	if s.deps.ConfigFile != "" {
+		wg.Go(func() { s.watchConfig(ctx, wg) })
 	}
 	wg.Go(func() {
 		select {
@@ -513,7 +560,7 @@ func (s *Supervisor) restartStuckAfter(inst string) time.Duration {
 // healthTimeout is how long an instance's queued update may wait before it is stale:
 // upstream's twice the sync period.
 func (s *Supervisor) healthTimeout(inst string) time.Duration {
-	if spec, ok := s.specs[inst]; ok && spec.SyncPeriod.Duration > 0 {
+	if spec, ok := s.spec(inst); ok && spec.SyncPeriod.Duration > 0 {
 		return 2 * spec.SyncPeriod.Duration
 	}
 	return healthcheck.DefaultHealthTimeout
@@ -601,10 +648,11 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	old := s.setNode(node)
 	s.updateReserved()
 	addrsChanged := old == nil || !slices.Equal(nodeAddresses(old), nodeAddresses(node)) || !slices.Equal(old.Spec.PodCIDRs, node.Spec.PodCIDRs)
-	for name, p := range s.instances {
+	instances, specs := s.running()
+	for name, p := range instances {
 		p.SetNode(nodeInfo(s.cfg.NodeName, node))
 		if addrsChanged {
-			spec := s.specs[name]
+			spec := specs[name]
 			if err := p.Reconfigure(func(cfg *tables.Config) {
 				s.tableConfigs.applyNode(spec, node, cfg)
 				s.svcHC.SetInstanceAddrs(name, cfg.NodePortIPs)
@@ -726,7 +774,7 @@ func (s *Supervisor) nodeStatus(d *selector.Dispatcher) migrate.NodeStatus {
 	shadows := d.Shadows()
 	handed := s.handedBack(d, shadows)
 	health := s.health.Status().Instances
-	for _, in := range s.cfg.Instances {
+	for _, in := range s.instanceSpecs() {
 		is := migrate.InstanceStatus{Default: in.Default, ProxyNames: in.ProxyNames}
 		// Health in words that hold while the fault does, and the last sync coarse while
 		// healthy: the status is rewritten on change, not on every sync.

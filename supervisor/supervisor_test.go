@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -194,6 +196,10 @@ type fixture struct {
 	rec    *fakeRecorder
 	sup    *Supervisor
 	ct     *conntrack.Fake
+	// configPath is the watched configuration file (fixtureOptions.liveConfig), with
+	// the servers on ports (healthz, metrics).
+	configPath string
+	ports      [2]int
 }
 
 func startSupervisor(t *testing.T, failTable string) *fixture {
@@ -235,6 +241,9 @@ type fixtureOptions struct {
 	// fullSync sets Deps.FullSync; objects are in the API before the supervisor starts.
 	fullSync func() func()
 	objects  []runtime.Object
+	// liveConfig writes the configuration (with the test's bind addresses) to a file the
+	// supervisor watches every 10 ms: fixture.configPath.
+	liveConfig bool
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -242,6 +251,16 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	failTable := opts.failTable
 	if opts.configYAML == "" {
 		opts.configYAML = testConfigYAML
+	}
+	var configPath string
+	var ports [2]int
+	if opts.liveConfig {
+		ports = [2]int{freePort(t), freePort(t)}
+		opts.configYAML = liveConfigYAML(opts.configYAML, ports[0], ports[1])
+		configPath = filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(configPath, []byte(opts.configYAML), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg, err := config.Decode([]byte(opts.configYAML), "test.yaml")
 	if err != nil {
@@ -255,7 +274,9 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		t.Fatal(err)
 	}
 	// Any free ports: the tests talk to the handlers directly.
-	cfg.HealthzBindAddress, cfg.MetricsBindAddress = "127.0.0.1:0", "127.0.0.1:0"
+	if !opts.liveConfig {
+		cfg.HealthzBindAddress, cfg.MetricsBindAddress = "127.0.0.1:0", "127.0.0.1:0"
+	}
 	if opts.metricsBindAddress != "" {
 		cfg.MetricsBindAddress = opts.metricsBindAddress
 	}
@@ -274,7 +295,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		objects = append(objects, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
 			Spec: networkingv1.ServiceCIDRSpec{CIDRs: opts.serviceCIDRs}})
 	}
-	f := &fixture{t: t, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
+	f := &fixture{t: t, configPath: configPath, ports: ports, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	if opts.serviceCIDRs != nil {
 		f.client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
@@ -296,6 +317,9 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		HealthCheckListener:  opts.hcListener,
 		MinRestartStuckAfter: opts.minRestartStuckAfter,
 		FullSync:             opts.fullSync,
+		ConfigFile:           configPath,
+		ConfigData:           []byte(opts.configYAML),
+		ConfigPoll:           10 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -405,6 +405,35 @@ func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSli
 	return out
 }
 
+// Services lists the Services of the watches: of a Service two watches hold, the newer
+// version.
+func (w *Watches) Services() []*corev1.Service {
+	byKey := map[string]*corev1.Service{}
+	for _, inf := range w.services {
+		for _, o := range inf.GetStore().List() {
+			svc, ok := o.(*corev1.Service)
+			if !ok {
+				continue
+			}
+			key := objectKey(svc)
+			if have := byKey[key]; have == nil || resourceVersion(svc) > resourceVersion(have) {
+				byKey[key] = svc
+			}
+		}
+	}
+	out := make([]*corev1.Service, 0, len(byKey))
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		out = append(out, byKey[key])
+	}
+	return out
+}
+
+// Scope is the label selectors of the Service and EndpointSlice watches.
+func (w *Watches) Scope() []string { return w.scope }
+
+// ServiceCIDRsServed tells whether the API server serves ServiceCIDRs (WatchOptions).
+func (w *Watches) ServiceCIDRsServed() bool { return w.serviceCIDR != nil }
+
 // ServiceCIDRs lists the cluster's Service CIDRs (empty without the API).
 func (w *Watches) ServiceCIDRs() []string {
 	if w.serviceCIDR == nil {

@@ -180,7 +180,11 @@ func runSupervisor(ctx context.Context, path string) error {
 	logger := klog.Background()
 	logger.Info("Starting shardproxy", "version", version)
 	logger.V(2).Info("Reading the configuration", "path", path)
-	cfg, err := config.Load(path)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading supervisor config: %w", err)
+	}
+	cfg, err := config.Parse(data, path)
 	if err != nil {
 		return err
 	}
@@ -197,7 +201,7 @@ func runSupervisor(ctx context.Context, path string) error {
 	}
 	gcPercent := supervisor.TuneGC(os.Getenv, debug.SetGCPercent)
 	s, err := supervisor.New(cfg, supervisor.Deps{Client: client, Version: version, Direct: netlinkFaults(os.Getenv), Metrics: m,
-		FullSync: supervisor.NewGCTarget(gcPercent, debug.SetGCPercent)})
+		FullSync: supervisor.NewGCTarget(gcPercent, debug.SetGCPercent), ConfigFile: path, ConfigData: data})
 	if err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@
 package config
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -345,24 +344,6 @@ func (in *Instance) defaults() {
 	if in.FullSyncPeriod.Duration == 0 {
 		in.FullSyncPeriod.Duration = max(DefaultFullSyncPeriod, in.SyncPeriod.Duration)
 	}
-}
-
-// Load reads the file at path, decodes it strictly, fills defaults and validates it.
-// Every error line names the file.
-func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading supervisor config: %w", err)
-	}
-	c, err := Decode(data, path)
-	if err != nil {
-		return nil, err
-	}
-	c.Default()
-	if err := c.Validate(); err != nil {
-		return nil, prefixEach(path, err)
-	}
-	return c, nil
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -80,6 +80,27 @@ type ProxyHealth struct {
 	nodeDeleting bool
 	// listenErrors says, per server (readiness.go), why its address is not bound.
 	listenErrors map[string]string
+	// config is the configuration in force, for /status.
+	config *ConfigStatus
+}
+
+// ConfigStatus is the configuration file in force, as /status reports it.
+type ConfigStatus struct {
+	// Hash is the SHA-256 of the file's content, its first 16 hex digits.
+	Hash string `json:"hash"`
+	// Applied is when it was applied: at start, or by a live change.
+	Applied time.Time `json:"applied"`
+	// Refused says why the newest changed file was not applied (invalid, or a field
+	// that cannot change while running); empty once a later one is.
+	Refused string `json:"refused,omitempty"`
+}
+
+// SetConfig records the configuration in force, and why a newer one was refused ("":
+// none was).
+func (h *ProxyHealth) SetConfig(c ConfigStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.config = &c
 }
 
 // instanceState is what ProxyHealth knows about one instance.
@@ -415,6 +436,8 @@ type StatusResponse struct {
 	// ListenErrors says, per server ("healthz", "metrics", "healthCheckNodePorts"), why
 	// it does not listen (another process holds its address); retried with backoff.
 	ListenErrors map[string]string `json:"listenErrors,omitempty"`
+	// Config is the configuration file in force; nil when the supervisor was given none.
+	Config *ConfigStatus `json:"config,omitempty"`
 }
 
 // InstanceStatus is the state of one instance as /status reports it: its health plus the
@@ -440,6 +463,7 @@ type snapshot struct {
 	now          time.Time
 	nodeDeleting bool
 	listenErrors map[string]string
+	config       *ConfigStatus
 	instances    map[string]InstanceStatus
 	// live is each instance's /livez verdict.
 	live map[string]bool
@@ -454,6 +478,7 @@ func (h *ProxyHealth) snapshot() snapshot {
 		now:          h.clock.Now(),
 		nodeDeleting: h.nodeDeleting,
 		listenErrors: maps.Clone(h.listenErrors),
+		config:       h.config,
 		instances:    make(map[string]InstanceStatus, len(h.instances)),
 		live:         make(map[string]bool, len(h.instances)),
 		families:     make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
@@ -554,6 +579,7 @@ func (h *ProxyHealth) Status() StatusResponse {
 		NodeDeleting: s.nodeDeleting,
 		Instances:    s.instances,
 		ListenErrors: s.listenErrors,
+		Config:       s.config,
 	}
 }
 

@@ -1,0 +1,225 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/test/testutil"
+)
+
+// liveConfigYAML is a test configuration with the servers on the given loopback ports
+// (the file the supervisor watches says what it runs, ports included).
+func liveConfigYAML(yaml string, healthz, metrics int) string {
+	return strings.Replace(yaml, "nodeName: node-1\n",
+		fmt.Sprintf("nodeName: node-1\nhealthzBindAddress: 127.0.0.1:%d\nmetricsBindAddress: 127.0.0.1:%d\n", healthz, metrics), 1)
+}
+
+// freePort is a loopback TCP port nothing listened on a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// teamC is an instance the live changes add.
+const teamC = `- name: team-c
+  proxyNames: [team-c]
+  slot: 3
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+  tenant:
+    namespaces: [c]
+`
+
+// writeConfig replaces the watched file's content, as a ConfigMap volume's update does.
+func (f *fixture) writeConfig(yaml string) {
+	f.t.Helper()
+	tmp := f.configPath + ".new"
+	if err := os.WriteFile(tmp, []byte(liveConfigYAML(yaml, f.ports[0], f.ports[1])), 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, f.configPath); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// configStatus is /status's configuration.
+func (f *fixture) configStatus() healthcheck.ConfigStatus {
+	f.t.Helper()
+	var st healthcheck.StatusResponse
+	if err := json.Unmarshal([]byte(get(f.t, f.sup, "/status")), &st); err != nil {
+		f.t.Fatal(err)
+	}
+	if st.Config == nil {
+		f.t.Fatal("/status shows no configuration")
+	}
+	return *st.Config
+}
+
+// syncs counts an instance's IPv4 syncs so far.
+func (f *fixture) syncs(inst string) string {
+	return metricValue(f.t, f.sup, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4",proxy_instance="`+inst+`"}`)
+}
+
+// TestLiveConfigChanges: a changed configuration file is applied to the running
+// instances: an added instance takes its Services, a removed one hands them back and its
+// tables go, a changed one is restarted alone; the instances it does not change do not
+// sync; /status and the metrics show the file in force.
+func TestLiveConfigChanges(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true})
+	f.createService("x", "plain", "", "10.96.0.10")
+	f.createService("a", "web", "team-a", "10.96.0.11")
+	f.createService("b", "db", "team-b", "10.96.0.12")
+	f.createService("c", "cache", "team-c", "10.96.0.13")
+	for inst, ip := range map[string]string{"default": "10.96.0.10", "team-a": "10.96.0.11", "team-b": "10.96.0.12"} {
+		testutil.Eventually(t, waitTimeout, inst+" programs its Service", func() bool { return has(f.tables.dump("ip shardproxy-"+inst), ip) })
+	}
+	start := f.configStatus()
+	if start.Hash != configHash([]byte(liveConfigYAML(testConfigYAML, f.ports[0], f.ports[1]))) || start.Applied.IsZero() {
+		t.Fatalf("the configuration at start: %+v", start)
+	}
+	defaultSyncs := f.syncs("default")
+
+	// Add team-c: it takes cache (labelled for it, served by nobody until now).
+	f.writeConfig(testConfigYAML + teamC)
+	testutil.Eventually(t, waitTimeout, "team-c programs cache", func() bool { return has(f.tables.dump("ip shardproxy-team-c"), "10.96.0.13") })
+	added := f.configStatus()
+	if added.Hash == start.Hash || !added.Applied.After(start.Applied) || added.Refused != "" {
+		t.Errorf("after adding team-c, /status shows %+v (was %+v)", added, start)
+	}
+	if got := metricValue(t, f.sup, `shardproxy_config_info{hash="`+added.Hash+`"}`); got != "1" {
+		t.Errorf("shardproxy_config_info for the new hash: %q", got)
+	}
+	if got := metricValue(t, f.sup, `shardproxy_config_reloads_total{result="applied"}`); got != "1" {
+		t.Errorf("applied reloads: %q", got)
+	}
+
+	// Restart team-a alone (another sync period); remove team-b.
+	changedA := strings.Replace(testConfigYAML, "  proxyNames: [team-a]\n  slot: 1\n  minSyncPeriod: 0s\n  syncPeriod: 30s\n",
+		"  proxyNames: [team-a]\n  slot: 1\n  minSyncPeriod: 0s\n  syncPeriod: 40s\n", 1)
+	withoutB, _, _ := strings.Cut(changedA, "- name: team-b\n")
+	if withoutB == changedA || changedA == testConfigYAML {
+		t.Fatal("the test's configuration edits did not apply")
+	}
+	teamA := f.sup.Instance("team-a")
+	f.writeConfig(withoutB + teamC)
+	testutil.Eventually(t, waitTimeout, "team-b's tables deleted", func() bool {
+		return !f.tables.exists("ip shardproxy-team-b") && !f.tables.exists("ip6 shardproxy-team-b")
+	})
+	if p := f.sup.Instance("team-a"); p == nil || p == teamA {
+		t.Errorf("team-a was not restarted: %p, was %p", p, teamA)
+	}
+	testutil.Eventually(t, waitTimeout, "the restarted team-a programs web", func() bool {
+		return f.sup.Instance("team-a").AppliedModel(types.NamespacedName{Namespace: "a", Name: "web"}) != nil
+	})
+	if !has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") || !has(f.tables.dump("ip shardproxy-team-c"), "10.96.0.13") {
+		t.Errorf("team-a or team-c lost its Service")
+	}
+	testutil.Eventually(t, waitTimeout, "team-b gone from /status and the metrics", func() bool {
+		return !strings.Contains(get(t, f.sup, "/status"), `"team-b"`) &&
+			metricValue(t, f.sup, `shardproxy_instance_up{proxy_instance="team-b"}`) == ""
+	})
+	if got := f.syncs("default"); got != defaultSyncs {
+		t.Errorf("the default instance synced %s times, was %s: a change to other instances touched it", got, defaultSyncs)
+	}
+	if f.sup.Instance("team-b") != nil {
+		t.Error("team-b still runs")
+	}
+}
+
+// TestLiveConfigRefused: a changed file that is invalid, or changes a node-wide field,
+// is refused with a log line, an Event on this Node and /status; the running
+// configuration stays in force, and a later valid file applies.
+func TestLiveConfigRefused(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true})
+	start := f.configStatus()
+	for _, tc := range []struct {
+		name, yaml, event, result string
+	}{
+		{"invalid", testConfigYAML + "- name: team-c\n  slot: 1\n", "ConfigInvalid: The changed configuration is invalid", "invalid"},
+		{"node-wide", strings.Replace(testConfigYAML, "nodeName: node-1\n", "nodeName: node-1\ntablePrefix: shardproxy2\nmasqueradeBit: 12\n", 1),
+			"ConfigRefused: The changed configuration changes masqueradeBit, tablePrefix, which cannot change while shardproxy runs", "refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.writeConfig(tc.yaml)
+			testutil.Eventually(t, waitTimeout, "the event "+tc.event, func() bool { return strings.Contains(f.rec.all(), "node Warning "+tc.event) })
+			st := f.configStatus()
+			if st.Hash != start.Hash || st.Applied != start.Applied || st.Refused == "" {
+				t.Errorf("/status after a refused file: %+v, want the start's %+v and a reason", st, start)
+			}
+			if got := metricValue(t, f.sup, `shardproxy_config_reloads_total{result="`+tc.result+`"}`); got != "1" {
+				t.Errorf("%s reloads: %q", tc.result, got)
+			}
+			if f.sup.Instance("team-c") != nil || f.sup.Instance("team-a") == nil {
+				t.Error("the refused file changed the instances")
+			}
+		})
+	}
+	f.writeConfig(testConfigYAML + teamC)
+	testutil.Eventually(t, waitTimeout, "/status shows the next valid file applied", func() bool {
+		st := f.configStatus()
+		return st.Refused == "" && st.Hash != start.Hash
+	})
+	if f.sup.Instance("team-c") == nil {
+		t.Error("the valid file applied without adding team-c")
+	}
+}
+
+// TestPlanReload: which instances a change adds, removes, restarts or only reroutes.
+func TestPlanReload(t *testing.T) {
+	base := func() []config.Instance {
+		cfg, err := config.Parse([]byte(testConfigYAML), "test.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.Instances
+	}
+	for _, tc := range []struct {
+		name   string
+		change func([]config.Instance) []config.Instance
+		want   reloadPlan
+	}{
+		{"nothing", func(in []config.Instance) []config.Instance { return in },
+			reloadPlan{unchanged: []string{"default", "team-a", "team-b"}}},
+		{"reordered", func(in []config.Instance) []config.Instance { slices.Reverse(in); return in },
+			reloadPlan{unchanged: []string{"team-b", "team-a", "default"}}},
+		{"tenant and proxy names reroute", func(in []config.Instance) []config.Instance {
+			in[1].ProxyNames = append(in[1].ProxyNames, "team-a2")
+			in[2].Tenant.Namespaces = []string{"b", "b2"}
+			return in
+		}, reloadPlan{unchanged: []string{"default"}, rerouted: []string{"team-a", "team-b"}}},
+		{"table settings restart", func(in []config.Instance) []config.Instance {
+			in[1].MasqueradeAll = true
+			in[2].Slot = new(int)
+			*in[2].Slot = 7
+			return in
+		}, reloadPlan{unchanged: []string{"default"}, replaced: []string{"team-a", "team-b"}}},
+		{"add and remove", func(in []config.Instance) []config.Instance {
+			c := in[2]
+			c.Name = "team-c"
+			return []config.Instance{in[0], c}
+		}, reloadPlan{unchanged: []string{"default"}, added: []string{"team-c"}, removed: []string{"team-a", "team-b"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := planReload(base(), tc.change(base()))
+			if !slices.Equal(got.added, tc.want.added) || !slices.Equal(got.removed, tc.want.removed) ||
+				!slices.Equal(got.replaced, tc.want.replaced) || !slices.Equal(got.rerouted, tc.want.rerouted) ||
+				!slices.Equal(got.unchanged, tc.want.unchanged) {
+				t.Errorf("plan %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
