@@ -69,15 +69,19 @@ func commandLines(text string, app *cli.App) []string {
 	return out
 }
 
-// firstCommand returns p from its first "shardproxy <word>" that is not a flag's value
-// ("-only shardproxy" in a benchmark's command line); after "--" (kubectl exec's end of
-// options) it is a command.
+// firstCommand returns p from its first "shardproxy <word>" that is a command: at the
+// start, after a path ("bin/shardproxy"), "--" (kubectl exec's end of options), "$",
+// "sudo" or an environment assignment (NODE_NAME=x). After anything else it is an
+// argument or a flag's value ("helm install shardproxy ...", "-only shardproxy").
 func firstCommand(p string) (string, bool) {
 	for _, loc := range cmdStart.FindAllStringIndex(p, -1) {
 		at := strings.LastIndex(p[:loc[1]], "shardproxy")
 		before := strings.Fields(p[:at])
 		if len(before) > 0 {
-			if prev := before[len(before)-1]; strings.HasPrefix(prev, "-") && prev != "--" {
+			prev := before[len(before)-1]
+			ok := strings.HasSuffix(prev, "/") || strings.HasSuffix(prev, "(") || slices.Contains([]string{"--", "$", "sudo"}, prev) ||
+				strings.Contains(prev, "=") && !strings.HasPrefix(prev, "-")
+			if !ok {
 				continue
 			}
 		}
@@ -170,6 +174,7 @@ func TestDocsNameRealCommands(t *testing.T) {
 	}
 	// The README and docs name dozens of command lines; none found means the
 	// extraction broke, not that the docs are right.
+	t.Logf("%d command lines checked", checked)
 	if checked < 30 {
 		t.Errorf("found %d command lines in the docs, want at least 30", checked)
 	}
@@ -196,6 +201,9 @@ func TestCheckCommandLine(t *testing.T) {
 		{name: "prose is not read", text: "shardproxy probes the kernel", wantLines: 0},
 		{name: "a comment in a code block is not read", text: "```yaml\n# An example shardproxy supervisor configuration\n```", wantLines: 0},
 		{name: "a flag's value is not a command line", text: "`shardproxy-bench-compare -only shardproxy -also x`", wantLines: 0},
+		{name: "another program's argument is not a command line", text: "```\nhelm install shardproxy deploy/helm/shardproxy -n kube-system\n```", wantLines: 0},
+		{name: "after an environment assignment and a path", text: "`NODE_NAME=any bin/shardproxy check --probe`", wantLines: 1, wantErr: "no flag --probe"},
+		{name: "in a process substitution", text: "`source <(bin/shardproxy completion bash)`", wantLines: 1},
 	}
 	app := newApp(io.Discard, io.Discard)
 	for _, tt := range tests {
