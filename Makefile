@@ -9,7 +9,10 @@ BIN       ?= bin/shardproxy
 VERSION   ?= $(shell cat VERSION)
 REGISTRY  ?= ghcr.io/shardproxy
 IMAGE     ?= $(REGISTRY)/shardproxy:$(VERSION)
-LDFLAGS   := -X main.version=$(VERSION)
+# COMMIT is the checkout's commit, "-dirty" with uncommitted changes: `shardproxy
+# --version` names it.
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS   := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1

@@ -90,7 +90,12 @@ func TestVersionMatchesImageTag(t *testing.T) {
 	if err != nil {
 		t.Fatalf("shardproxy version: %v", err)
 	}
-	if got, want := strings.TrimSpace(string(out)), "shardproxy "+v; got != want {
-		t.Errorf("shardproxy version: %q, want %q (the image tag)", got, want)
+	// "shardproxy v0.1.0 (commit <the checkout's>, go1.26.8)": the version is the image tag.
+	commit, err := exec.Command("git", "-C", "..", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse: %v", err)
+	}
+	if got, want := strings.TrimSpace(string(out)), "shardproxy "+v+" (commit "+strings.TrimSpace(string(commit)); !strings.HasPrefix(got, want) {
+		t.Errorf("shardproxy version: %q, want %q... (the image tag, and the commit)", got, want)
 	}
 }

@@ -41,9 +41,6 @@ import (
 	"github.com/shardproxy/shardproxy/tables/servicecidr"
 )
 
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
-
 // run runs the command line args and returns the exit code: 0, exitFailure when the
 // command failed, exitUsage when the command line is wrong.
 //
@@ -172,8 +169,6 @@ Services that are its to serve, and the oldest last sync its nodes report (to wi
 	})
 	return app
 }
-
-func printVersion(w io.Writer) { fmt.Fprintln(w, "shardproxy", version) }
 
 // runSupervisor runs the supervisor until ctx ends (run's first SIGTERM or SIGINT).
 func runSupervisor(ctx context.Context, path string) error {
