@@ -17,7 +17,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet docs
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet docs release
 
 all: build
 
@@ -75,6 +75,15 @@ vet:
 # layer, fails when the page differs or a field is undocumented.
 docs:
 	$(GO) run ./docs/configref/cmd/gendocs
+
+# release builds VERSION's release (vMAJOR.MINOR.PATCH) from the checked-out commit into
+# _output/release/VERSION (hack/release.sh): the binary and the image for amd64 and arm64 (an
+# OCI layout whose index holds both), stamped with VERSION and the commit, an SPDX SBOM,
+# SHA256SUMS, the packaged chart and deploy/'s overlays, both pinned to the image's
+# digest; then checks it (hack/release verify). Root only; the Debian root file systems
+# are cached in ~/.cache/shardproxy/release.
+release:
+	hack/release.sh $(VERSION)
 
 # kernels runs the real-kernel layer on Debian's own kernels (KERNELS, default 5.10 from
 # bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), each in a QEMU VM under
