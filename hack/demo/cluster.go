@@ -57,7 +57,8 @@ func runOnCluster(root string, once bool) (err error) {
 	if err != nil {
 		return err
 	}
-	logf("up in %v: node %s (namespace %s), shardproxy as the DaemonSet pod of deploy/%s", time.Since(start).Round(time.Second), cluster.NodeName, c.NodeNS, cluster.ReplaceOverlay)
+	n1 := c.Node(1)
+	logf("up in %v: %d nodes, the demo's pods on %s (namespace %s), shardproxy as the DaemonSet pods of deploy/%s", time.Since(start).Round(time.Second), len(c.Nodes), n1.Name, n1.NS, cluster.ReplaceOverlay)
 	fmt.Println()
 	if _, err := d.Report(startCtx, os.Stdout); err != nil {
 		return err
@@ -68,7 +69,7 @@ func runOnCluster(root string, once bool) (err error) {
 	fmt.Printf("\nThe demo stays up; try, in another shell:\n"+
 		"  nsenter --net=/run/netns/%s nft list tables\n"+
 		"  nsenter --net=/run/netns/%s %s --kubeconfig %s get pods -A -o wide\n"+
-		"Ctrl-C tears everything down.\n", c.NodeNS, c.NodeNS, c.Bins["kubectl"], c.Kubeconfig)
+		"Ctrl-C tears everything down.\n", n1.NS, n1.NS, c.Bins["kubectl"], c.Kubeconfig)
 	<-ctx.Done()
 	return nil
 }

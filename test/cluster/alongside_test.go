@@ -40,24 +40,27 @@ func TestAlongsideOverlay(t *testing.T) {
 			_ = c.Client.CoreV1().Services(ns).Delete(context.Background(), "web", metav1.DeleteOptions{})
 		}
 	})
-	err = poll(ctx, time.Minute, "team-a's table", func() (bool, error) {
-		tables, err := c.NFTTables(ctx)
-		return containsPrefix(tables, "ip shardproxy-team-a"), err
-	})
-	if err != nil {
-		t.Fatal(err)
+	for _, n := range c.Nodes {
+		err = poll(ctx, time.Minute, "team-a's table on "+n.Name, func() (bool, error) {
+			tables, err := n.NFTTables(ctx)
+			return containsPrefix(tables, "ip shardproxy-team-a"), err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
+	n1 := c.Node(1)
 	// The overlay's team-a instance balances by consistent hash of the client, so one
 	// client sees one pod; kube-proxy picks at random.
 	pods := map[*Web]int{labeled: 1, unlabeled: 2}
 	for _, web := range []*Web{labeled, unlabeled} {
-		took, err := c.WaitServedByAll(ctx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", pods[web])
+		took, err := c.WaitServedByAll(ctx, n1.NS, "http://"+web.ClusterIP+"/hostname", pods[web])
 		if err != nil {
 			c.dumpServing(ctx, t, web)
 			t.Fatal(err)
 		}
 		fmt.Printf("cluster: alongside: %-7s %d pods answer through the ClusterIP %v after the Deployment is available\n", web.Namespace, pods[web], took.Round(time.Millisecond))
-		for _, path := range trafficPaths(c, web) {
+		for _, path := range trafficPaths(c, n1, web) {
 			n := path.run(ctx, t, 20)
 			fmt.Printf("cluster: alongside: %-7s %-20s %s\n", web.Namespace, path.name, n)
 			if n.Failed.Load() > 0 || len(n.ServedBy()) < pods[web] {
@@ -65,13 +68,13 @@ func TestAlongsideOverlay(t *testing.T) {
 			}
 		}
 	}
-	// Which proxy serves which: kube-proxy has no rule for the labeled Service, and
-	// shardproxy's team-a table none for the unlabeled one.
-	kubeProxyRules, err := c.InNode(ctx, "iptables-save", "-t", "nat")
+	// Which proxy serves which (on node-1): kube-proxy has no rule for the labeled
+	// Service, and shardproxy's team-a table none for the unlabeled one.
+	kubeProxyRules, err := n1.Run(ctx, "iptables-save", "-t", "nat")
 	if err != nil {
 		t.Fatal(err)
 	}
-	teamA, err := c.InNode(ctx, "nft", "list", "table", "ip", "shardproxy-team-a")
+	teamA, err := n1.Run(ctx, "nft", "list", "table", "ip", "shardproxy-team-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +93,16 @@ func TestAlongsideOverlay(t *testing.T) {
 	}
 }
 
-// dumpServing logs what the node and the API say about web's Service, for a failure.
+// dumpServing logs what node-1 and the API say about web's Service, for a failure.
 func (c *Cluster) dumpServing(ctx context.Context, t *testing.T, web *Web) {
 	t.Helper()
 	slices, _ := c.Kubectl(ctx, "", "get", "endpointslices", "-n", web.Namespace, "-o", "wide")
 	pods, _ := c.Kubectl(ctx, "", "get", "pods", "-n", web.Namespace, "-o", "wide")
-	tables, _ := c.InNode(ctx, "nft", "list", "ruleset")
-	logs, _ := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "shardproxy", "--tail=60")
+	tables, _ := c.Node(1).Run(ctx, "nft", "list", "ruleset")
+	var logs string
+	if pod, err := podOn(ctx, c, c.Node(1), "kube-system", "app.kubernetes.io/name=shardproxy"); err == nil {
+		logs, _ = c.Kubectl(ctx, "", "logs", "-n", "kube-system", pod.Name, "-c", "shardproxy", "--tail=60")
+	}
 	t.Logf("EndpointSlices:\n%s\npods:\n%s", slices, pods)
 	t.Logf("shardproxy log:\n%s", logs)
 	for _, line := range strings.Split(tables, "\n") {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/cluster/e2ereport"
@@ -24,7 +25,7 @@ const (
 )
 
 // RunE2E runs upstream's e2e.test (built from the same k8s.io/kubernetes module,
-// hack/build-apiserver.sh --conformance) inside the node's namespace against the
+// hack/build-apiserver.sh --conformance) inside the first node's namespace against the
 // cluster, with the focus and skip regexps, and returns its report and exit status,
 // named for proxy, the node's Service proxy; the tests still running after timeout are
 // reported timed out, those not reached by then not run. The error is for a run that
@@ -35,11 +36,11 @@ func (c *Cluster) RunE2E(ctx context.Context, e2eTest, proxy, focus, skip string
 		return e2ereport.Run{}, err
 	}
 	report := filepath.Join(dir, "report.json")
-	args := []string{"--net=/run/netns/" + c.NodeNS, e2eTest,
+	args := []string{"--net=/run/netns/" + c.Nodes[0].NS, e2eTest,
 		"--kubeconfig=" + c.Kubeconfig,
 		"--kubectl-path=" + c.Bins["kubectl"],
 		"--provider=local",
-		"--num-nodes=1",
+		"--num-nodes=" + strconv.Itoa(len(c.Nodes)),
 		"--report-dir=" + dir,
 		"--ginkgo.focus=" + focus,
 		"--ginkgo.skip=" + skip,

@@ -3,18 +3,21 @@ package cluster
 import (
 	"context"
 	"path/filepath"
+	"strings"
 
 	"github.com/shardproxy/shardproxy/test/controlplane"
 )
 
-// startControlPlane runs etcd and kube-apiserver inside the node's namespace, on all of
-// its addresses, advertising the node's (a routable address: the kubernetes Service's
-// endpoint, and in the serving certificate, which pods verify).
+// startControlPlane runs etcd and kube-apiserver inside the first node's namespace (a
+// control-plane node), on all of its IPv4 addresses, advertising the node's (a routable
+// address: the kubernetes Service's endpoint, and in the serving certificate, which pods
+// verify), with a Service CIDR of each family.
 func (c *Cluster) startControlPlane(ctx context.Context) error {
+	first := c.Nodes[0]
 	cp, stop, err := controlplane.StartProcess(ctx, controlplane.Options{
-		Netns: c.NodeNS, Dial: c.Dialer(c.NodeNS),
-		BindAddress: "0.0.0.0", AdvertiseAddress: NodeIP,
-		ServiceCIDRs: []string{ServiceCIDR},
+		Netns: first.NS, Dial: c.Dialer(first.NS),
+		BindAddress: "0.0.0.0", AdvertiseAddress: first.IP,
+		ServiceCIDRs: ServiceCIDRs,
 		// The node's name resolves nowhere: reach kubelets (logs, exec) by address.
 		ExtraAPIServerArgs: []string{"--kubelet-preferred-address-types=InternalIP"},
 		Progress:           c.opts.Logf,
@@ -25,7 +28,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 	c.Client = cp.Client()
 	c.Kubeconfig = filepath.Join(c.Dir, "admin.kubeconfig")
-	return controlplane.WriteKubeconfig(c.Kubeconfig, apiServer(), "admin", cp.AdminToken)
+	return controlplane.WriteKubeconfig(c.Kubeconfig, c.apiServer(), "admin", cp.AdminToken)
 }
 
 // startControllers runs kube-controller-manager (EndpointSlices, Deployments,
@@ -43,9 +46,10 @@ func (c *Cluster) startControllers(context.Context) error {
 		"--root-ca-file="+filepath.Join(certs, "apiserver.crt"),
 		"--service-account-private-key-file="+filepath.Join(c.CP.Dir, "service-account.key"),
 		"--allocate-node-cidrs=true",
-		"--cluster-cidr="+ClusterCIDR,
-		"--node-cidr-mask-size=24",
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--cluster-cidr="+strings.Join(ClusterCIDRs, ","),
+		"--node-cidr-mask-size-ipv4=24",
+		"--node-cidr-mask-size-ipv6=64",
+		"--service-cluster-ip-range="+strings.Join(ServiceCIDRs, ","),
 		"--controllers=*,-cloud-node-lifecycle,-service-lb-controller,-route",
 		"--v=1",
 	); err != nil {

@@ -65,7 +65,7 @@ func (c *Cluster) StartDemo(ctx context.Context, image, agnhost string) (*Demo, 
 	if _, err := c.ApplyOverlay(ctx, o, "shardproxy", 3*time.Minute); err != nil {
 		return d, err
 	}
-	if _, err := c.InExt(ctx, "ip", "route", "replace", demo.LBIP, "via", NodeIP); err != nil {
+	if _, err := c.InExt(ctx, "ip", "route", "replace", demo.LBIP, "via", c.Nodes[0].IP); err != nil {
 		return d, err
 	}
 	for _, s := range demo.Samples() {
@@ -111,8 +111,6 @@ func (d *Demo) createSample(ctx context.Context, s demo.Sample, agnhost string) 
 	}
 	svc := s.Spec()
 	svc.Name = s.Name
-	// The node is IPv4 only: the dual-stack Service of the namespace demo is single-stack here.
-	svc.Spec.IPFamilyPolicy, svc.Spec.IPFamilies = nil, nil
 	svc.Spec.Selector = map[string]string{"app": s.Name}
 	for _, p := range demo.Ports() {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, TargetPort: intstr.FromInt32(p.TargetPort)})
@@ -142,10 +140,13 @@ func (d *Demo) createNamespace(ctx context.Context, ns string) error {
 }
 
 // createDeployment creates Deployment name of replicas agnhost netexec pods labelled
-// app=name, answering HTTP and UDP on the demo's target port.
+// app=name, answering HTTP and UDP on the demo's target port, on node-1: the outside's
+// routes to the load-balancer IP lead there, and `make demo`'s table is one node's
+// (externalTrafficPolicy Local keeps the client's address on the node of the endpoint).
 func (c *Cluster) createDeployment(ctx context.Context, ns, name, image string, replicas int32) error {
 	port := strconv.Itoa(demo.TargetPort)
 	dep := agnhostDeployment(name, image, replicas, demo.TargetPort, "--http-port="+port, "--udp-port="+port)
+	dep.Spec.Template.Spec.NodeSelector = map[string]string{corev1.LabelHostname: c.Nodes[0].Name}
 	_, err := c.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{})
 	return err
 }

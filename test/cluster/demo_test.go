@@ -43,7 +43,7 @@ func TestDemo(t *testing.T) {
 		got[r.Service] = append(got[r.Service], r.WayIn)
 	}
 	want := map[string]string{
-		"shop/frontend":     "ClusterIP,ClusterIP (UDP),NodePort",
+		"shop/frontend":     "ClusterIP,ClusterIP (UDP),ClusterIP (IPv6),NodePort",
 		"team-a/api":        "ClusterIP,ClusterIP (UDP),NodePort,LoadBalancer IP",
 		"team-b/cache":      "ClusterIP,ClusterIP (UDP)",
 		"team-b/empty":      "ClusterIP,ClusterIP (UDP)",

@@ -40,7 +40,7 @@ func (d *Demo) Report(ctx context.Context, out io.Writer) ([]demo.Row, error) {
 		if err != nil {
 			return nil, err
 		}
-		owner := demo.Owner(func(args ...string) (string, error) { return d.c.InNode(ctx, "nft", args...) }, svc.Spec.ClusterIP)
+		owner := demo.Owner(func(args ...string) (string, error) { return d.c.Nodes[0].Run(ctx, "nft", args...) }, svc.Spec.ClusterIP)
 		for _, w := range d.ways(s, svc) {
 			answered, sources := tryTen(ctx, w.try)
 			r := demo.Row{Service: s.NS + "/" + s.Name, Instance: owner, WayIn: w.name, From: w.from,
@@ -56,7 +56,7 @@ func (d *Demo) Report(ctx context.Context, out io.Writer) ([]demo.Row, error) {
 	}
 	fmt.Fprintf(out, "\nINSTANCE is read from the node's kernel (whose table holds the cluster IP). Sources: %s = the client pod itself,\n"+
 		"%s = the outside client (kept by externalTrafficPolicy Local), others = the node (masqueraded).\n"+
-		"The node is IPv4 only, so the IPv6 row of `make demo` has no counterpart.\n\n", d.clientPod, ExtIP)
+		"The demo's pods run on %s, where the outside's routes lead.\n\n", d.clientPod, ExtIP, d.c.Nodes[0].Name)
 	status, err := d.c.Kubectl(ctx, "", "exec", "-n", "kube-system", "daemonset/shardproxy", "-c", "shardproxy", "--",
 		"/usr/local/bin/shardproxy", "status", "--address", "127.0.0.1:10256")
 	if err != nil {
@@ -69,16 +69,21 @@ func (d *Demo) Report(ctx context.Context, out io.Writer) ([]demo.Row, error) {
 	return rows, nil
 }
 
-// ways are the ways into svc the report tries, those of `make demo` but IPv6: TCP and
-// UDP to the cluster IP from a pod, the NodePort and the load-balancer IP from outside.
+// ways are the ways into svc the report tries, those of `make demo`: TCP and UDP to the
+// cluster IP from a pod, TCP to the IPv6 one of a dual-stack Service, the NodePort and
+// the load-balancer IP from outside.
 func (d *Demo) ways(s demo.Sample, svc *corev1.Service) []demoWay {
 	ip := svc.Spec.ClusterIP
 	ways := []demoWay{
 		{"ClusterIP", "pod", demo.JoinHostPort(ip, 80), d.fromPod("http", ip, 80)},
 		{"ClusterIP (UDP)", "pod", demo.JoinHostPort(ip, 53), d.fromPod("udp", ip, 53)},
 	}
+	if len(svc.Spec.ClusterIPs) > 1 {
+		ip6 := svc.Spec.ClusterIPs[1]
+		ways = append(ways, demoWay{"ClusterIP (IPv6)", "pod", demo.JoinHostPort(ip6, 80), d.fromPod("http", ip6, 80)})
+	}
 	if svc.Spec.Type != corev1.ServiceTypeClusterIP {
-		ways = append(ways, demoWay{"NodePort", "outside", demo.JoinHostPort(NodeIP, int(svc.Spec.Ports[0].NodePort)), d.fromOutside(NodeIP, int(svc.Spec.Ports[0].NodePort))})
+		ways = append(ways, demoWay{"NodePort", "outside", demo.JoinHostPort(d.c.Nodes[0].IP, int(svc.Spec.Ports[0].NodePort)), d.fromOutside(d.c.Nodes[0].IP, int(svc.Spec.Ports[0].NodePort))})
 	}
 	if s.LBIP != "" {
 		ways = append(ways, demoWay{"LoadBalancer IP", "outside", demo.JoinHostPort(s.LBIP, 80), d.fromOutside(s.LBIP, 80)})
@@ -146,7 +151,7 @@ func (d *Demo) fromPod(proto, addr string, port int) func(context.Context) (stri
 func (d *Demo) podDial(ctx context.Context, proto, addr string, port int, request string) (string, error) {
 	q := url.Values{"host": {addr}, "port": {strconv.Itoa(port)}, "protocol": {proto}, "request": {request}, "tries": {"1"}}
 	u := fmt.Sprintf("http://%s/dial?%s", demo.JoinHostPort(d.clientPod, demo.TargetPort), q.Encode())
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.c.Dialer(d.c.NodeNS), DisableKeepAlives: true}}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.c.Dialer(d.c.Nodes[0].NS), DisableKeepAlives: true}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return "", err
@@ -190,7 +195,7 @@ func (d *Demo) waitProgrammed(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		checks := map[string]string{d.c.NodeNS: "http://" + svc.Spec.ClusterIP + "/hostname"}
+		checks := map[string]string{d.c.Nodes[0].NS: "http://" + svc.Spec.ClusterIP + "/hostname"}
 		if s.LBIP != "" {
 			checks[d.c.ExtNS] = "http://" + s.LBIP + "/hostname"
 		}

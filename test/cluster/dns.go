@@ -116,7 +116,7 @@ func dnsDeployment(image string, labels map[string]string) *appsv1.Deployment {
 						ImagePullPolicy: corev1.PullNever,
 						Args:            []string{"-conf", "/etc/coredns/Corefile"},
 						Env: []corev1.EnvVar{
-							{Name: "KUBERNETES_SERVICE_HOST", Value: NodeIP},
+							{Name: "KUBERNETES_SERVICE_HOST", Value: APIServerIP},
 							{Name: "KUBERNETES_SERVICE_PORT", Value: strconv.Itoa(APIPort)},
 						},
 						VolumeMounts: []corev1.VolumeMount{{Name: "config", MountPath: "/etc/coredns"}},

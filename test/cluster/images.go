@@ -52,9 +52,10 @@ func BuildImages(ctx context.Context, repoRoot string, env []string, names ...st
 	return buildcache.Images(ctx, repoRoot, env, names...)
 }
 
-// importImages builds the node's own images (pause, CoreDNS) and imports them with the
-// caller's into containerd.
-func (c *Cluster) importImages(ctx context.Context) error {
+// startRuntimes builds the nodes' own images (pause, CoreDNS) once, then on every node at
+// once starts containerd and imports them with the caller's: each node has a containerd
+// of its own, so each unpacks every image; the archives are built once and shared.
+func (c *Cluster) startRuntimes(ctx context.Context) error {
 	own, err := BuildImages(ctx, c.opts.RepoRoot, nil, "pause", "coredns")
 	if err != nil {
 		return err
@@ -63,30 +64,44 @@ func (c *Cluster) importImages(ctx context.Context) error {
 	for name, archive := range c.opts.Images {
 		own[name] = archive
 	}
-	names := make([]string, 0, len(own))
-	for name := range own {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if err := c.ImportImage(ctx, name, own[name]); err != nil {
+	c.ownImages = own
+	return c.eachNode(func(n *Node, ctx context.Context) error {
+		if err := n.startContainerd(ctx); err != nil {
 			return err
 		}
-	}
-	return nil
+		names := make([]string, 0, len(own))
+		for name := range own {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if err := n.ImportImage(ctx, name, own[name]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})(ctx)
 }
 
 // ImportImage imports an OCI archive of hack/build-image.sh as localhost/NAME:TAG (the
-// tag is the archive's).
+// tag is the archive's) into every node's containerd, all at once.
 func (c *Cluster) ImportImage(ctx context.Context, name, archive string) error {
-	_, err := c.ctr(ctx, "images", "import", "--base-name", "localhost/"+name, archive)
+	return c.eachNode(func(n *Node, ctx context.Context) error { return n.ImportImage(ctx, name, archive) })(ctx)
+}
+
+// ImportImage imports an OCI archive into the node's containerd (Cluster.ImportImage).
+func (n *Node) ImportImage(ctx context.Context, name, archive string) error {
+	_, err := n.ctr(ctx, "images", "import", "--base-name", "localhost/"+name, archive)
 	return err
 }
 
-// TagImage gives an imported image another name (e.g. the one upstream's tests ask for).
+// TagImage gives an imported image another name on every node (e.g. the one upstream's
+// tests ask for).
 func (c *Cluster) TagImage(ctx context.Context, source, target string) error {
-	_, err := c.ctr(ctx, "images", "tag", "--force", source, target)
-	return err
+	return c.eachNode(func(n *Node, ctx context.Context) error {
+		_, err := n.ctr(ctx, "images", "tag", "--force", source, target)
+		return err
+	})(ctx)
 }
 
 // ImageName is the name ImportImage gives archive, an image called name by

@@ -29,8 +29,10 @@ func TestColdStartWithoutDNS(t *testing.T) {
 	c.removeShardproxy(ctx, t)
 	c.scaleDNS(ctx, t, 0)
 	t.Cleanup(func() { c.scaleDNS(context.Background(), t, 1) })
-	if out, err := c.InNode(ctx, "conntrack", "-F"); err != nil {
-		t.Fatalf("conntrack -F: %v: %s", err, out)
+	for _, n := range c.Nodes {
+		if out, err := n.Run(ctx, "conntrack", "-F"); err != nil {
+			t.Fatalf("%s: conntrack -F: %v: %s", n.Name, err, out)
+		}
 	}
 	if kubernetesServiceAnswers(ctx, c) == nil {
 		t.Fatal("the kubernetes Service answers before any proxy runs")
@@ -66,10 +68,11 @@ func TestColdStartWithoutDNS(t *testing.T) {
 }
 
 // kubernetesServiceAnswers is nil when kube-apiserver answers /readyz through the
-// kubernetes Service's cluster IP, from the node.
+// kubernetes Service's cluster IP from the last node (on node-1 it is local; elsewhere
+// it crosses the nodes' LAN).
 func kubernetesServiceAnswers(ctx context.Context, c *Cluster) error {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext:     c.Dialer(c.NodeNS),
+		DialContext:     c.Dialer(c.Nodes[len(c.Nodes)-1].NS),
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 	}}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://10.96.0.1/readyz", nil)
@@ -86,7 +89,7 @@ func kubernetesServiceAnswers(ctx context.Context, c *Cluster) error {
 
 func lookupThroughKubeDNS(ctx context.Context, c *Cluster, name string) ([]string, error) {
 	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return c.Dialer(c.NodeNS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
+		return c.Dialer(c.Nodes[len(c.Nodes)-1].NS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
 	}}
 	lookupCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -136,30 +139,35 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	c.removeShardproxy(ctx, t)
-	if out, err := c.inNodeStdin(ctx, sentinelTables, "nft", "-f", "-"); err != nil {
-		t.Fatalf("nft -f: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		for _, table := range []string{"other-component", "shardproxy-not-ours"} {
-			_, _ = c.InNode(context.Background(), "nft", "delete", "table", "ip", table)
+	before := map[*Node]map[string]string{}
+	for _, n := range c.Nodes {
+		if out, err := n.RunStdin(ctx, sentinelTables, "nft", "-f", "-"); err != nil {
+			t.Fatalf("%s: nft -f: %v: %s", n.Name, err, out)
 		}
-	})
-	before := c.otherTables(ctx, t)
+		t.Cleanup(func() {
+			for _, table := range []string{"other-component", "shardproxy-not-ours"} {
+				_, _ = n.Run(context.Background(), "nft", "delete", "table", "ip", table)
+			}
+		})
+		before[n] = n.otherTables(ctx, t)
+	}
 
 	deployReplaceOverlay(ctx, t, c, shardproxyTag)
 	if err := c.TagImage(ctx, "localhost/shardproxy:"+shardproxyTag, "localhost/shardproxy:"+shardproxyTag+"-upgrade"); err != nil {
 		t.Fatal(err)
 	}
 	deployReplaceOverlay(ctx, t, c, shardproxyTag+"-upgrade")
-	if img := shardproxyPod(ctx, t, c).Spec.Containers[0].Image; !strings.HasSuffix(img, ":"+shardproxyTag+"-upgrade") {
-		t.Fatalf("after the upgrade the pod runs %s", img)
-	}
-	tables, err := c.NFTTables(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !containsPrefix(tables, "ip shardproxy-default") || !containsPrefix(tables, "ip shardproxy_node") {
-		t.Fatalf("installed: the node has %q, want shardproxy-default and shardproxy_node", tables)
+	for _, n := range c.Nodes {
+		if img := shardproxyPod(ctx, t, c, n).Spec.Containers[0].Image; !strings.HasSuffix(img, ":"+shardproxyTag+"-upgrade") {
+			t.Fatalf("after the upgrade the pod on %s runs %s", n.Name, img)
+		}
+		tables, err := n.NFTTables(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !containsPrefix(tables, "ip shardproxy-default") || !containsPrefix(tables, "ip shardproxy_node") {
+			t.Fatalf("installed: %s has %q, want shardproxy-default and shardproxy_node", n.Name, tables)
+		}
 	}
 
 	yaml, err := RenderOverlay(Overlay{Dir: c.OverlayDir(ReplaceOverlay), Image: "localhost/shardproxy:" + shardproxyTag + "-upgrade", APIServer: true})
@@ -168,27 +176,30 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	}
 	start := time.Now()
 	c.uninstall(ctx, t, yaml, shardproxyTag+"-upgrade")
-	after := c.otherTables(ctx, t)
-	tables, err = c.NFTTables(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, table := range tables {
-		if _, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy") && name != "shardproxy-not-ours" {
-			t.Errorf("after uninstall the node still has table %s", table)
+	took := time.Since(start)
+	for _, n := range c.Nodes {
+		after := n.otherTables(ctx, t)
+		tables, err := n.NFTTables(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	for name, rules := range before {
-		if after[name] != rules {
-			t.Errorf("table %s changed by the uninstall:\nbefore:\n%s\nafter:\n%s", name, rules, after[name])
+		for _, table := range tables {
+			if _, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy") && name != "shardproxy-not-ours" {
+				t.Errorf("after uninstall %s still has table %s", n.Name, table)
+			}
 		}
-	}
-	for name := range after {
-		if _, ok := before[name]; !ok {
-			t.Errorf("table %s appeared", name)
+		for name, rules := range before[n] {
+			if after[name] != rules {
+				t.Errorf("%s: table %s changed by the uninstall:\nbefore:\n%s\nafter:\n%s", n.Name, name, rules, after[name])
+			}
 		}
+		for name := range after {
+			if _, ok := before[n][name]; !ok {
+				t.Errorf("%s: table %s appeared", n.Name, name)
+			}
+		}
+		fmt.Printf("cluster: install -> upgrade (%s-upgrade) -> uninstall: %s: no shardproxy table left, %d other tables unchanged; uninstall took %v\n", shardproxyTag, n.Name, len(before[n]), took.Round(time.Millisecond))
 	}
-	fmt.Printf("cluster: install -> upgrade (%s-upgrade) -> uninstall: no shardproxy table left, %d other tables unchanged; uninstall took %v\n", shardproxyTag, len(before), time.Since(start).Round(time.Millisecond))
 }
 
 // uninstall deletes the installed overlay's objects, then applies deploy/cleanup with the
@@ -215,11 +226,17 @@ func (c *Cluster) uninstall(ctx context.Context, t *testing.T, overlayYAML []byt
 	if _, err := c.WaitDaemonSetRolledOut(ctx, "kube-system", "shardproxy-cleanup", 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	log, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy-cleanup", "-c", "cleanup")
-	if err != nil {
-		t.Fatal(err)
+	for _, n := range c.Nodes {
+		pod, err := podOn(ctx, c, n, "kube-system", "app.kubernetes.io/name=shardproxy-cleanup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		log, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", pod.Name, "-c", "cleanup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("cleanup's log on %s:\n%s", n.Name, log)
 	}
-	t.Logf("cleanup's log:\n%s", log)
 	if _, err := c.Kubectl(ctx, string(cleanup), "delete", "--wait=true", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
@@ -227,9 +244,9 @@ func (c *Cluster) uninstall(ctx context.Context, t *testing.T, overlayYAML []byt
 
 // otherTables is the node's ruleset without counters, by table, except shardproxy's own
 // (named shardproxy-* or shardproxy_node, other than the sentinel).
-func (c *Cluster) otherTables(ctx context.Context, t *testing.T) map[string]string {
+func (n *Node) otherTables(ctx context.Context, t *testing.T) map[string]string {
 	t.Helper()
-	tables, err := c.NFTTables(ctx)
+	tables, err := n.NFTTables(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +256,7 @@ func (c *Cluster) otherTables(ctx context.Context, t *testing.T) map[string]stri
 		if strings.HasPrefix(name, "shardproxy") && name != "shardproxy-not-ours" {
 			continue
 		}
-		rules, err := c.InNode(ctx, "nft", "-s", "list", "table", family, name)
+		rules, err := n.Run(ctx, "nft", "-s", "list", "table", family, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,16 +266,18 @@ func (c *Cluster) otherTables(ctx context.Context, t *testing.T) map[string]stri
 }
 
 // TestPortHeldAtStart starts shardproxy (the replace overlay) while another process holds
-// its health port, 10256, as kube-proxy does during a switch, answering /healthz 200 as
+// its health port on node-1, 10256, as kube-proxy does during a switch, answering /healthz 200 as
 // kube-proxy would and anything else 404: the pod must not be Ready (its readiness probe,
 // /readyz, reaches the holder), the Node gets the supervisor's event, and once the port
-// is freed the supervisor binds it and the pod becomes Ready, never restarted.
+// is freed the supervisor binds it and the pod becomes Ready, never restarted. The other
+// nodes' pods start as usual.
 func TestPortHeldAtStart(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	c.removeShardproxy(ctx, t)
-	holder, readyzProbes, err := holdPort(c, "0.0.0.0:10256")
+	n1 := c.Node(1)
+	holder, readyzProbes, err := holdPort(n1, "0.0.0.0:10256")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +295,7 @@ func TestPortHeldAtStart(t *testing.T) {
 	// probed the running container twice since.
 	var probesAtEvent int64 = -1
 	err = poll(ctx, 2*time.Minute, "the event and two readiness probes to the holder", func() (bool, error) {
-		if probesAtEvent < 0 && c.nodeEventSince(ctx, "FailedToStartProxierHealthcheck", since) {
+		if probesAtEvent < 0 && c.nodeEventSince(ctx, n1, "FailedToStartProxierHealthcheck", since) {
 			probesAtEvent = readyzProbes.Load()
 		}
 		return probesAtEvent >= 0 && readyzProbes.Load() >= probesAtEvent+2, nil
@@ -284,7 +303,7 @@ func TestPortHeldAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v (%d probes); %s", err, readyzProbes.Load(), c.PodSummary(ctx, "kube-system"))
 	}
-	pod := shardproxyPod(ctx, t, c)
+	pod := shardproxyPod(ctx, t, c, n1)
 	if podReady(pod) || pod.Status.ContainerStatuses[0].State.Running == nil {
 		t.Fatalf("while the port is held: ready %v, running %v; want running, not ready", podReady(pod), pod.Status.ContainerStatuses[0].State.Running != nil)
 	}
@@ -296,10 +315,10 @@ func TestPortHeldAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	readyAfter := time.Since(freed)
-	if got := probe(ctx, c, "/readyz"); got != http.StatusOK {
+	if got := probe(ctx, c, n1, "/readyz"); got != http.StatusOK {
 		t.Errorf("/readyz of the supervisor answers %d once the port is free, want 200", got)
 	}
-	if restarts := shardproxyPod(ctx, t, c).Status.ContainerStatuses[0].RestartCount; restarts != 0 {
+	if restarts := shardproxyPod(ctx, t, c, n1).Status.ContainerStatuses[0].RestartCount; restarts != 0 {
 		t.Errorf("the container restarted %d times, want 0", restarts)
 	}
 	fmt.Printf("cluster: port 10256 held at start: pod unready for %v (event FailedToStartProxierHealthcheck, %d readiness probes answered by the holder); Ready %v after the port was freed, 0 restarts\n",
@@ -308,9 +327,9 @@ func TestPortHeldAtStart(t *testing.T) {
 
 // holdPort listens on addr in the node's namespace as kube-proxy would: /healthz answers
 // 200, anything else 404. It counts the requests for /readyz.
-func holdPort(c *Cluster, addr string) (*http.Server, *atomic.Int64, error) {
+func holdPort(n *Node, addr string) (*http.Server, *atomic.Int64, error) {
 	var l net.Listener
-	err := (&netns.Topology{}).Do(c.NodeNS, func() error {
+	err := (&netns.Topology{}).Do(n.NS, func() error {
 		var err error
 		l, err = net.Listen("tcp", addr)
 		return err
@@ -332,9 +351,9 @@ func holdPort(c *Cluster, addr string) (*http.Server, *atomic.Int64, error) {
 	return srv, readyz, nil
 }
 
-// nodeEventSince reports whether the Node has an event with reason since the time.
-func (c *Cluster) nodeEventSince(ctx context.Context, reason string, since time.Time) bool {
-	events, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,reason=" + reason})
+// nodeEventSince reports whether node n's Node has an event with reason since the time.
+func (c *Cluster) nodeEventSince(ctx context.Context, n *Node, reason string, since time.Time) bool {
+	events, err := c.Client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + n.Name + ",reason=" + reason})
 	if err != nil {
 		return false
 	}

@@ -7,13 +7,14 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
-// cl is the cluster every test of the package shares: bringing a node up takes a minute,
+// cl is the cluster every test of the package shares: bringing the nodes up takes minutes,
 // so it is started once. Tests leave it as they found it (their own namespaces, removed).
 var cl *Cluster
 
@@ -59,16 +60,28 @@ func runMain(m *testing.M) int {
 	if err != nil {
 		log.Printf("cluster start: %v", err)
 		if c != nil {
-			for _, name := range []string{"kubelet", "containerd", "kube-controller-manager"} {
-				if ch := c.Child(name); ch != nil {
-					log.Printf("%s log tail:\n%s", name, ch.LogTail(30))
+			if ch := c.Child("kube-controller-manager"); ch != nil {
+				log.Printf("kube-controller-manager log tail:\n%s", ch.LogTail(30))
+			}
+			for _, n := range c.Nodes {
+				for _, name := range []string{"kubelet", "containerd"} {
+					if ch := n.Child(name); ch != nil {
+						log.Printf("%s's %s log tail:\n%s", n.Name, name, ch.LogTail(30))
+					}
 				}
 			}
 		}
 	} else {
 		cl = c
-		fmt.Printf("cluster: images built in %v; node Ready with CoreDNS %v later\n", imagesTime.Round(time.Second), c.StartTime.Round(time.Second))
+		fmt.Printf("cluster: images built in %v; %d nodes (dual stack) Ready with CoreDNS %v later\n", imagesTime.Round(time.Second), len(c.Nodes), c.StartTime.Round(time.Second))
 		code = m.Run()
+	}
+	if dst := os.Getenv(keepLogsEnv); dst != "" && code != 0 && c != nil {
+		if err := keepLogs(c.Dir, dst); err != nil {
+			log.Printf("keeping the logs: %v", err)
+		} else {
+			log.Printf("cluster: the failed run's logs are in %s", dst)
+		}
 	}
 	t0 := time.Now()
 	if err := c.Close(); err != nil {
@@ -81,6 +94,32 @@ func runMain(m *testing.M) int {
 	}
 	fmt.Printf("cluster: torn down in %v, host as found (no process, mount, network namespace or cgroup left)\n", time.Since(t0).Round(time.Millisecond))
 	return code
+}
+
+// keepLogsEnv names a directory to copy a failed run's logs (every *.log of the cluster's
+// directory: the control plane's, each node's kubelet and containerd, the pods') to
+// before the teardown removes them.
+const keepLogsEnv = "CLUSTER_KEEP_LOGS"
+
+func keepLogs(dir, dst string) error {
+	return filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".log") || !d.Type().IsRegular() {
+			return nil
+		}
+		rel, err := filepath.Rel(dir, path)
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		target := filepath.Join(dst, rel)
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(target, data, 0o644)
+	})
 }
 
 // need skips a test when there is no cluster (-short, not root).

@@ -47,7 +47,7 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 		_ = c.Client.AppsV1().Deployments("default").Delete(context.Background(), "web", metav1.DeleteOptions{})
 		_ = c.Client.CoreV1().Services("default").Delete(context.Background(), "web", metav1.DeleteOptions{})
 	})
-	if _, err := c.WaitServedByAll(ctx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 2); err != nil {
+	if _, err := c.WaitServedByAll(ctx, c.Node(1).NS, "http://"+web.ClusterIP+"/hostname", 2); err != nil {
 		t.Fatal(err)
 	}
 
@@ -60,7 +60,7 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 		{[]string{"rollback", "--from", "shardproxy", "--legacy-timeout", "2m"}, "", "kube-proxy"},
 	} {
 		took, counters := c.underLoops(ctx, t, web, func() {
-			args := append([]string{"--net=/run/netns/" + c.NodeNS, cli, "migrate"}, step.args[0], "--kubeconfig", c.Kubeconfig)
+			args := append([]string{"--net=/run/netns/" + c.Node(1).NS, cli, "migrate"}, step.args[0], "--kubeconfig", c.Kubeconfig)
 			args = append(append(args, step.args[1:]...), "default/web")
 			out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput()
 			if err != nil {
@@ -90,14 +90,15 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 	}
 }
 
-// underLoops runs step under client loops to web from the node (ClusterIP), the outside
-// (NodePort) and a pod (DNS name), which go on until the step is done, and returns how
-// long the step took and each loop's counter.
+// underLoops runs step under client loops to web from node-1 (ClusterIP), the outside
+// (node-1's NodePort) and a pod (DNS name), which go on until the step is done, and
+// returns how long the step took and each loop's counter.
 func (c *Cluster) underLoops(ctx context.Context, t *testing.T, web *Web, step func()) (time.Duration, map[string]*Counter) {
 	t.Helper()
 	loopCtx, stop := context.WithCancel(ctx)
-	node, waitNode := c.Loop(loopCtx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
-	outside, waitOutside := c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", NodeIP, web.NodePort), 20*time.Millisecond)
+	n1 := c.Node(1)
+	node, waitNode := c.Loop(loopCtx, n1.NS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
+	outside, waitOutside := c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", n1.IP, web.NodePort), 20*time.Millisecond)
 	podDone := make(chan *Counter, 1)
 	stepDone := make(chan struct{})
 	go func() {
@@ -129,24 +130,27 @@ func (c *Cluster) underLoops(ctx context.Context, t *testing.T, web *Web, step f
 	return took, map[string]*Counter{"node -> ClusterIP": node, "outside -> NodePort": outside, "pod -> DNS name": pod}
 }
 
-// waitOwner waits until only owner ("shardproxy" or "kube-proxy") has rules for ip.
+// waitOwner waits until on every node only owner ("shardproxy" or "kube-proxy") has
+// rules for ip.
 func (c *Cluster) waitOwner(ctx context.Context, t *testing.T, ip, owner string) {
 	t.Helper()
-	var kubeProxy, shardproxy bool
-	err := poll(ctx, time.Minute, ip+" served by "+owner+" only", func() (bool, error) {
-		kp, err := c.InNode(ctx, "iptables-save", "-t", "nat")
+	for _, n := range c.Nodes {
+		var kubeProxy, shardproxy bool
+		err := poll(ctx, time.Minute, ip+" served by "+owner+" only on "+n.Name, func() (bool, error) {
+			kp, err := n.Run(ctx, "iptables-save", "-t", "nat")
+			if err != nil {
+				return false, err
+			}
+			sp, err := n.Run(ctx, "nft", "list", "table", "ip", "shardproxy-migration")
+			if err != nil {
+				return false, err
+			}
+			kubeProxy, shardproxy = containsWord(kp, ip), containsWord(sp, ip)
+			return kubeProxy == (owner == "kube-proxy") && shardproxy == (owner == "shardproxy"), nil
+		})
 		if err != nil {
-			return false, err
+			t.Errorf("%v: kube-proxy has rules for it: %v, shardproxy: %v", err, kubeProxy, shardproxy)
 		}
-		sp, err := c.InNode(ctx, "nft", "list", "table", "ip", "shardproxy-migration")
-		if err != nil {
-			return false, err
-		}
-		kubeProxy, shardproxy = containsWord(kp, ip), containsWord(sp, ip)
-		return kubeProxy == (owner == "kube-proxy") && shardproxy == (owner == "shardproxy"), nil
-	})
-	if err != nil {
-		t.Errorf("%v: kube-proxy has rules for it: %v, shardproxy: %v", err, kubeProxy, shardproxy)
 	}
 }
 
@@ -215,8 +219,10 @@ func (c *Cluster) removeKubeProxyDaemonSet(t *testing.T) {
 		t.Error(err)
 		return
 	}
-	if out, err := c.InNode(ctx, bin, "--cleanup"); err != nil {
-		t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
+	for _, n := range c.Nodes {
+		if out, err := n.Run(ctx, bin, "--cleanup"); err != nil {
+			t.Errorf("%s: kube-proxy --cleanup: %v: %s", n.Name, err, out)
+		}
 	}
 }
 
@@ -239,14 +245,14 @@ func kubeProxyDaemonSet(image string) *appsv1.DaemonSet {
 					Containers: []corev1.Container{{
 						Name: "kube-proxy", Image: image, ImagePullPolicy: corev1.PullNever,
 						Args: []string{
-							"--proxy-mode=iptables", "--hostname-override=$(NODE_NAME)", "--cluster-cidr=" + ClusterCIDR,
+							"--proxy-mode=iptables", "--hostname-override=$(NODE_NAME)", "--cluster-cidr=" + strings.Join(ClusterCIDRs, ","),
 							// The node's conntrack table is the host's: leave its sysctls alone.
 							"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 							"--v=2",
 						},
 						Env: []corev1.EnvVar{
 							{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
-							{Name: "KUBERNETES_SERVICE_HOST", Value: NodeIP},
+							{Name: "KUBERNETES_SERVICE_HOST", Value: APIServerIP},
 							{Name: "KUBERNETES_SERVICE_PORT", Value: fmt.Sprint(APIPort)},
 						},
 						SecurityContext: &corev1.SecurityContext{Privileged: new(true)},
@@ -263,15 +269,22 @@ func kubeProxyDaemonSet(image string) *appsv1.DaemonSet {
 	}
 }
 
-// dumpProxies logs both proxies' recent logs and rules for web, for a failure.
+// dumpProxies logs both proxies' recent logs on node-1 and its rules for web, for a
+// failure.
 func (c *Cluster) dumpProxies(ctx context.Context, t *testing.T, web *Web) {
 	t.Helper()
-	for _, ds := range []string{"shardproxy", "kube-proxy"} {
-		logs, _ := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/"+ds, "--since=3m", "--timestamps")
-		t.Logf("%s's log:\n%s", ds, logs)
+	n1 := c.Node(1)
+	for _, name := range []string{"app.kubernetes.io/name=shardproxy", "k8s-app=kube-proxy"} {
+		pod, err := podOn(ctx, c, n1, "kube-system", name)
+		if err != nil {
+			t.Logf("%s: %v", name, err)
+			continue
+		}
+		logs, _ := c.Kubectl(ctx, "", "logs", "-n", "kube-system", pod.Name, "--since=3m", "--timestamps")
+		t.Logf("%s's log:\n%s", pod.Name, logs)
 	}
 	c.dumpServing(ctx, t, web)
-	rules, _ := c.InNode(ctx, "iptables-save")
+	rules, _ := n1.Run(ctx, "iptables-save")
 	for _, line := range strings.Split(rules, "\n") {
 		if strings.Contains(line, web.ClusterIP) || strings.Contains(line, "REJECT") {
 			t.Logf("iptables: %s", line)

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/test/controlplane"
 )
 
 // cniBinDir is where Debian's containernetworking-plugins installs the plugins.
@@ -51,20 +53,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = "%[5]s"
 `
 
-func (c *Cluster) startContainerd(ctx context.Context) error {
-	dir := filepath.Join(c.Dir, "containerd")
-	if err := os.MkdirAll(filepath.Join(c.Dir, "cni", "net.d"), 0o755); err != nil {
+func (n *Node) startContainerd(ctx context.Context) error {
+	dir := filepath.Join(n.Dir, "containerd")
+	if err := os.MkdirAll(filepath.Join(n.Dir, "cni", "net.d"), 0o755); err != nil {
 		return err
 	}
 	config := filepath.Join(dir, "config.toml")
-	content := fmt.Sprintf(containerdConfig, dir, c.st.Sock, PauseImage, cniBinDir, filepath.Join(c.Dir, "cni", "net.d"))
+	content := fmt.Sprintf(containerdConfig, dir, n.sock, PauseImage, cniBinDir, filepath.Join(n.Dir, "cni", "net.d"))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if err := os.WriteFile(config, []byte(content), 0o644); err != nil {
 		return err
 	}
-	ch, err := c.startChild("containerd", "containerd", "--config", config)
+	ch, err := n.StartChild("containerd", "containerd", "--config", config)
 	if err != nil {
 		return err
 	}
@@ -72,14 +74,14 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 		if !ch.Running() {
 			return false, fmt.Errorf("containerd exited: %v:\n%s", ch.ExitErr(), ch.LogTail(20))
 		}
-		_, err := c.ctr(ctx, "version")
+		_, err := n.ctr(ctx, "version")
 		return err == nil, nil
 	})
 }
 
 // ctr runs containerd's client against the node's containerd, in the CRI namespace.
-func (c *Cluster) ctr(ctx context.Context, args ...string) (string, error) {
-	return c.InNode(ctx, "ctr", append([]string{"--address", c.st.Sock, "--namespace", "k8s.io"}, args...)...)
+func (n *Node) ctr(ctx context.Context, args ...string) (string, error) {
+	return n.Run(ctx, "ctr", append([]string{"--address", n.sock, "--namespace", "k8s.io"}, args...)...)
 }
 
 // kubeletConfig is the KubeletConfiguration: cgroupfs on cgroup v1 (which v1.36 refuses
@@ -111,22 +113,16 @@ evictionHard: {memory.available: 100Mi, nodefs.available: 1%%, imagefs.available
 rotateCertificates: false
 `
 
-func (c *Cluster) startKubelet(ctx context.Context) error {
-	if err := createCgroups(c.st.CgroupName); err != nil {
+func (n *Node) startKubelet(ctx context.Context) error {
+	if err := createCgroups(n.cgroup); err != nil {
 		return err
 	}
-	if _, err := os.Stat(libModules); errors.Is(err, os.ErrNotExist) {
-		c.st.LibModules = true
-		if err := c.st.save(); err != nil {
-			return err
-		}
-		if err := os.Mkdir(libModules, 0o755); err != nil {
-			return err
-		}
+	if err := n.c.ensureLibModules(); err != nil {
+		return err
 	}
-	dir := filepath.Join(c.Dir, "kubelet")
-	resolv := filepath.Join(c.Dir, "resolv.conf")
-	logs := filepath.Join(c.Dir, "pod-logs")
+	dir := filepath.Join(n.Dir, "kubelet")
+	resolv := filepath.Join(n.Dir, "resolv.conf")
+	logs := filepath.Join(n.Dir, "pod-logs")
 	for _, d := range []string{dir, logs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -136,52 +132,60 @@ func (c *Cluster) startKubelet(ctx context.Context) error {
 	if err := os.WriteFile(resolv, []byte("nameserver "+ExtIP+"\n"), 0o644); err != nil {
 		return err
 	}
-	config := filepath.Join(c.Dir, "kubelet.yaml")
-	content := fmt.Sprintf(kubeletConfig, c.st.CgroupName, c.st.Sock, DNSIP, resolv, logs)
+	config := filepath.Join(n.Dir, "kubelet.yaml")
+	content := fmt.Sprintf(kubeletConfig, n.cgroup, n.sock, DNSIP, resolv, logs)
 	if err := os.WriteFile(config, []byte(content), 0o644); err != nil {
 		return err
 	}
-	_, err := c.startChild("kubelet", c.Bins["kubelet"],
+	_, err := n.StartChild("kubelet", n.c.Bins["kubelet"],
 		"--config="+config,
-		"--kubeconfig="+c.Kubeconfig,
+		"--kubeconfig="+n.c.Kubeconfig,
 		"--root-dir="+dir,
 		"--cert-dir="+filepath.Join(dir, "pki"),
-		"--hostname-override="+NodeName,
-		"--node-ip="+NodeIP,
+		"--hostname-override="+n.Name,
+		"--node-ip="+n.IP+","+n.IPv6,
 		"--v=1",
 	)
 	return err
 }
 
-// configureCNI writes the bridge network for the node's pod CIDR once the controller
-// manager has given the registered node one (the kubelet reports NotReady until then).
-func (c *Cluster) configureCNI(ctx context.Context) error {
-	var cidr string
-	err := poll(ctx, 90*time.Second, "the node's pod CIDR", func() (bool, error) {
-		if err := c.childrenRunning(); err != nil {
-			return false, err
-		}
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		cidr = node.Spec.PodCIDR
-		return cidr != "", nil
-	})
-	if err != nil {
+// ensureLibModules creates an empty /lib/modules when the host has none (these VMs):
+// the replace overlay mounts it (type Directory) into its init container.
+func (c *Cluster) ensureLibModules() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := os.Stat(libModules); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	c.st.LibModules = true
+	if err := c.st.save(); err != nil {
 		return err
+	}
+	return os.Mkdir(libModules, 0o755)
+}
+
+// configureCNI writes the bridge network for the node's pod CIDRs (both families) once
+// the controller manager has given the registered node them (the kubelet reports
+// NotReady until then).
+func (n *Node) configureCNI(ctx context.Context) error {
+	if err := n.waitPodCIDRs(ctx); err != nil {
+		return err
+	}
+	var ranges [][]map[string]string
+	for _, cidr := range n.PodCIDRs {
+		ranges = append(ranges, []map[string]string{{"subnet": cidr}})
 	}
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
-		"name":       c.st.CgroupName,
+		"name":       n.c.st.CgroupName + "-" + n.Name,
 		"plugins": []any{
 			map[string]any{
 				"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
 				"ipam": map[string]any{
 					"type":    "host-local",
-					"ranges":  [][]map[string]string{{{"subnet": cidr}}},
-					"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
-					"dataDir": filepath.Join(c.Dir, "cni", "ipam"),
+					"ranges":  ranges,
+					"routes":  []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
+					"dataDir": filepath.Join(n.Dir, "cni", "ipam"),
 				},
 			},
 			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
@@ -191,15 +195,16 @@ func (c *Cluster) configureCNI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(c.Dir, "cni", "net.d", "10-bridge.conflist"), data, 0o644)
+	return os.WriteFile(filepath.Join(n.Dir, "cni", "net.d", "10-bridge.conflist"), data, 0o644)
 }
 
-func (c *Cluster) waitNodeReady(ctx context.Context) error {
-	return poll(ctx, 2*time.Minute, "node "+NodeName+" Ready", func() (bool, error) {
-		if err := c.childrenRunning(); err != nil {
+// waitReady waits for the node's Node object to be Ready.
+func (n *Node) waitReady(ctx context.Context) error {
+	return poll(ctx, 2*time.Minute, "node "+n.Name+" Ready", func() (bool, error) {
+		if err := n.c.childrenRunning(); err != nil {
 			return false, err
 		}
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		node, err := n.c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -212,15 +217,29 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	})
 }
 
-// childrenRunning fails with the log tail of the first node component that exited.
+// WaitNodesReady waits for every node to be Ready.
+func (c *Cluster) WaitNodesReady(ctx context.Context) error {
+	return c.eachNode((*Node).waitReady)(ctx)
+}
+
+// childrenRunning fails with the log tails of the control plane's and nodes' processes
+// that exited.
 func (c *Cluster) childrenRunning() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var dead []string
-	for name, ch := range c.children {
-		if !ch.Running() {
-			dead = append(dead, fmt.Sprintf("%s exited (%v); log ends:\n%s", name, ch.ExitErr(), ch.LogTail(25)))
+	check := func(prefix string, children map[string]*controlplane.Child) {
+		for name, ch := range children {
+			if !ch.Running() {
+				dead = append(dead, fmt.Sprintf("%s%s exited (%v); log ends:\n%s", prefix, name, ch.ExitErr(), ch.LogTail(25)))
+			}
 		}
+	}
+	c.mu.Lock()
+	check("", c.children)
+	c.mu.Unlock()
+	for _, n := range c.Nodes {
+		n.mu.Lock()
+		check(n.Name+"'s ", n.children)
+		n.mu.Unlock()
 	}
 	if len(dead) > 0 {
 		return fmt.Errorf("%s", strings.Join(dead, "\n"))
@@ -252,21 +271,17 @@ func poll(ctx context.Context, timeout time.Duration, what string, check func() 
 
 // RestartContainerd stops the node's containerd and starts it again with the same
 // configuration; the containers keep running under their shims meanwhile.
-func (c *Cluster) RestartContainerd(ctx context.Context) error {
-	if ch := c.Child("containerd"); ch != nil {
-		if err := ch.Stop(10 * time.Second); err != nil {
-			return err
-		}
+func (n *Node) RestartContainerd(ctx context.Context) error {
+	if err := n.StopChild("containerd", 10*time.Second); err != nil {
+		return err
 	}
-	return c.startContainerd(ctx)
+	return n.startContainerd(ctx)
 }
 
-// RestartKubelet stops the kubelet and starts it again with the same flags.
-func (c *Cluster) RestartKubelet(ctx context.Context) error {
-	if ch := c.Child("kubelet"); ch != nil {
-		if err := ch.Stop(10 * time.Second); err != nil {
-			return err
-		}
+// RestartKubelet stops the node's kubelet and starts it again with the same flags.
+func (n *Node) RestartKubelet(ctx context.Context) error {
+	if err := n.StopChild("kubelet", 10*time.Second); err != nil {
+		return err
 	}
-	return c.startKubelet(ctx)
+	return n.startKubelet(ctx)
 }

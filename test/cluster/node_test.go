@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,18 +15,31 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// TestNodeUp checks what Start promised: the node Ready with its pod CIDR, the cluster DNS
-// pod Ready behind the kube-dns Service with an endpoint from the EndpointSlice controller.
+// TestNodeUp checks what Start promised: every node Ready with an IPv4 and an IPv6
+// address and pod CIDR, the cluster DNS pod Ready behind the kube-dns Service with an
+// endpoint from the EndpointSlice controller.
 func TestNodeUp(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	node, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if node.Spec.PodCIDR == "" {
-		t.Errorf("node %s has no pod CIDR", NodeName)
+	for _, n := range c.Nodes {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var internal []string
+		for _, a := range node.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				internal = append(internal, a.Address)
+			}
+		}
+		if want := []string{n.IP, n.IPv6}; !slices.Equal(internal, want) {
+			t.Errorf("node %s has InternalIPs %v, want %v", n.Name, internal, want)
+		}
+		if len(node.Spec.PodCIDRs) != 2 || !strings.Contains(node.Spec.PodCIDRs[1], ":") {
+			t.Errorf("node %s has pod CIDRs %v, want one IPv4 and one IPv6", n.Name, node.Spec.PodCIDRs)
+		}
+		t.Logf("%s: %v, pod CIDRs %v", n.Name, internal, node.Spec.PodCIDRs)
 	}
 	slices, err := c.Client.DiscoveryV1().EndpointSlices("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kube-dns"})
 	if err != nil {
@@ -46,49 +60,52 @@ func TestNodeUp(t *testing.T) {
 
 // TestReplaceOverlay applies deploy/overlays/replace-kube-proxy as a user would, with only
 // the image and the API server endpoint changed through kustomize, and checks the pod
-// becomes Ready, programs the node's own tables, serves the kubernetes and kube-dns
-// Services to the node, and that `kubectl logs` shows its log. The later scenarios run on
-// this deployment.
+// becomes Ready on every node, programs each node's own tables, serves the kubernetes and
+// kube-dns Services to each node, and that `kubectl logs` shows node-1's pod's log. The
+// later scenarios run on this deployment.
 func TestReplaceOverlay(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	deployReplaceOverlay(ctx, t, c, shardproxyTag)
 
-	var tables []string
-	err := poll(ctx, time.Minute, "the default instance's table", func() (bool, error) {
-		var err error
-		tables, err = c.NFTTables(ctx)
-		return containsPrefix(tables, "ip shardproxy-default"), err
-	})
-	if err != nil {
-		t.Fatalf("%v: the node has %q", err, tables)
-	}
-	t.Logf("node tables: %v", tables)
+	for _, n := range c.Nodes {
+		var tables []string
+		err := poll(ctx, time.Minute, n.Name+"'s default instance's table", func() (bool, error) {
+			var err error
+			tables, err = n.NFTTables(ctx)
+			return containsPrefix(tables, "ip shardproxy-default"), err
+		})
+		if err != nil {
+			t.Fatalf("%v: %s has %q", err, n.Name, tables)
+		}
+		t.Logf("%s's tables: %v", n.Name, tables)
 
-	// The kubernetes Service from the node: kube-apiserver answers through its ClusterIP.
-	httpClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext:     c.Dialer(c.NodeNS),
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-	}}
-	resp, err := httpClient.Get("https://10.96.0.1/readyz")
-	if err != nil {
-		t.Errorf("kubernetes Service from the node: %v", err)
-	} else {
-		resp.Body.Close()
-		t.Logf("https://10.96.0.1/readyz from the node: %s", resp.Status)
+		// The kubernetes Service from the node: kube-apiserver answers through its ClusterIP.
+		httpClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			DialContext:     c.Dialer(n.NS),
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+		}}
+		resp, err := httpClient.Get("https://10.96.0.1/readyz")
+		if err != nil {
+			t.Errorf("kubernetes Service from %s: %v", n.Name, err)
+		} else {
+			resp.Body.Close()
+			t.Logf("https://10.96.0.1/readyz from %s: %s", n.Name, resp.Status)
+		}
+
+		// Cluster DNS through the kube-dns Service.
+		resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return c.Dialer(n.NS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
+		}}
+		addrs, err := resolver.LookupHost(ctx, "kubernetes.default.svc.cluster.local")
+		if err != nil || len(addrs) != 1 || addrs[0] != "10.96.0.1" {
+			t.Errorf("kubernetes.default through kube-dns from %s: %v, %v; want [10.96.0.1]", n.Name, addrs, err)
+		}
 	}
 
-	// Cluster DNS through the kube-dns Service.
-	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return c.Dialer(c.NodeNS)(ctx, network, net.JoinHostPort(DNSIP, "53"))
-	}}
-	addrs, err := resolver.LookupHost(ctx, "kubernetes.default.svc.cluster.local")
-	if err != nil || len(addrs) != 1 || addrs[0] != "10.96.0.1" {
-		t.Errorf("kubernetes.default through kube-dns: %v, %v; want [10.96.0.1]", addrs, err)
-	}
-
-	logs, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "shardproxy")
+	pod := shardproxyPod(ctx, t, c, c.Node(1))
+	logs, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", pod.Name, "-c", "shardproxy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +114,7 @@ func TestReplaceOverlay(t *testing.T) {
 	} else {
 		t.Logf("kubectl logs: %d lines", lines)
 	}
-	init, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", "daemonset/shardproxy", "-c", "conntrack-sysctls")
+	init, err := c.Kubectl(ctx, "", "logs", "-n", "kube-system", pod.Name, "-c", "conntrack-sysctls")
 	if err != nil {
 		t.Fatal(err)
 	}

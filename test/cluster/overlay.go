@@ -73,7 +73,7 @@ func RenderOverlay(o Overlay) ([]byte, error) {
 	files := map[string]string{}
 	if o.APIServer {
 		k += "patches:\n- path: apiserver.yaml\n"
-		files["apiserver.yaml"] = fmt.Sprintf(apiServerPatch, NodeIP, APIPort)
+		files["apiserver.yaml"] = fmt.Sprintf(apiServerPatch, APIServerIP, APIPort)
 	}
 	if o.Config != "" {
 		k += "configMapGenerator:\n- name: shardproxy-config\n  namespace: kube-system\n  behavior: replace\n  files:\n  - config.yaml\n"
@@ -159,8 +159,8 @@ func (c *Cluster) WaitDaemonSetRolledOut(ctx context.Context, ns, name string, t
 }
 
 // NFTTables lists the node's nftables tables ("family name" per line).
-func (c *Cluster) NFTTables(ctx context.Context) ([]string, error) {
-	out, err := c.InNode(ctx, "nft", "list", "tables")
+func (n *Node) NFTTables(ctx context.Context) ([]string, error) {
+	out, err := n.Run(ctx, "nft", "list", "tables")
 	if err != nil {
 		return nil, err
 	}

@@ -19,11 +19,12 @@ var instanceWebs = []struct{ ns, proxyName string }{
 
 // TestInstances runs the replace overlay with three instances (the configuration replaced
 // through kustomize) and, for each instance, a 2-replica Deployment behind a NodePort
-// Service: every way into the node reaches both pods of each (from the node, from the
-// outside namespace, from a pod by DNS name), and the node has each instance's table.
-// Then, under client loops from all three places, the scenarios a node lives through:
-// a DaemonSet rolling update to a new image tag, the pod deleted and recreated, and the
-// node's containerd restarted, each with no failed connection.
+// Service: every way into node-1 reaches both pods of each (from the node, from the
+// outside namespace, from a pod by DNS name), wherever the scheduler put them, and every
+// node has each instance's table. Then, under client loops from all three places, the
+// scenarios a node lives through: a DaemonSet rolling update to a new image tag (every
+// node), node-1's shardproxy pod deleted and recreated, and node-1's containerd
+// restarted, each with no failed connection.
 func TestInstances(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
@@ -43,26 +44,29 @@ func TestInstances(t *testing.T) {
 		}
 		webs[w.ns] = web
 	}
-	var tables []string
-	err := poll(ctx, time.Minute, "every instance's table", func() (bool, error) {
-		var err error
-		tables, err = c.NFTTables(ctx)
-		return containsPrefix(tables, "ip shardproxy-default") && containsPrefix(tables, "ip shardproxy-team-a") &&
-			containsPrefix(tables, "ip shardproxy-team-b"), err
-	})
-	if err != nil {
-		t.Fatalf("%v: the node has %q", err, tables)
+	for _, n := range c.Nodes {
+		var tables []string
+		err := poll(ctx, time.Minute, "every instance's table on "+n.Name, func() (bool, error) {
+			var err error
+			tables, err = n.NFTTables(ctx)
+			return containsPrefix(tables, "ip shardproxy-default") && containsPrefix(tables, "ip shardproxy-team-a") &&
+				containsPrefix(tables, "ip shardproxy-team-b"), err
+		})
+		if err != nil {
+			t.Fatalf("%v: %s has %q", err, n.Name, tables)
+		}
 	}
+	n1 := c.Node(1)
 
 	t.Run("every way in", func(t *testing.T) {
 		for _, w := range instanceWebs {
 			web := webs[w.ns]
-			took, err := c.WaitServedByAll(ctx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 2)
+			took, err := c.WaitServedByAll(ctx, n1.NS, "http://"+web.ClusterIP+"/hostname", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
 			fmt.Printf("cluster: every way in: %-8s both pods answer through the ClusterIP %v after the Deployment is available\n", w.ns, took.Round(time.Millisecond))
-			for _, path := range trafficPaths(c, web) {
+			for _, path := range trafficPaths(c, n1, web) {
 				n := path.run(ctx, t, 20)
 				fmt.Printf("cluster: every way in: %-8s %-28s %s\n", w.ns, path.name, n)
 				if n.Failed.Load() > 0 || len(n.ServedBy()) != 2 {
@@ -91,9 +95,9 @@ func TestInstances(t *testing.T) {
 			var labels, namespaces []string
 			for _, w := range instanceWebs {
 				web := webs[w.ns]
-				n, wait := c.Loop(loopCtx, c.NodeNS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
+				n, wait := c.Loop(loopCtx, n1.NS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
 				counters, waits, labels = append(counters, n), append(waits, wait), append(labels, w.ns+" node->ClusterIP")
-				n, wait = c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", NodeIP, web.NodePort), 20*time.Millisecond)
+				n, wait = c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", n1.IP, web.NodePort), 20*time.Millisecond)
 				counters, waits, labels = append(counters, n), append(waits, wait), append(labels, w.ns+" outside->NodePort")
 				namespaces = append(namespaces, w.ns, w.ns)
 			}
@@ -158,42 +162,40 @@ func TestInstances(t *testing.T) {
 		apply(shardproxyTag + "2")
 	})
 	underLoad("pod deleted", func() {
-		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
-		if err != nil || len(pods.Items) != 1 {
-			t.Fatalf("shardproxy pods: %v, %v", pods, err)
-		}
-		old := pods.Items[0].Name
+		old := shardproxyPod(ctx, t, c, n1).Name
 		if err := c.Client.CoreV1().Pods("kube-system").Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		err = poll(ctx, 2*time.Minute, "a new shardproxy pod Ready", func() (bool, error) {
-			pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy"})
-			if err != nil || len(pods.Items) != 1 || pods.Items[0].Name == old {
+		err := poll(ctx, 2*time.Minute, "a new shardproxy pod Ready on "+n1.Name, func() (bool, error) {
+			pod, err := podOn(ctx, c, n1, "kube-system", "app.kubernetes.io/name=shardproxy")
+			if err != nil || pod.Name == old {
 				return false, nil
 			}
-			return podReady(&pods.Items[0]), nil
+			return podReady(pod), nil
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 	})
 	underLoad("containerd restarted", func() {
-		if err := c.RestartContainerd(ctx); err != nil {
+		if err := n1.RestartContainerd(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.waitNodeReady(ctx); err != nil {
+		if err := c.WaitNodesReady(ctx); err != nil {
 			t.Fatal(err)
 		}
 	})
 }
 
-// trafficPath is one way into the node to a web Service.
+// trafficPath is one way into a node to a web Service.
 type trafficPath struct {
 	name string
 	run  func(ctx context.Context, t *testing.T, n int) *Counter
 }
 
-func trafficPaths(c *Cluster, web *Web) []trafficPath {
+// trafficPaths are the ways into node to web: from the node, from outside, from pods
+// (wherever the scheduler puts them).
+func trafficPaths(c *Cluster, node *Node, web *Web) []trafficPath {
 	get := func(ns, url string) func(ctx context.Context, t *testing.T, n int) *Counter {
 		return func(ctx context.Context, t *testing.T, count int) *Counter {
 			n := &Counter{}
@@ -206,9 +208,9 @@ func trafficPaths(c *Cluster, web *Web) []trafficPath {
 	}
 	nodePort := strconv.Itoa(int(web.NodePort))
 	return []trafficPath{
-		{"node -> ClusterIP", get(c.NodeNS, "http://"+web.ClusterIP+"/hostname")},
-		{"node -> NodeIP:NodePort", get(c.NodeNS, "http://"+NodeIP+":"+nodePort+"/hostname")},
-		{"outside -> NodeIP:NodePort", get(c.ExtNS, "http://"+NodeIP+":"+nodePort+"/hostname")},
+		{"node -> ClusterIP", get(node.NS, "http://"+web.ClusterIP+"/hostname")},
+		{"node -> NodeIP:NodePort", get(node.NS, "http://"+node.IP+":"+nodePort+"/hostname")},
+		{"outside -> NodeIP:NodePort", get(c.ExtNS, "http://"+node.IP+":"+nodePort+"/hostname")},
 		{"outside -> ClusterIP", get(c.ExtNS, "http://"+web.ClusterIP+"/hostname")},
 		{"pod -> DNS name", func(ctx context.Context, t *testing.T, count int) *Counter {
 			n, err := c.PodLoop(ctx, web.Namespace, agnhostImage, "http://web."+web.Namespace+".svc.cluster.local/hostname", count, 0)
@@ -218,7 +220,7 @@ func trafficPaths(c *Cluster, web *Web) []trafficPath {
 			return n
 		}},
 		{"pod -> NodeIP:NodePort", func(ctx context.Context, t *testing.T, count int) *Counter {
-			n, err := c.PodLoop(ctx, web.Namespace, agnhostImage, "http://"+NodeIP+":"+nodePort+"/hostname", count, 0)
+			n, err := c.PodLoop(ctx, web.Namespace, agnhostImage, "http://"+node.IP+":"+nodePort+"/hostname", count, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

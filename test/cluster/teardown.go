@@ -33,8 +33,12 @@ type state struct {
 	Owner      int      `json:"owner"`
 	Dir        string   `json:"dir"`
 	Namespaces []string `json:"namespaces"`
-	CgroupName string   `json:"cgroupName"`
-	Sock       string   `json:"sock"`
+	// CgroupName is the cluster's cgroup: each node's kubelet has its cgroup root below.
+	CgroupName string `json:"cgroupName"`
+	// Socks are the nodes' containerd sockets; Sock the one of a one-node cluster's state
+	// written before there were several.
+	Socks []string `json:"socks"`
+	Sock  string   `json:"sock,omitempty"`
 	// PodNetns are the inodes of the pods' network namespaces, found at teardown.
 	PodNetns []uint64 `json:"podNetns"`
 	// LibModules is set when Start created an empty /lib/modules: these VMs have none,
@@ -50,25 +54,29 @@ func (s state) save() error {
 	return os.WriteFile(filepath.Join(s.Dir, stateFile), data, 0o644)
 }
 
-// createCgroups creates the kubelet's cgroup root in every v1 hierarchy (the kubelet
-// refuses a root that does not exist); cpuset needs its CPUs and memory nodes filled in.
+// createCgroups creates a kubelet's cgroup root (a path such as spc-ID/node-1) in every
+// v1 hierarchy (the kubelet refuses a root that does not exist); in cpuset each level
+// needs its CPUs and memory nodes filled in before a child can have them.
 func createCgroups(name string) error {
 	for _, h := range cgroupHierarchies() {
-		dir := filepath.Join(h, name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("creating cgroup %s: %w", dir, err)
-		}
-		if filepath.Base(h) != "cpuset" {
-			continue
-		}
-		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-			v, err := os.ReadFile(filepath.Join(h, f))
-			if err != nil {
-				return err
+		parent := h
+		for _, part := range strings.Split(name, "/") {
+			dir := filepath.Join(parent, part)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("creating cgroup %s: %w", dir, err)
 			}
-			if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
-				return fmt.Errorf("writing %s in %s: %w", f, dir, err)
+			if filepath.Base(h) == "cpuset" {
+				for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+					v, err := os.ReadFile(filepath.Join(parent, f))
+					if err != nil {
+						return err
+					}
+					if err := os.WriteFile(filepath.Join(dir, f), v, 0o644); err != nil {
+						return fmt.Errorf("writing %s in %s: %w", f, dir, err)
+					}
+				}
 			}
+			parent = dir
 		}
 	}
 	return nil
@@ -86,9 +94,9 @@ func cgroupHierarchies() []string {
 	return out
 }
 
-// teardownNode ends every process of the node: the pods' (by cgroup), containerd, and
-// containerd's shims (by the socket they were started for).
-func teardownNode(s *state, containerd *controlplane.Child, logf func(string, ...any)) error {
+// teardownNode ends every process of the nodes: the pods' (by cgroup), the containerds,
+// and containerd's shims (by the socket they were started for).
+func teardownNode(s *state, containerds []*controlplane.Child, logf func(string, ...any)) error {
 	var errs []error
 	// The pods' network namespaces, known by inode while their processes hold them: other
 	// clusters on the machine have cni-* namespaces too.
@@ -110,12 +118,17 @@ func teardownNode(s *state, containerd *controlplane.Child, logf func(string, ..
 	if pids := cgroupPids(s.CgroupName); len(pids) > 0 {
 		errs = append(errs, fmt.Errorf("pod processes %v survived SIGKILL", pids))
 	}
-	if containerd != nil {
-		errs = append(errs, containerd.Stop(10*time.Second))
-	} else {
-		killMatching("containerd --config "+filepath.Join(s.Dir, "containerd"), logf)
+	for _, ch := range containerds {
+		errs = append(errs, ch.Stop(10*time.Second))
 	}
-	killMatching("-address "+s.Sock, logf)
+	// A crashed run's, or one whose Child was lost: every containerd of the cluster's
+	// directory (one-node clusters kept theirs in DIR/containerd, nodes in DIR/node-N).
+	killMatching("containerd --config "+s.Dir+"/", logf)
+	for _, sock := range append(slices.Clone(s.Socks), s.Sock) {
+		if sock != "" {
+			killMatching("-address "+sock, logf)
+		}
+	}
 	return errors.Join(errs...)
 }
 

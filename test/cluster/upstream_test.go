@@ -290,67 +290,69 @@ func (c *Cluster) removeShardproxy(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables, err := c.NFTTables(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The instances' tables and the node-wide one (shardproxy_node).
-	for _, table := range tables {
-		if family, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy") {
-			if _, err := c.InNode(ctx, "nft", "delete", "table", family, name); err != nil {
-				t.Fatal(err)
+	for _, n := range c.Nodes {
+		tables, err := n.NFTTables(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The instances' tables and the node-wide one (shardproxy_node).
+		for _, table := range tables {
+			if family, name, _ := strings.Cut(table, " "); strings.HasPrefix(name, "shardproxy") {
+				if _, err := n.Run(ctx, "nft", "delete", "table", family, name); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
 }
 
-// startKubeProxy runs upstream kube-proxy v1.36.3 in mode in the node's namespace on its
-// default ports, serving the unlabeled Services, until the test ends; then it is stopped
-// and its rules cleaned up (kube-proxy --cleanup), as later tests expect.
+// startKubeProxy runs upstream kube-proxy v1.36.3 in mode in every node's namespace on
+// its default ports, dual-stack, serving the unlabeled Services, until the test ends;
+// then it is stopped and its rules cleaned up (kube-proxy --cleanup), as later tests
+// expect.
 func (c *Cluster) startKubeProxy(ctx context.Context, t *testing.T, mode string) {
 	t.Helper()
 	bin, err := controlplane.KubeProxyBinary(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kp, err := c.startChild("kube-proxy", bin,
-		"--proxy-mode="+mode,
-		"--kubeconfig="+c.Kubeconfig,
-		"--hostname-override="+NodeName,
-		"--cluster-cidr="+ClusterCIDR,
-		// The node's conntrack table is the host's: leave its sysctls alone.
-		"--conntrack-max-per-core=0",
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--v=1",
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := kp.Stop(10 * time.Second); err != nil {
-			t.Error(err)
-		}
-		c.mu.Lock()
-		delete(c.children, "kube-proxy")
-		c.mu.Unlock()
-		if out, err := c.InNode(context.Background(), bin, "--cleanup"); err != nil {
-			t.Errorf("kube-proxy --cleanup: %v: %s", err, out)
-		}
-	})
-	err = poll(ctx, time.Minute, "kube-proxy healthy", func() (bool, error) {
-		if !kp.Running() {
-			return false, kp.ExitErr()
-		}
-		client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: c.Dialer(c.NodeNS)}}
-		resp, err := client.Get("http://127.0.0.1:10256/healthz")
+	for _, n := range c.Nodes {
+		kp, err := n.StartChild("kube-proxy", bin,
+			"--proxy-mode="+mode,
+			"--kubeconfig="+c.Kubeconfig,
+			"--hostname-override="+n.Name,
+			"--cluster-cidr="+strings.Join(ClusterCIDRs, ","),
+			// The node's conntrack table is the host's: leave its sysctls alone.
+			"--conntrack-max-per-core=0",
+			"--conntrack-tcp-timeout-established=0",
+			"--conntrack-tcp-timeout-close-wait=0",
+			"--v=1",
+		)
 		if err != nil {
-			return false, nil
+			t.Fatal(err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
-	if err != nil {
-		t.Fatalf("%v; log ends:\n%s", err, kp.LogTail(20))
+		t.Cleanup(func() {
+			if err := n.StopChild("kube-proxy", 10*time.Second); err != nil {
+				t.Error(err)
+			}
+			if out, err := n.Run(context.Background(), bin, "--cleanup"); err != nil {
+				t.Errorf("%s: kube-proxy --cleanup: %v: %s", n.Name, err, out)
+			}
+		})
+		err = poll(ctx, time.Minute, "kube-proxy healthy on "+n.Name, func() (bool, error) {
+			if !kp.Running() {
+				return false, kp.ExitErr()
+			}
+			client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: c.Dialer(n.NS)}}
+			resp, err := client.Get("http://127.0.0.1:10256/healthz")
+			if err != nil {
+				return false, nil
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, nil
+		})
+		if err != nil {
+			t.Fatalf("%v; log ends:\n%s", err, kp.LogTail(20))
+		}
 	}
 }

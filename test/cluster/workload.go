@@ -224,14 +224,26 @@ func (c *Cluster) Loop(ctx context.Context, ns, url string, interval time.Durati
 }
 
 // PodLoop runs a client loop in a pod of its own in ns (not kubectl exec, whose stream a
-// containerd restart cuts): count requests of curl to url, one every interval. It
-// returns the counter once the pod has finished, from the pod's log, each request with
-// the time it was sent (the pod shares the test's clock: one kernel).
+// containerd restart cuts), wherever the scheduler puts it: count requests of curl to
+// url, one every interval. It returns the counter once the pod has finished, from the
+// pod's log, each request with the time it was sent (the pod shares the test's clock:
+// one kernel).
 func (c *Cluster) PodLoop(ctx context.Context, ns, image, url string, count int, interval time.Duration) (*Counter, error) {
-	script := fmt.Sprintf(`for i in $(seq 1 %d); do t=$(date +%%s.%%N); if out=$(curl -sS --max-time 2 %s 2>&1); then echo "ok $t $out"; else echo "fail $t $out"; fi; sleep %.2f; done`, count, url, interval.Seconds())
+	return c.PodLoopOn(ctx, nil, ns, image, url, count, interval)
+}
+
+// PodLoopOn is PodLoop with the client pod on node (anywhere if nil).
+func (c *Cluster) PodLoopOn(ctx context.Context, node *Node, ns, image, url string, count int, interval time.Duration) (*Counter, error) {
+	// -g: an IPv6 address in brackets is an address, not a glob.
+	script := fmt.Sprintf(`for i in $(seq 1 %d); do t=$(date +%%s.%%N); if out=$(curl -gsS --max-time 2 %s 2>&1); then echo "ok $t $out"; else echo "fail $t $out"; fi; sleep %.2f; done`, count, url, interval.Seconds())
+	var nodeName string
+	if node != nil {
+		nodeName = node.Name
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "loop-"},
 		Spec: corev1.PodSpec{
+			NodeName:                      nodeName,
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: new(int64(1)),
 			Containers: []corev1.Container{{
