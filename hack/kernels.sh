@@ -35,8 +35,13 @@
 #   KERNEL_SET=ci      tests.txt's smaller "ci" selection (make test's 6.1 layer)
 #   KERNEL_LANES=1     every test binary one after another (default: tests.txt's "lane"
 #                      packages each beside the rest, two at a time on the VM's 2 CPUs)
-#   KERNEL_CEILING     the wall-time bound of one VM, boot to power-off (default 14m)
-#   KERNEL_TIMEOUT     each test binary's -test.timeout in the guest (default 12m)
+#   KERNEL_CEILING     the wall-time bound of one VM, boot to power-off (default 20m: the
+#                      full set takes ~10 minutes on two idle cores and up to twice that
+#                      beside other work; the TIME line says how long it took and the
+#                      host's load average meanwhile; make test's layer sets 10m)
+#   KERNEL_TIMEOUT     each test binary's -test.timeout in the guest (default the ceiling
+#                      less 90 s, so that a test stuck in the guest dumps its goroutines
+#                      before the VM is killed)
 #   KERNEL_CPUS, KERNEL_MEMORY  the VM's (2, 3072 MiB)
 #   KERNEL_KEEP=1      keep the per-run work directory (console log, JSON) and print it
 #
@@ -67,6 +72,15 @@ log() { echo "kernels: $*" >&2; }
 hash() { sha256sum | cut -c1-16; }
 sum() { sha256sum <"$1" | cut -d' ' -f1; }
 dur() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+# seconds DURATION: timeout(1)'s N, Ns or Nm in seconds.
+seconds() {
+	case "$1" in
+	*m) echo $((${1%m} * 60)) ;;
+	*s) echo "${1%s}" ;;
+	*) echo "$1" ;;
+	esac
+}
+load() { cut -d' ' -f1 /proc/loadavg; }
 
 # prune PREFIX KEEP removes cached PREFIX* entries other than KEEP unused for a week.
 prune() {
@@ -257,7 +271,7 @@ tests_cpio() {
 	# in a lane of its own, beside the lane that runs the others one after another
 	# (KERNEL_LANES=1: every binary in one lane).
 	local word dir run skip name ip flags lane
-	local base="-test.count=1 -test.timeout=${KERNEL_TIMEOUT:-12m}"
+	local base="-test.count=1 -test.timeout=${test_timeout}"
 	declare -A ci_run=() own_lane=()
 	while read -r word dir run; do
 		[[ "${word}" == ci ]] && ci_run[${dir}]="${run}"
@@ -295,11 +309,14 @@ tests_cpio() {
 # test2json stream to stdout as it comes, the console to OUT/console.log, and then go
 # test's stand-in exit status to OUT/status and any failure to say to OUT/stderr.
 boot() {
-	local series="$1" kdir="$2" out="$3" release ceiling="${KERNEL_CEILING:-14m}" start status
+	local series="$1" kdir="$2" out="$3" release start status sampler
 	release="$(cat "${kdir}/release")"
 	cat "${rootfs}" "${kdir}/modules.cpio" "${tests}" >"${out}/initrd"
 	log "kernel-${series}: booting ${release} under TCG (ceiling ${ceiling})"
 	start=$(date +%s)
+	# The host's load average every 30 s: TCG's speed is the host's spare CPU.
+	(while true; do load; sleep 30; done) >"${out}/loads" &
+	sampler=$!
 	timeout --kill-after=10s "${ceiling}" qemu-system-x86_64 -accel tcg -cpu max \
 		-smp "${KERNEL_CPUS:-2}" -m "${KERNEL_MEMORY:-3072}" -nodefaults -no-reboot \
 		-display none -monitor none -device virtio-rng-pci \
@@ -308,6 +325,7 @@ boot() {
 		-append "console=ttyS0 panic=-1 oops=panic loglevel=4 random.trust_cpu=on rdinit=/init" \
 		2>"${out}/qemu.log"
 	status=$?
+	kill "${sampler}"
 	rm -f "${out}/initrd"
 	local done_line
 	done_line="$(grep -a '^SHARDPROXY-GUEST-DONE status=' "${out}/console.log" | tail -1 | tr -d '\r')"
@@ -322,7 +340,8 @@ boot() {
 	else
 		echo "${done_line#*status=}" >"${out}/status"
 	fi
-	log "kernel-${series}: ${release}: the VM ran $(dur $(($(date +%s) - start)))"
+	awk '{ s += $1; if ($1 > m) m = $1 } END { if (NR) printf "%.1f mean, %.1f max", s / NR, m }' "${out}/loads" >"${out}/load"
+	log "kernel-${series}: ${release}: the VM ran $(dur $(($(date +%s) - start))) (the host's load average $(cat "${out}/load") on $(nproc) cores)"
 }
 
 # run_kernel SERIES: boots the series' kernel with the tests and adds its LAYER line.
@@ -350,13 +369,22 @@ run_kernel() {
 	[[ -f "${out}/release" ]] && line+=" [Debian $(cut -d' ' -f1,2 "${out}/release")]"
 	summary+=("${line}")
 	[[ ${ok} -ne 0 ]] && rc=1
-	times+=("${name} $(dur $(($(date +%s) - start)))")
+	local took="${name} $(dur $(($(date +%s) - start)))"
+	[[ -f "${out}/load" ]] && took+=" (host load $(cat "${out}/load"))"
+	times+=("${took}")
 }
 
 series_list=("$@")
 if [[ ${#series_list[@]} -eq 0 ]]; then
 	IFS=, read -r -a series_list <<<"${KERNELS:-5.10,6.1,6.12}"
 fi
+
+ceiling="${KERNEL_CEILING:-20m}"
+if ! [[ "$(seconds "${ceiling}")" =~ ^[0-9]+$ ]] || [[ "$(seconds "${ceiling}")" -le 120 ]]; then
+	echo "kernels: KERNEL_CEILING=${ceiling}: want N, Ns or Nm, over 2 minutes" >&2
+	exit 2
+fi
+test_timeout="${KERNEL_TIMEOUT:-$(($(seconds "${ceiling}") - 90))s}"
 
 rc=0
 summary=()
