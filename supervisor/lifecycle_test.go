@@ -43,7 +43,7 @@ func TestWatchesWaitEndsEverything(t *testing.T) {
 				if err := w.Connect(d, func(*corev1.Node, bool) {}, func() {}, func() {}, func() {}); err != nil {
 					t.Fatal(err)
 				}
-				if len(tc.instances) == 2 && len(w.mergers) == 0 {
+				if len(tc.instances) == 2 && w.serviceMerger == nil {
 					t.Fatal("no merger: the case does not test the readers")
 				}
 				ctx, cancel := context.WithCancel(t.Context())

@@ -261,7 +261,7 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 		sinks[n] = &countingSink{Sink: p, instance: n, counter: s.changes}
 	}
 	changed := slices.Concat(plan.added, plan.removed, plan.replaced, plan.rerouted)
-	s.dispatcher.Reconfigure(router, sinks, plan.replaced, changed, s.watches.Services())
+	s.dispatcher.Reconfigure(router, sinks, plan.replaced, changed, s.watches.HeldServices())
 	for _, name := range slices.Concat(plan.added, plan.replaced) {
 		s.startInstance(ctx, wg, fresh[name])
 	}

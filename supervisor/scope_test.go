@@ -245,7 +245,7 @@ func TestSlicesOfJoinsWatches(t *testing.T) {
 		{slice("web-1", "6"), slice("web-3", "9")},
 	} {
 		for _, sl := range objs {
-			if err := w.slices[i].GetIndexer().Add(sl); err != nil {
+			if err := w.scoped[i].slices.GetIndexer().Add(sl); err != nil {
 				t.Fatal(err)
 			}
 		}

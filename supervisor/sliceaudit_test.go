@@ -180,7 +180,7 @@ func TestHeldServices(t *testing.T) {
 	}
 	for i, svcs := range [][]*corev1.Service{{obj("db", "9", "new")}, {obj("db", "7", "old"), obj("web", "3", "x")}} {
 		for _, s := range svcs {
-			if err := w.services[i].GetStore().Add(s); err != nil {
+			if err := w.scoped[i].services.GetStore().Add(s); err != nil {
 				t.Fatal(err)
 			}
 		}

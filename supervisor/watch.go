@@ -54,13 +54,17 @@ type WatchOptions struct {
 // Watches are the node's API watches: one informer per resource and label selector of
 // watchScope, whatever the number of instances.
 type Watches struct {
-	client      kubernetes.Interface
-	nodeName    string
-	scope       []string
+	client   kubernetes.Interface
+	nodeName string
+	shared   *endpointValues
+	// mu guards scoped, which Rescope changes while the others read it.
+	mu sync.RWMutex
+	// scoped are the Service and EndpointSlice watches, one pair per selector of the
+	// scope.
+	scoped []*scopedWatch
+	// factories are the informer factories of the other watches.
 	factories   []informers.SharedInformerFactory
 	nodeFactory informers.SharedInformerFactory
-	services    []cache.SharedIndexInformer
-	slices      []cache.SharedIndexInformer
 	node        cache.SharedIndexInformer
 	serviceCIDR cache.SharedIndexInformer
 	// apiServer is the EndpointSlices of default/kubernetes, the API server's endpoints:
@@ -69,35 +73,73 @@ type Watches struct {
 	// handlers are Connect's event handlers: Start waits until each has been given the
 	// whole initial list, not only until the caches hold it.
 	handlers []cache.ResourceEventHandlerRegistration
-	// mergers join the watches of a resource when there are several; Start runs their
-	// reads of objects leaving every watch.
-	mergers []*merger
+	// serviceMerger and sliceMerger join the watches of each resource when there are
+	// several (nil with one); Start runs their reads of objects leaving every watch.
+	serviceMerger, sliceMerger *merger
 	// readers are the mergers' reads, for Wait.
 	readers sync.WaitGroup
+}
+
+// scopedWatch is the Service and EndpointSlice watches of one selector of the scope.
+type scopedWatch struct {
+	sel              string
+	services, slices cache.SharedIndexInformer
+	factories        [2]informers.SharedInformerFactory
+	// serviceIndex and sliceIndex are the watches' indexes in the mergers.
+	serviceIndex, sliceIndex int
+	// stop ends the watches alone (Rescope); set when they start.
+	stop context.CancelFunc
+}
+
+// newScopedWatch creates the informers of one selector's watches (nothing runs).
+func (w *Watches) newScopedWatch(sel string) *scopedWatch {
+	services := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithTransform(w.shared.trimService))
+	slices := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithTransform(w.shared.trimSlice))
+	// Not the factories' own informers: those index every object by namespace, for
+	// listers no one here uses (a set of every key per namespace).
+	return &scopedWatch{sel: sel, factories: [2]informers.SharedInformerFactory{services, slices},
+		services: services.InformerFor(&corev1.Service{},
+			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+				return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
+					func(o *metav1.ListOptions) { o.LabelSelector = sel })
+			}),
+		slices: slices.InformerFor(&discoveryv1.EndpointSlice{},
+			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+				return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync,
+					cache.Indexers{byServiceIndex: sliceServiceIndex},
+					func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) })
+			}),
+	}
+}
+
+// start runs the watches until ctx ends or stop is called.
+func (sw *scopedWatch) start(ctx context.Context) {
+	ctx, sw.stop = context.WithCancel(ctx)
+	for _, f := range sw.factories {
+		f.Start(ctx.Done())
+	}
+}
+
+// shutdown waits for the watches to end (after start's context or stop).
+func (sw *scopedWatch) shutdown() {
+	for _, f := range sw.factories {
+		f.Shutdown()
+	}
+}
+
+// watches returns the scope's watches, a copy to range over without the lock.
+func (w *Watches) watches() []*scopedWatch {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return slices.Clone(w.scoped)
 }
 
 // NewWatches creates the informers (nothing runs before Start) for the Services and
 // EndpointSlices of scope (watchScope's selectors), this Node, and what opts add.
 func NewWatches(client kubernetes.Interface, nodeName string, scope []string, opts WatchOptions) (*Watches, error) {
-	w := &Watches{client: client, scope: scope, nodeName: nodeName}
-	shared := newEndpointValues()
+	w := &Watches{client: client, nodeName: nodeName, shared: newEndpointValues()}
 	for _, sel := range scope {
-		services := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(shared.trimService))
-		slices := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(shared.trimSlice))
-		w.factories = append(w.factories, services, slices)
-		// Not the factories' own informers: those index every object by namespace, for
-		// listers no one here uses (a set of every key per namespace).
-		w.services = append(w.services, services.InformerFor(&corev1.Service{},
-			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-				return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{},
-					func(o *metav1.ListOptions) { o.LabelSelector = sel })
-			}))
-		w.slices = append(w.slices, slices.InformerFor(&discoveryv1.EndpointSlice{},
-			func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-				return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync,
-					cache.Indexers{byServiceIndex: sliceServiceIndex},
-					func(o *metav1.ListOptions) { o.LabelSelector = sliceSelector(sel) })
-			}))
+		w.scoped = append(w.scoped, w.newScopedWatch(sel))
 	}
 	w.nodeFactory = newNodeFactory(client, nodeName, opts.OtherNodes)
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
@@ -352,14 +394,17 @@ func shareValue[K comparable, V any](shared map[K]V, key K, val V) V {
 const maxSharedNames = 20000
 
 // Scoped tells whether the node's watches hold only some Services (watchScope).
-func (w *Watches) Scoped() bool { return !(len(w.scope) == 1 && w.scope[0] == "") }
+func (w *Watches) Scoped() bool { return scopedBy(w.Scope()) }
+
+// scopedBy tells whether a scope (watchScope's) selects only some Services.
+func scopedBy(scope []string) bool { return !(len(scope) == 1 && scope[0] == "") }
 
 // HeldServices lists the Services the node's watches hold, each once, in the newest
 // version a watch holds (two watches may both hold one). Read-only: the informers' own.
 func (w *Watches) HeldServices() []*corev1.Service {
 	newest := map[string]*corev1.Service{}
-	for _, inf := range w.services {
-		for _, o := range inf.GetStore().List() {
+	for _, sw := range w.watches() {
+		for _, o := range sw.services.GetStore().List() {
 			svc, ok := o.(*corev1.Service)
 			if !ok {
 				continue
@@ -379,8 +424,8 @@ func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSli
 	var out []*discoveryv1.EndpointSlice
 	seen := map[string]int{}
 	want := types.NamespacedName{Namespace: namespace, Name: service}
-	for _, inf := range w.slices {
-		objs, err := inf.GetIndexer().ByIndex(byServiceIndex, serviceBucket(namespace, service))
+	for _, sw := range w.watches() {
+		objs, err := sw.slices.GetIndexer().ByIndex(byServiceIndex, serviceBucket(namespace, service))
 		if err != nil {
 			continue
 		}
@@ -405,31 +450,14 @@ func (w *Watches) SlicesOf(namespace, service string) []*discoveryv1.EndpointSli
 	return out
 }
 
-// Services lists the Services of the watches: of a Service two watches hold, the newer
-// version.
-func (w *Watches) Services() []*corev1.Service {
-	byKey := map[string]*corev1.Service{}
-	for _, inf := range w.services {
-		for _, o := range inf.GetStore().List() {
-			svc, ok := o.(*corev1.Service)
-			if !ok {
-				continue
-			}
-			key := objectKey(svc)
-			if have := byKey[key]; have == nil || resourceVersion(svc) > resourceVersion(have) {
-				byKey[key] = svc
-			}
-		}
-	}
-	out := make([]*corev1.Service, 0, len(byKey))
-	for _, key := range slices.Sorted(maps.Keys(byKey)) {
-		out = append(out, byKey[key])
+// Scope is the label selectors of the Service and EndpointSlice watches.
+func (w *Watches) Scope() []string {
+	var out []string
+	for _, sw := range w.watches() {
+		out = append(out, sw.sel)
 	}
 	return out
 }
-
-// Scope is the label selectors of the Service and EndpointSlice watches.
-func (w *Watches) Scope() []string { return w.scope }
 
 // ServiceCIDRsServed tells whether the API server serves ServiceCIDRs (WatchOptions).
 func (w *Watches) ServiceCIDRsServed() bool { return w.serviceCIDR != nil }
@@ -464,15 +492,19 @@ func (w *Watches) APIServerIPs() []netip.Addr {
 // onOtherNodes whenever another Node's addresses do (never without
 // WatchOptions.OtherNodes) and onAPIServer whenever the API server's endpoints do.
 func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceCIDRs, onOtherNodes, onAPIServer func()) error {
-	services, err := w.resourceHandlers("Services", w.getService,
+	services, sm, err := w.resourceHandlers("Services", w.getService,
 		func(obj any) { withService(obj, d.ServiceChanged) }, func(obj any) { withService(obj, d.ServiceDeleted) })
 	if err != nil {
 		return err
 	}
-	slices, err := w.resourceHandlers("EndpointSlices", w.getSlice,
+	slices, lm, err := w.resourceHandlers("EndpointSlices", w.getSlice,
 		func(obj any) { withSlice(obj, d.SliceChanged) }, func(obj any) { withSlice(obj, d.SliceDeleted) })
 	if err != nil {
 		return err
+	}
+	w.serviceMerger, w.sliceMerger = sm, lm
+	for i, sw := range w.scoped {
+		sw.serviceIndex, sw.sliceIndex = i, i
 	}
 	type handler struct {
 		what     string
@@ -492,8 +524,8 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 			DeleteFunc: func(any) { onAPIServer() },
 		}},
 	}
-	for i := range w.scope {
-		all = append(all, handler{"Services", w.services[i], services[i]}, handler{"EndpointSlices", w.slices[i], slices[i]})
+	for i, sw := range w.scoped {
+		all = append(all, handler{"Services", sw.services, services[i]}, handler{"EndpointSlices", sw.slices, slices[i]})
 	}
 	for _, h := range all {
 		if h.informer == nil {
@@ -505,30 +537,30 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 		}
 		w.handlers = append(w.handlers, reg)
 	}
-	klog.Background().Info("Watches connected", "scope", w.scope)
+	klog.Background().Info("Watches connected", "scope", w.Scope())
 	return nil
 }
 
 // resourceHandlers returns the handlers of each watch of one resource: the events
-// themselves with a single watch, merged (merger) with several.
-func (w *Watches) resourceHandlers(what string, get getFunc, changed, deleted func(any)) ([]cache.ResourceEventHandlerFuncs, error) {
-	if len(w.scope) == 1 {
+// themselves with a single watch, merged (a merger, returned) with several.
+func (w *Watches) resourceHandlers(what string, get getFunc, changed, deleted func(any)) ([]cache.ResourceEventHandlerFuncs, *merger, error) {
+	scope := w.Scope()
+	if len(scope) == 1 {
 		return []cache.ResourceEventHandlerFuncs{{
 			AddFunc:    changed,
 			UpdateFunc: func(_, obj any) { changed(obj) },
 			DeleteFunc: deleted,
-		}}, nil
+		}}, nil, nil
 	}
-	m, err := newMerger(what, w.scope, get, changed, deleted)
+	m, err := newMerger(what, scope, get, changed, deleted)
 	if err != nil {
-		return nil, fmt.Errorf("watching %s: %w", what, err)
+		return nil, nil, fmt.Errorf("watching %s: %w", what, err)
 	}
-	w.mergers = append(w.mergers, m)
 	var out []cache.ResourceEventHandlerFuncs
-	for i := range w.scope {
+	for i := range scope {
 		out = append(out, m.handlers(i))
 	}
-	return out, nil
+	return out, m, nil
 }
 
 func (w *Watches) getService(ctx context.Context, namespace, name, rv string) (metav1.Object, error) {
@@ -558,8 +590,10 @@ func (w *Watches) getSlice(ctx context.Context, namespace, name, rv string) (met
 // an informer's own HasSynced says only that its cache is full, while the handlers may
 // still be thousands of events behind).
 func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
-	for _, m := range w.mergers {
-		w.readers.Go(func() { m.run(ctx) })
+	for _, m := range []*merger{w.serviceMerger, w.sliceMerger} {
+		if m != nil {
+			w.readers.Go(func() { m.run(ctx) })
+		}
 	}
 	for _, f := range w.factories {
 		f.Start(ctx.Done())
@@ -568,8 +602,9 @@ func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 	syncCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	synced := []cache.InformerSynced{w.node.HasSynced}
-	for i := range w.scope {
-		synced = append(synced, w.services[i].HasSynced, w.slices[i].HasSynced)
+	for _, sw := range w.watches() {
+		sw.start(ctx)
+		synced = append(synced, sw.services.HasSynced, sw.slices.HasSynced)
 	}
 	for _, h := range w.handlers {
 		synced = append(synced, h.HasSynced)
@@ -588,6 +623,9 @@ func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 func (w *Watches) Wait() {
 	for _, f := range w.factories {
 		f.Shutdown()
+	}
+	for _, sw := range w.watches() {
+		sw.shutdown()
 	}
 	w.nodeFactory.Shutdown()
 	w.readers.Wait()

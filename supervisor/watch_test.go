@@ -183,11 +183,11 @@ func TestWatchIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range w.scope {
-		if got := slices.Collect(maps.Keys(w.services[i].GetIndexer().GetIndexers())); len(got) != 0 {
+	for i, sw := range w.scoped {
+		if got := slices.Collect(maps.Keys(sw.services.GetIndexer().GetIndexers())); len(got) != 0 {
 			t.Errorf("scope %d: Service indexes %v, want none", i, got)
 		}
-		if got := slices.Collect(maps.Keys(w.slices[i].GetIndexer().GetIndexers())); !slices.Equal(got, []string{byServiceIndex}) {
+		if got := slices.Collect(maps.Keys(sw.slices.GetIndexer().GetIndexers())); !slices.Equal(got, []string{byServiceIndex}) {
 			t.Errorf("scope %d: EndpointSlice indexes %v, want only %s", i, got, byServiceIndex)
 		}
 	}
