@@ -36,10 +36,13 @@ import (
 //     one whose routing alone changed (default, proxyNames, tenant) keeps running;
 //   - the other instances are not touched: same loop, same tables, no resync.
 //
-// A file that does not validate, or that changes a node-wide field (those of
-// config.FixedChanges) or, without a default instance, the proxy names the watches
-// select, is refused with one log line and an Event on this Node; the running
-// configuration stays in force.
+// Without a default instance the node watches only the Services of its proxy names: a
+// change of those names rescopes the watches (Watches.Rescope) before the switch.
+//
+// A file that does not validate, that changes a node-wide field (those of
+// config.FixedChanges), or that adds or removes the default instance (whether the node
+// watches every Service) is refused with one log line and an Event on this Node; the
+// running configuration stays in force.
 
 // defaultConfigPoll is how often the configuration file is read for changes.
 const defaultConfigPoll = 2 * time.Second
@@ -138,14 +141,18 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 			strings.Join(fixed, ", ")))
 		return
 	}
-	if scope := watchScope(next.Instances, s.watches.ServiceCIDRsServed()); !slices.Equal(scope, s.watches.Scope()) {
-		s.refuseConfig(logger, metrics.ReloadRefused, "ConfigRefused", fmt.Sprintf(
-			"The changed configuration changes instances[*].proxyNames without a default instance, which changes what this node watches (%q, was %q): restart its pods to apply it; the running configuration stays in force",
-			scope, s.watches.Scope()))
+	scope, was := watchScope(next.Instances, s.watches.ServiceCIDRsServed()), s.watches.Scope()
+	if scopedBy(scope) != scopedBy(was) {
+		s.refuseConfig(logger, metrics.ReloadRefused, "ConfigRefused",
+			"The changed configuration adds or removes the default instance, which changes whether this node watches every Service: restart its pods to apply it; the running configuration stays in force")
 		return
 	}
+	var rescope func() error
+	if !slices.Equal(scope, was) {
+		rescope = func() error { return s.watches.Rescope(ctx, scope, rescopeTimeout) }
+	}
 	plan := planReload(s.instanceSpecs(), next.Instances)
-	if err := s.reconfigure(ctx, wg, next, plan); err != nil {
+	if err := s.reconfigure(ctx, wg, next, plan, rescope); err != nil {
 		s.refuseConfig(logger, metrics.ReloadRefused, "ConfigRefused",
 			"Applying the changed configuration failed; the running one stays in force: "+err.Error())
 		return
@@ -211,11 +218,16 @@ func withoutRouting(in config.Instance) config.Instance {
 	return in
 }
 
-// reconfigure switches the instance set to next's: the new instances are built (a
-// failure changes nothing), the restarted ones' loops stopped, the set swapped, every
-// Service routed again, and the new loops started. The removed instances keep running
-// until retire.
-func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *config.Config, plan reloadPlan) error {
+// rescopeTimeout bounds the wait for the initial lists of the watches a live change
+// adds.
+const rescopeTimeout = 2 * time.Minute
+
+// reconfigure switches the instance set to next's: the new instances are built and the
+// watches rescoped when the proxy names they select change (a failure of either changes
+// nothing), the restarted instances' loops stopped, the set swapped, every Service the
+// change concerns routed again, and the new loops started. The removed instances keep
+// running until retire.
+func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *config.Config, plan reloadPlan, rescope func() error) error {
 	router, specs, err := buildRouter(next)
 	if err != nil {
 		return err
@@ -238,6 +250,13 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 			}
 		}
 		fresh[name] = p
+	}
+	if rescope != nil {
+		// Before the switch: the objects of proxy names no longer watched leave their
+		// instances as when a Service's label moves to a proxy nothing here runs.
+		if err := rescope(); err != nil {
+			return err
+		}
 	}
 	// A restarted instance's successor writes the same tables: the old loop ends first.
 	// The rules stay in place meanwhile, and the successor's first sync is a full one.

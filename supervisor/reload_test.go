@@ -223,3 +223,49 @@ func TestPlanReload(t *testing.T) {
 		})
 	}
 }
+
+// alongsideYAML is a node beside kube-proxy: no default instance, so the watches select
+// the instances' proxy names (with the ServiceCIDR API served).
+const alongsideYAML = `
+apiVersion: shardproxy.io/v1alpha1
+kind: SupervisorConfig
+nodeName: node-1
+instances:
+- name: team-a
+  proxyNames: [team-a]
+  slot: 1
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+  tenant:
+    namespaces: [a]
+`
+
+// TestLiveConfigRescopes: beside kube-proxy (no default instance) adding a tenant's
+// instance widens the watches to its proxy name, and removing it narrows them again.
+func TestLiveConfigRescopes(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: alongsideYAML, serviceCIDRs: []string{"10.96.0.0/16"}})
+	f.createService("a", "web", "team-a", "10.96.0.11")
+	f.createService("c", "cache", "team-c", "10.96.0.13")
+	testutil.Eventually(t, waitTimeout, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") })
+	if scope := f.sup.watches.Scope(); strings.Contains(strings.Join(scope, " "), "team-c") {
+		t.Fatalf("team-c watched before it is configured: %q", scope)
+	}
+	f.writeConfig(alongsideYAML + teamC)
+	testutil.Eventually(t, waitTimeout, "team-c programs cache", func() bool { return has(f.tables.dump("ip shardproxy-team-c"), "10.96.0.13") })
+	if scope := f.sup.watches.Scope(); !strings.Contains(strings.Join(scope, " "), "team-c") {
+		t.Errorf("team-c's proxy name is not watched: %q", scope)
+	}
+	f.writeConfig(alongsideYAML)
+	testutil.Eventually(t, waitTimeout, "team-c's tables deleted", func() bool { return !f.tables.exists("ip shardproxy-team-c") })
+	testutil.Eventually(t, waitTimeout, "the watches narrowed again", func() bool {
+		return !strings.Contains(strings.Join(f.sup.watches.Scope(), " "), "team-c")
+	})
+	if !has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") {
+		t.Error("team-a lost web")
+	}
+	// The default instance's coming or going changes whether every Service is watched.
+	f.writeConfig(alongsideYAML + "- name: default\n  default: true\n  slot: 0\n")
+	testutil.Eventually(t, waitTimeout, "the default instance refused", func() bool {
+		return strings.Contains(f.rec.all(), "ConfigRefused: The changed configuration")
+	})
+}

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -90,7 +91,9 @@ type getFunc func(ctx context.Context, namespace, name, rv string) (metav1.Objec
 // client's rate limit makes each wait). Until its read answers, an object that left
 // stays held, with no watch.
 type merger struct {
-	what      string
+	what string
+	// selectors are the watches' selectors by index; nil: a free index (Rescope). Read
+	// and written under mu.
 	selectors []labels.Selector
 	get       getFunc
 	changed   func(any)
@@ -245,7 +248,15 @@ func (m *merger) confirmLeave(ctx context.Context, key string, obj any) {
 // stillInScope reads an object that left a watch: the current version if it exists and
 // another watch will receive it, else nil. A single watch needs no read.
 func (m *merger) stillInScope(ctx context.Context, o metav1.Object) metav1.Object {
-	if len(m.selectors) < 2 {
+	m.mu.Lock()
+	var sels []labels.Selector
+	for _, sel := range m.selectors {
+		if sel != nil {
+			sels = append(sels, sel)
+		}
+	}
+	m.mu.Unlock()
+	if len(sels) < 2 {
 		return nil
 	}
 	// Bounded: the objects that left after this one wait for the read.
@@ -259,10 +270,58 @@ func (m *merger) stillInScope(ctx context.Context, o metav1.Object) metav1.Objec
 	if cur == nil || err != nil {
 		return nil
 	}
-	for _, sel := range m.selectors {
+	for _, sel := range sels {
 		if sel.Matches(labels.Set(cur.GetLabels())) {
 			return cur
 		}
 	}
 	return nil
+}
+
+// maxWatches is how many watches a merger joins at once (heldObject.by's bits).
+const maxWatches = 8
+
+// addWatch gives a new watch of selector sel an index, the lowest free one.
+func (m *merger) addWatch(sel string) (int, error) {
+	parsed, err := labels.Parse(sel)
+	if err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, have := range m.selectors {
+		if have == nil {
+			m.selectors[i] = parsed
+			return i, nil
+		}
+	}
+	if len(m.selectors) >= maxWatches {
+		return 0, fmt.Errorf("%s: %d watches at once", m.what, maxWatches)
+	}
+	m.selectors = append(m.selectors, parsed)
+	return len(m.selectors) - 1, nil
+}
+
+// dropWatch forgets watch i, which has stopped: the objects it alone held are deleted
+// (store is its cache, for their last versions), unless one waits for run's read,
+// which then decides. Its index is free again.
+func (m *merger) dropWatch(i int, store cache.Store) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.selectors[i] = nil
+	for key, h := range m.held {
+		if h.by&(1<<i) == 0 {
+			continue
+		}
+		if h.by &^= 1 << i; h.by != 0 {
+			continue
+		}
+		if _, leaving := m.leaving[key]; leaving {
+			continue
+		}
+		delete(m.held, key)
+		if obj, ok, _ := store.GetByKey(key); ok {
+			m.deleted(obj)
+		}
+	}
 }

@@ -22,6 +22,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -674,14 +675,23 @@ func copyingClientset(objects ...runtime.Object) *fake.Clientset {
 	client := fake.NewClientset(objects...)
 	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
 		var opts metav1.ListOptions
+		var sel labels.Selector
 		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts = wa.ListOptions
+			opts, sel = wa.ListOptions, wa.WatchRestrictions.Labels
 		}
 		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
 		if err != nil {
 			return false, nil, err
 		}
 		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			// As the API server's watches: only the objects of the label selector; an
+			// object changed out of it is deleted from the watch.
+			if m, ok := e.Object.(metav1.Object); ok && sel != nil && !sel.Matches(labels.Set(m.GetLabels())) {
+				if e.Type != watch.Modified {
+					return e, e.Type == watch.Deleted
+				}
+				e.Type = watch.Deleted
+			}
 			if e.Object != nil {
 				e.Object = e.Object.DeepCopyObject()
 			}
