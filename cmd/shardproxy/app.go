@@ -437,7 +437,16 @@ func printStatus(w io.Writer, st healthcheck.StatusResponse) error {
 		}
 		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%s\t%s\t%s\n", n, i.Up, i.Healthy, i.Services, i.Endpoints, last, i.LastError, stale)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if c := st.Config; c != nil {
+		fmt.Fprintf(w, "\nconfiguration %s, applied %s\n", c.Hash, c.Applied.Format(time.RFC3339))
+		if c.Refused != "" {
+			fmt.Fprintf(w, "newest file refused: %s\n", c.Refused)
+		}
+	}
+	return nil
 }
 
 func render(w, ew io.Writer, path, inst, from string) error {

@@ -159,13 +159,16 @@ func TestStatusCommand(t *testing.T) {
 	h.SetInstanceError("team-a", errors.New("nft: transaction failed"))
 	h.AddInstance("team-b")
 	h.QueuedUpdate("team-b")
+	h.SetConfig(healthcheck.ConfigStatus{Hash: "0123456789abcdef", Applied: time.Date(2026, 11, 29, 3, 0, 0, 0, time.UTC),
+		Refused: "The changed configuration changes tablePrefix"})
 	tests := []struct {
 		name    string
 		client  string // the peer address the supervisor sees; "" keeps the real one
 		wantOut []string
 		wantErr []string
 	}{
-		{name: "on loopback", wantOut: []string{"team-a", "true", "3", "7", "nft: transaction failed", "STALE", "team-b", "is not programmed (health timeout 1ns)"}},
+		{name: "on loopback", wantOut: []string{"team-a", "true", "3", "7", "nft: transaction failed", "STALE", "team-b", "is not programmed (health timeout 1ns)",
+			"configuration 0123456789abcdef, applied 2026-11-29T03:00:00Z", "newest file refused: The changed configuration changes tablePrefix"}},
 		{name: "not on loopback", client: "10.0.0.7:40000", wantErr: []string{"403", "loopback", "run this on the node"}},
 	}
 	for _, tc := range tests {
