@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strconv"
 )
 
 // LBMode is how a Service port picks one of its endpoints for a new connection.
@@ -325,7 +326,7 @@ func mix64(x uint64) uint64 {
 func pickExpr(m LBMode, ip string, n int) string {
 	switch m.OrRandom() {
 	case LBRoundRobin:
-		return fmt.Sprintf("numgen inc mod %d", n)
+		return "numgen inc mod " + strconv.Itoa(n) // a bucket rule's, written at every rewrite of its bucket
 	case LBSourceHash, LBConsistentHash:
 		return fmt.Sprintf("jhash %s saddr mod %d seed 0x%x", ip, n, HashSeed)
 	}

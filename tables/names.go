@@ -171,7 +171,7 @@ func parsePickChain(name string) (m LBMode, cluster bool, n int, err error) {
 // instead of a chain per port, because the kernel walks every chain of the table on
 // each commit (~18 ns a chain): 10,000 roundRobin ports made every partial sync twice
 // as dear as random's. A bucket holds its ports' rules in the order they came; a
-// partial sync appends and deletes rules (ledger.countRules, groupDelta) and leaves
+// partial sync appends and deletes rules (ledger.countRules, groupEdit) and leaves
 // the others, and their counters, alone.
 const roundRobinBucketPrefix = roundRobinPrefix + "bucket-"
 
