@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -26,11 +25,9 @@ type NFTApplier struct {
 	nft knftables.Interface
 	// perCommand is how many elements of one set one command of a script carries.
 	perCommand int
-	// family and table are the table nft is bound to, which element commands name;
-	// tableErr is why they are not known.
-	family   knftables.Family
-	table    string
-	tableErr error
+	// family and table are the table nft is bound to, which element commands name.
+	family knftables.Family
+	table  string
 }
 
 var _ Applier = &NFTApplier{}
@@ -40,28 +37,13 @@ var _ Applier = &NFTApplier{}
 // test/bench; see tables/README.md), and the bound keeps each line of the script sane.
 const MaxElementsPerCommand = 4096
 
-// NewNFTApplier returns an Applier writing through nft, which must be bound to one table
-// (as NewNFT's and knftables.NewFake's are). elementsPerCommand above 1 writes up to
-// that many elements of a set in one command of a script, as the nft binary accepts; a
-// knftables.Transaction (knftables' Fake) carries one element per command whatever it
-// is.
-func NewNFTApplier(nft knftables.Interface, elementsPerCommand int) *NFTApplier {
-	a := &NFTApplier{nft: nft, perCommand: max(1, elementsPerCommand)}
-	a.family, a.table, a.tableErr = boundTable(nft)
-	return a
-}
-
-// boundTable returns the family and table nft is bound to, from the command that adds
-// the table, which nft's grammar spells "add table <family> <name>": knftables offers no
-// accessor for them.
-func boundTable(nft knftables.Interface) (knftables.Family, string, error) {
-	tx := nft.NewTransaction()
-	tx.Add(&knftables.Table{})
-	f := strings.Fields(tx.String())
-	if len(f) != 4 || f[0] != "add" || f[1] != "table" {
-		return "", "", fmt.Errorf("finding the table nft is bound to: %q", tx.String())
-	}
-	return knftables.Family(f[2]), f[3], nil
+// NewNFTApplier returns an Applier writing through nft, which must be bound to table
+// of family (as NewNFT's and knftables.NewFake's are; knftables does not say which).
+// elementsPerCommand above 1 writes up to that many elements of a set in one command of
+// a script, as the nft binary accepts; a knftables.Transaction (knftables' Fake)
+// carries one element per command whatever it is.
+func NewNFTApplier(nft knftables.Interface, family knftables.Family, table string, elementsPerCommand int) *NFTApplier {
+	return &NFTApplier{nft: nft, perCommand: max(1, elementsPerCommand), family: family, table: table}
 }
 
 // Apply implements Applier. An empty Diff runs nothing.
@@ -104,9 +86,6 @@ const streamChunkOps = 256
 // knftables' buffer and its String copied each command twice more (~0.16 GB of garbage
 // in a 100,000-Service full sync).
 func (a *NFTApplier) stream(w io.Writer, d *Diff) error {
-	if a.tableErr != nil {
-		return a.tableErr
-	}
 	ops := a.newOpWriter()
 	ops.flush = func() error {
 		_, err := io.WriteString(w, ops.tx.String())

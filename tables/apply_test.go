@@ -51,12 +51,12 @@ func TestElementsPerCommand(t *testing.T) {
 		{"deletions", &Diff{DeleteElements: d.AddElements}},
 	} {
 		nft := knftables.NewFake(knftables.IPv4Family, "shardproxy-test")
-		want := elementLines(t, NewNFTApplier(nft, 1), tc.diff)
+		want := elementLines(t, NewNFTApplier(nft, knftables.IPv4Family, "shardproxy-test", 1), tc.diff)
 		if len(want) != len(d.AddElements) {
 			t.Fatalf("%s: %d element lines one per command, want %d", tc.name, len(want), len(d.AddElements))
 		}
 		for _, per := range []int{2, 7, MaxElementsPerCommand} {
-			a := NewNFTApplier(nft, per)
+			a := NewNFTApplier(nft, knftables.IPv4Family, "shardproxy-test", per)
 			if got := elementLines(t, a, tc.diff); !cmp.Equal(want, got) {
 				t.Errorf("%s, %d per command: (-one per command +batched):\n%s", tc.name, per, cmp.Diff(want, got))
 			}
@@ -112,7 +112,7 @@ func TestStreamWritesTheTransaction(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, per := range []int{1, MaxElementsPerCommand} {
-				a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), per)
+				a := fakeApplier(per)
 				var b strings.Builder
 				if err := a.stream(&b, tc.diff); err != nil {
 					t.Fatal(err)
@@ -139,7 +139,7 @@ func TestStreamChunksHoldFewElements(t *testing.T) {
 	if n := len(full.AddElements); n < 3*MaxElementsPerCommand {
 		t.Fatalf("the full Diff has %d elements: fewer than three commands' worth", n)
 	}
-	a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), MaxElementsPerCommand)
+	a := fakeApplier(MaxElementsPerCommand)
 	w := &chunkRecorder{}
 	if err := a.stream(w, full); err != nil {
 		t.Fatal(err)
@@ -170,10 +170,16 @@ func (r *chunkRecorder) Write(p []byte) (int, error) {
 // type) fails the stream; knftables leaves it and what follows out of the text, which
 // nft would otherwise run without them.
 func TestStreamStopsAtAnInvalidOperation(t *testing.T) {
-	a := NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), MaxElementsPerCommand)
+	a := fakeApplier(MaxElementsPerCommand)
 	var b strings.Builder
 	d := &Diff{AddSets: []*knftables.Set{{Name: "typeless"}}, WriteChains: []ChainRules{{Name: "after", Rules: []string{"counter"}}}}
 	if err := a.stream(&b, d); err == nil {
 		t.Errorf("a set without a type streamed without an error:\n%s", b.String())
 	}
+}
+
+// fakeApplier is an NFTApplier over a new knftables Fake bound to the tests' table,
+// writing per elements of a set a command when streaming.
+func fakeApplier(per int) *NFTApplier {
+	return NewNFTApplier(knftables.NewFake(knftables.IPv4Family, "shardproxy-test"), knftables.IPv4Family, "shardproxy-test", per)
 }

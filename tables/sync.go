@@ -75,7 +75,8 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masquerade bit %d is out of range [0, 31]", cfg.MasqueradeBit)
 	}
-	s := &Syncer{cfg: cfg, nft: nft, prio: prio, apply: NewNFTApplier(nft, 1)}
+	s := &Syncer{cfg: cfg, nft: nft, prio: prio}
+	s.SetElementsPerCommand(1)
 	s.c = newCompiler(&s.cfg)
 	s.ledger = newLedger(s.c, 0)
 	return s, nil
@@ -84,7 +85,9 @@ func NewSyncer(cfg Config, nft knftables.Interface) (*Syncer, error) {
 // SetElementsPerCommand sets how many elements of a set one command of a streamed nft
 // script carries: the nft binary takes MaxElementsPerCommand, several times faster than
 // one each. A knftables transaction (knftables' Fake) carries one whatever it is.
-func (s *Syncer) SetElementsPerCommand(n int) { s.apply = NewNFTApplier(s.nft, n) }
+func (s *Syncer) SetElementsPerCommand(n int) {
+	s.apply = NewNFTApplier(s.nft, KnftFamily(s.cfg.Family), s.cfg.TableName(), n)
+}
 
 // SetDirect makes the Diffs that need no rule text, and are small enough, go through a
 // instead of nft (a NetlinkWriter; nil: everything through nft).
