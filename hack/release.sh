@@ -127,7 +127,8 @@ for arch in "${arches[@]}"; do
 	layout="${work}/layout-${arch}"
 	umoci init --layout "${layout}"
 	umoci new --image "${layout}:${version}"
-	umoci insert --no-history --image "${layout}:${version}" "${dir}" /
+	umoci insert --image "${layout}:${version}" --history.created "${created}" \
+		--history.created_by "hack/release.sh: Debian ${suite} (${packages[*]}) and shardproxy ${version}" "${dir}" /
 	umoci config --no-history --image "${layout}:${version}" --architecture "${arch}" --os linux --created "${created}" \
 		--config.entrypoint "${entrypoint}" --config.user "${user}" \
 		--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
