@@ -147,6 +147,11 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 			"The changed configuration adds or removes the default instance, which changes whether this node watches every Service: restart its pods to apply it; the running configuration stays in force")
 		return
 	}
+	if next.WatchesOtherNodes() && !s.watches.WatchesOtherNodes() {
+		s.refuseConfig(logger, metrics.ReloadRefused, "ConfigRefused",
+			"The changed configuration makes an instance serve externalIPs or load-balancer IPs where none did, which needs the watch of every Node's addresses (reserveOtherNodeAddresses): restart its pods to apply it; the running configuration stays in force")
+		return
+	}
 	var rescope func() error
 	if !slices.Equal(scope, was) {
 		rescope = func() error { return s.watches.Rescope(ctx, scope, rescopeTimeout) }

@@ -263,6 +263,15 @@ func TestLiveConfigRescopes(t *testing.T) {
 	if !has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") {
 		t.Error("team-a lost web")
 	}
+	// No instance serves user addresses: no watch of every Node; a change that makes one
+	// serve them needs it, and is refused.
+	if f.sup.watches.WatchesOtherNodes() {
+		t.Error("the other Nodes are watched though no instance serves external or load-balancer IPs")
+	}
+	f.writeConfig(alongsideYAML + strings.Replace(teamC, "namespaces: [c]", "namespaces: [c]\n    loadBalancerCIDRs: [192.0.2.0/24]", 1))
+	testutil.Eventually(t, waitTimeout, "serving load-balancer IPs refused", func() bool {
+		return strings.Contains(f.rec.all(), "ConfigRefused: The changed configuration makes an instance serve externalIPs or load-balancer IPs")
+	})
 	// The default instance's coming or going changes whether every Service is watched.
 	f.writeConfig(alongsideYAML + "- name: default\n  default: true\n  slot: 0\n")
 	testutil.Eventually(t, waitTimeout, "the default instance refused", func() bool {

@@ -103,7 +103,7 @@ func Render(cfg *config.Config, instanceName string, in RenderInput) (script str
 		cidrs = append(cidrs, sc.Spec.CIDRs...)
 	}
 	var others []selector.NodeIP
-	if *cfg.ReserveOtherNodeAddresses {
+	if cfg.WatchesOtherNodes() {
 		others = otherNodeIPs(in.Nodes, nodeName(node, cfg.NodeName))
 	}
 	r := reservedAddresses(cfg, node, host, cidrs, others)

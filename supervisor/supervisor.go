@@ -362,12 +362,15 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
 	}
 	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs),
-		WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: *s.cfg.ReserveOtherNodeAddresses})
+		WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: s.cfg.WatchesOtherNodes()})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	s.watches = w
 	s.slicesOf = w.SlicesOf
+	if *s.cfg.ReserveOtherNodeAddresses && !s.cfg.WatchesOtherNodes() {
+		s.logger.Info("Not watching the other Nodes' addresses: no instance serves externalIPs or load-balancer IPs (tenant ranges)")
+	}
 
 	node := s.waitForNode(ctx)
 	for _, spec := range s.cfg.Instances {

@@ -57,6 +57,8 @@ type Watches struct {
 	client   kubernetes.Interface
 	nodeName string
 	shared   *endpointValues
+	// otherNodes: the Node watch holds every Node, not only this one.
+	otherNodes bool
 	// mu guards scoped, which Rescope changes while the others read it.
 	mu sync.RWMutex
 	// scoped are the Service and EndpointSlice watches, one pair per selector of the
@@ -137,7 +139,7 @@ func (w *Watches) watches() []*scopedWatch {
 // NewWatches creates the informers (nothing runs before Start) for the Services and
 // EndpointSlices of scope (watchScope's selectors), this Node, and what opts add.
 func NewWatches(client kubernetes.Interface, nodeName string, scope []string, opts WatchOptions) (*Watches, error) {
-	w := &Watches{client: client, nodeName: nodeName, shared: newEndpointValues()}
+	w := &Watches{client: client, nodeName: nodeName, shared: newEndpointValues(), otherNodes: opts.OtherNodes}
 	for _, sel := range scope {
 		w.scoped = append(w.scoped, w.newScopedWatch(sel))
 	}
@@ -458,6 +460,9 @@ func (w *Watches) Scope() []string {
 	}
 	return out
 }
+
+// WatchesOtherNodes tells whether the Node watch holds every Node (WatchOptions.OtherNodes).
+func (w *Watches) WatchesOtherNodes() bool { return w.otherNodes }
 
 // ServiceCIDRsServed tells whether the API server serves ServiceCIDRs (WatchOptions).
 func (w *Watches) ServiceCIDRsServed() bool { return w.serviceCIDR != nil }

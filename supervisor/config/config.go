@@ -115,8 +115,10 @@ type Config struct {
 	// the addresses of every Node of the cluster (status.addresses), not only this
 	// node's: such an address would send this node's traffic to that node (kubelet, SSH)
 	// to the Service's endpoints instead. It costs one watch of every Node, kept to name
-	// and addresses in memory. A pointer so that an explicit false survives Default.
-	// Default true.
+	// and addresses in memory, which every node makes: cluster-wide its events grow with
+	// the square of the nodes. It is made only where an instance serves user addresses
+	// (tenant.externalIPCIDRs or loadBalancerCIDRs); no instance serves any without them.
+	// A pointer so that an explicit false survives Default. Default true.
 	ReserveOtherNodeAddresses *bool `yaml:"reserveOtherNodeAddresses"`
 	// SharedTenants lets instances list the same namespaces and overlapping address
 	// ranges: one team with several instances, or a namespace whose Services move
@@ -317,6 +319,21 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	for i := range c.Instances {
 		c.Instances[i].defaults()
 	}
+}
+
+// WatchesOtherNodes tells whether the supervisor watches every Node for its
+// addresses: ReserveOtherNodeAddresses is on and an instance serves user addresses
+// (externalIPs or load-balancer IPs: its tenant lists ranges for them).
+func (c *Config) WatchesOtherNodes() bool {
+	if c.ReserveOtherNodeAddresses == nil || !*c.ReserveOtherNodeAddresses {
+		return false
+	}
+	for i := range c.Instances {
+		if t := c.Instances[i].Tenant; len(t.ExternalIPCIDRs) > 0 || len(t.LoadBalancerCIDRs) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // hasDefaultInstance reports whether an instance serves the unlabeled Services. When

@@ -62,8 +62,9 @@ type HollowNode struct {
 }
 
 // hollowConfig is the node's configuration: one default instance with the defaults
-// (minSyncPeriod 1s, syncPeriod 30s, as kube-proxy), servers on free loopback ports
-// (set after validation).
+// (minSyncPeriod 1s, syncPeriod 30s, as kube-proxy) that serves external and load-balancer
+// IPs from anywhere, as kube-proxy does (so reserveOtherNodeAddresses has its Node watch
+// to make), servers on free loopback ports (set after validation).
 func hollowConfig(opts HollowOptions) (*config.Config, error) {
 	yaml := fmt.Sprintf(`apiVersion: shardproxy.io/v1alpha1
 kind: SupervisorConfig
@@ -74,6 +75,7 @@ instances:
 - name: %s
   default: true
   slot: 0
+  tenant: {externalIPCIDRs: [0.0.0.0/0, "::/0"], loadBalancerCIDRs: [0.0.0.0/0, "::/0"]}
 `, opts.Name, opts.StatusNamespace, opts.ReserveOtherNodeAddresses, DefaultInstance)
 	cfg, err := config.Decode([]byte(yaml), opts.Name+".yaml")
 	if err != nil {
