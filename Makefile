@@ -47,15 +47,17 @@ image:
 	hack/install-deps.sh
 	TAG=$(VERSION) hack/build-image.sh shardproxy
 
-# cluster runs the cluster layer alone (test/cluster): a real node (containerd, kubelet,
-# CoreDNS) on a throwaway control plane running deploy/'s overlays with the image built
-# from the repository, then torn down. Root only.
+# cluster runs the cluster layer alone (test/cluster): real dual-stack nodes (containerd,
+# kubelet, each in a network namespace of its own; two, or CLUSTER_NODES=3 for more) and
+# CoreDNS on a throwaway control plane running deploy/'s overlays with the image built
+# from the repository, then torn down. CLUSTER_KEEP_LOGS=DIR keeps a failed run's logs.
+# Root only.
 cluster: deps
 	$(GO) test -count=1 -timeout 40m -v ./test/cluster
 
-# conformance runs every single-node [sig-network] Services test of upstream's e2e.test
-# v1.36.3 (built from the same module) on the cluster layer's node, once with shardproxy as
-# the node's only proxy and once with upstream kube-proxy in nftables mode, and prints both
+# conformance runs every selected [sig-network] Services test of upstream's e2e.test
+# v1.36.3 (built from the same module) on the cluster layer's nodes, once with shardproxy as
+# the nodes' only proxy and once with upstream kube-proxy in nftables mode, and prints both
 # side by side (TestConformance). Every selected test must pass with shardproxy or skip
 # itself with a reason; the two runs must select the same tests; a test kube-proxy does not
 # pass is a harness fault. The cluster layer runs CI's subset with shardproxy alone,
@@ -76,14 +78,14 @@ vet:
 docs:
 	$(GO) run ./docs/configref/cmd/gendocs
 
-# release builds VERSION's release (vMAJOR.MINOR.PATCH) from the checked-out commit into
+# release builds VERSION's release (vMAJOR.MINOR.PATCH) from the commit REF (HEAD) into
 # _output/release/VERSION (hack/release.sh): the binary and the image for amd64 and arm64 (an
 # OCI layout whose index holds both), stamped with VERSION and the commit, an SPDX SBOM,
 # SHA256SUMS, the packaged chart and deploy/'s overlays, both pinned to the image's
 # digest; then checks it (hack/release verify). Root only; the Debian root file systems
 # are cached in ~/.cache/shardproxy/release.
 release:
-	hack/release.sh $(VERSION)
+	REF=$(REF) hack/release.sh $(VERSION)
 
 # kernels runs the real-kernel layer on Debian's own kernels (KERNELS, default 5.10 from
 # bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), each in a QEMU VM under

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # release.sh builds the release of VERSION (`make release VERSION=v0.2.0`) from the commit
-# checked out (HEAD, exported with git archive: never the work tree's uncommitted
-# changes) into ${OUT:-_output/release/VERSION}:
+# ${REF:-HEAD} (exported with git archive: never the work tree's uncommitted changes)
+# into ${OUT:-_output/release/VERSION}:
 #
 #   bin/shardproxy-linux-{amd64,arm64}  the binary, stamped with VERSION and the commit
 #                                       (`shardproxy --version` prints both)
@@ -56,11 +56,12 @@ if [[ "$(id -u)" != 0 ]]; then
 	exit 1
 fi
 
-commit="$(git -C "${root}" rev-parse --short=12 HEAD)"
-created="$(git -C "${root}" log -1 --format=%cI HEAD)"
+ref="${REF:-HEAD}"
+commit="$(git -C "${root}" rev-parse --short=12 "${ref}^{commit}")"
+created="$(git -C "${root}" log -1 --format=%cI "${commit}")"
 export SOURCE_DATE_EPOCH
-SOURCE_DATE_EPOCH="$(git -C "${root}" log -1 --format=%ct HEAD)"
-if ! git -C "${root}" diff --quiet HEAD; then
+SOURCE_DATE_EPOCH="$(git -C "${root}" log -1 --format=%ct "${commit}")"
+if [[ "${ref}" == HEAD ]] && ! git -C "${root}" diff --quiet HEAD; then
 	log "the work tree has uncommitted changes: building commit ${commit} without them"
 fi
 
@@ -68,7 +69,7 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/shardproxy-release.XXXXXX")"
 trap 'rm -rf "${work}"' EXIT
 src="${work}/src"
 mkdir -p "${src}"
-git -C "${root}" archive HEAD | tar -x -C "${src}"
+git -C "${root}" archive "${commit}" | tar -x -C "${src}"
 
 # foreign ARCH makes sure this machine runs ARCH's binaries (mmdebstrap's maintainer
 # scripts, the check of the binary): Debian's qemu-user-static, registered with binfmt_misc.
