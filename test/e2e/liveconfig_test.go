@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -12,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
@@ -27,33 +24,13 @@ const teamCInstance = `
     namespaces: [liveconfig-c]
 `
 
-// configStatus reads /status's configuration on the node's loopback.
-func configStatus(ctx context.Context, e *env.Env) (healthcheck.ConfigStatus, bool) {
-	code, body, err := e.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", env.HealthzPort))
-	var st healthcheck.StatusResponse
-	if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil || st.Config == nil {
-		return healthcheck.ConfigStatus{}, false
-	}
-	return *st.Config, true
-}
-
-// writeConfigAndWait replaces the supervisor's configuration file (a rename, as a
-// ConfigMap volume's symlink swap) and waits until /status shows it applied.
+// writeConfigAndWait applies a changed configuration file, failing the test if the
+// supervisor does not.
 func writeConfigAndWait(t *testing.T, e *env.Env, content string) {
 	t.Helper()
-	ctx := context.Background()
-	before, _ := configStatus(ctx, e)
-	tmp := e.ConfigPath + ".new"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+	if err := e.ApplyConfig(context.Background(), content, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(tmp, e.ConfigPath); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 30*time.Second, "the supervisor to apply the changed configuration", func() bool {
-		st, ok := configStatus(ctx, e)
-		return ok && st.Hash != before.Hash && st.Refused == ""
-	})
 }
 
 // TestLiveConfig adds a tenant's instance to the running supervisor by editing its

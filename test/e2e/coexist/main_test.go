@@ -179,7 +179,8 @@ func TestCoexist(t *testing.T) {
 		mode  string
 		steps []step
 	}{
-		{modeNFTables, append(slices.Clone(coexist), migrate, step{"ScopedWatch", testScopedWatch})},
+		{modeNFTables, append(slices.Clone(coexist), migrate, step{"ScopedWatch", testScopedWatch},
+			step{"LiveConfigRescopes", testLiveConfigRescopes})},
 		{modeIPTables, append(coexist, migrate,
 			step{"LegacyCleanupAfterRealKubeProxy", testLegacyCleanupAfterRealKubeProxy})},
 	} {
