@@ -961,6 +961,13 @@ func (p *Proxy) Applied() map[types.NamespacedName]*ServiceModel {
 	return maps.Clone(p.applied)
 }
 
+// AppliedCount is how many Services the last successful sync programmed.
+func (p *Proxy) AppliedCount() int {
+	p.appliedMu.Lock()
+	defer p.appliedMu.Unlock()
+	return len(p.applied)
+}
+
 // AppliedModel returns the model last programmed for Service n (nil: none), without
 // copying the others as Applied does: the supervisor reads a few Services' after every
 // sync, and copying 100,000 models' map each time was most of its garbage. It does not

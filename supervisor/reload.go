@@ -157,7 +157,8 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 		rescope = func() error { return s.watches.Rescope(ctx, scope, rescopeTimeout) }
 	}
 	plan := planReload(s.instanceSpecs(), next.Instances)
-	if err := s.reconfigure(ctx, wg, next, plan, rescope); err != nil {
+	removed, err := s.reconfigure(ctx, wg, next, plan, rescope)
+	if err != nil {
 		s.refuseConfig(logger, metrics.ReloadRefused, "ConfigRefused",
 			"Applying the changed configuration failed; the running one stays in force: "+err.Error())
 		return
@@ -166,8 +167,8 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 	s.setConfigApplied(hash, time.Now(), "")
 	logger.Info("Applied a changed configuration", "added", plan.added, "removed", plan.removed,
 		"restarted", plan.replaced, "rerouted", plan.rerouted, "unchanged", plan.unchanged)
-	for _, name := range plan.removed {
-		s.retire(ctx, name)
+	for name, p := range removed {
+		s.retire(ctx, name, p)
 	}
 }
 
@@ -231,11 +232,11 @@ const rescopeTimeout = 2 * time.Minute
 // watches rescoped when the proxy names they select change (a failure of either changes
 // nothing), the restarted instances' loops stopped, the set swapped, every Service the
 // change concerns routed again, and the new loops started. The removed instances keep
-// running until retire.
-func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *config.Config, plan reloadPlan, rescope func() error) error {
+// running until retire; reconfigure returns them.
+func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *config.Config, plan reloadPlan, rescope func() error) (map[string]*instance.Proxy, error) {
 	router, specs, err := buildRouter(next)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.nodeMu.Lock()
 	node := s.node
@@ -245,7 +246,7 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 	for _, name := range slices.Concat(plan.added, plan.replaced) {
 		p, err := s.newInstance(specs[name], node)
 		if err != nil {
-			return fmt.Errorf("instance %q: %w", name, err)
+			return nil, fmt.Errorf("instance %q: %w", name, err)
 		}
 		if old, ok := runningSpecs[name]; ok && *old.Slot != *specs[name].Slot {
 			// Its base chains move to other priorities: a table's chains cannot be
@@ -260,7 +261,7 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 		// Before the switch: the objects of proxy names no longer watched leave their
 		// instances as when a Service's label moves to a proxy nothing here runs.
 		if err := rescope(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	// A restarted instance's successor writes the same tables: the old loop ends first.
@@ -271,7 +272,9 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 	s.instancesMu.Lock()
 	instances := maps.Clone(running)
 	maps.Copy(instances, fresh)
+	removed := map[string]*instance.Proxy{}
 	for _, name := range plan.removed {
+		removed[name] = instances[name]
 		delete(instances, name)
 	}
 	s.instances, s.specs, s.order, s.router = instances, specs, slices.Clone(next.Instances), router
@@ -289,17 +292,23 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 	for _, name := range slices.Concat(plan.added, plan.replaced) {
 		s.startInstance(ctx, wg, fresh[name])
 	}
-	return nil
+	return removed, nil
 }
 
 // retireWait is how often retire looks whether a removed instance has let go.
 const retireWait = 100 * time.Millisecond
 
+// retireSyncTimeout bounds how long retire waits for a removed instance to sync the
+// Services it let go of.
+const retireSyncTimeout = 30 * time.Second
+
 // retire ends a removed instance once it has let go of every Service (each once its
-// new owner programmed it, or after the dispatcher's handover timeout): its loop stops,
-// its tables are deleted (their rules would otherwise keep serving at their own
-// priorities), and its health and metrics are forgotten.
-func (s *Supervisor) retire(ctx context.Context, name string) {
+// new owner programmed it, or after the dispatcher's handover timeout) and synced that
+// (the conntrack cleanup of a Service nobody serves any more follows that sync, as
+// after a Service's deletion): its loop stops, its tables are deleted (their rules
+// would otherwise keep serving at their own priorities), and its health and metrics
+// are forgotten.
+func (s *Supervisor) retire(ctx context.Context, name string, p *instance.Proxy) {
 	logger := s.logger.WithValues("instance", name)
 	t := time.NewTicker(retireWait)
 	defer t.Stop()
@@ -309,6 +318,18 @@ func (s *Supervisor) retire(ctx context.Context, name string) {
 			return
 		case <-t.C:
 		}
+	}
+	synced := time.After(retireSyncTimeout)
+	for p.AppliedCount() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-synced:
+			logger.Info("A removed instance did not sync the Services it let go of in time; deleting its tables", "timeout", retireSyncTimeout, "programmed", p.AppliedCount())
+		case <-t.C:
+			continue
+		}
+		break
 	}
 	s.stopInstance(name)
 	for _, fam := range instanceFamilies() {
