@@ -100,12 +100,13 @@ type Reserved struct {
 // refused as link-local anyway). Served, a user address would capture the credentials
 // requests of the node and its pods.
 func metadataService(a netip.Addr) string {
-	switch a.String() {
-	case "100.100.100.200":
+	// Compared as values: this runs for every user address a Service writes.
+	switch a {
+	case netip.AddrFrom4([4]byte{100, 100, 100, 200}):
 		return "Alibaba Cloud"
-	case "fd00:ec2::254":
+	case netip.AddrFrom16([16]byte{0xfd, 0x00, 0x0e, 0xc2, 14: 0x02, 15: 0x54}):
 		return "AWS (IPv6)"
-	case "fd20:ce::254":
+	case netip.AddrFrom16([16]byte{0xfd, 0x20, 0x00, 0xce, 14: 0x02, 15: 0x54}):
 		return "Google Cloud (IPv6)"
 	}
 	return ""

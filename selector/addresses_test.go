@@ -373,3 +373,21 @@ func TestArbitrationIndependentOfOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataService: the cloud metadata addresses that are not link-local are named;
+// their neighbours are not.
+func TestMetadataService(t *testing.T) {
+	for addr, want := range map[string]string{
+		"100.100.100.200": "Alibaba Cloud",
+		"fd00:ec2::254":   "AWS (IPv6)",
+		"fd20:ce::254":    "Google Cloud (IPv6)",
+		"100.100.100.201": "",
+		"fd00:ec2::255":   "",
+		"fd20:ce::253":    "",
+		"169.254.169.254": "", // link-local: refused as such
+	} {
+		if got := metadataService(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("metadataService(%s) = %q, want %q", addr, got, want)
+		}
+	}
+}
