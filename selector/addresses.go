@@ -60,6 +60,11 @@ type addressBook struct {
 	seeded map[claimKey]types.UID
 	// reserved are the addresses no user address may take.
 	reserved Reserved
+	// holdingsCache is what holdings last returned, kept until a change (holdingsValid
+	// false): the node status asks every 500 ms, and each answer scanned and sorted
+	// every key.
+	holdingsCache []Holding
+	holdingsValid bool
 }
 
 // claimKey is what one claim is made on: an address with a protocol and port.
@@ -235,6 +240,7 @@ func (b *addressBook) observe(svc *corev1.Service, claimable map[netip.Addr]bool
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdingsValid = false
 	oldCIPs := b.clusterIPsByName[name]
 	newCIPs := serviceClusterIPs(svc)
 	old := b.claimants[name]
@@ -405,6 +411,7 @@ func (b *addressBook) changed(cands map[types.NamespacedName]bool, before map[ty
 func (b *addressBook) forget(name types.NamespacedName) []*corev1.Service {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdingsValid = false
 	holders := b.holders(keysOf(b.claimants[name], nil))
 	cands := map[types.NamespacedName]bool{}
 	b.addressClaimants(cands, b.clusterIPsByName[name])
@@ -420,6 +427,7 @@ func (b *addressBook) forget(name types.NamespacedName) []*corev1.Service {
 func (b *addressBook) setReserved(r Reserved) []*corev1.Service {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdingsValid = false
 	if b.reserved.equal(r) {
 		return nil
 	}
@@ -443,6 +451,7 @@ func (b *addressBook) reevaluate(change func()) []*corev1.Service {
 func (b *addressBook) markListed() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdingsValid = false
 	b.listed = true
 }
 
@@ -451,6 +460,7 @@ func (b *addressBook) markListed() {
 func (b *addressBook) seed(hs []Holding) []*corev1.Service {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdingsValid = false
 	return b.reevaluate(func() {
 		b.seeded = map[claimKey]types.UID{}
 		for _, h := range hs {
@@ -466,6 +476,9 @@ func (b *addressBook) seed(hs []Holding) []*corev1.Service {
 func (b *addressBook) holdings() []Holding {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.holdingsValid {
+		return slices.Clone(b.holdingsCache)
+	}
 	var out []Holding
 	for k, ct := range b.keys {
 		if len(ct.names) < 2 {
@@ -475,7 +488,8 @@ func (b *addressBook) holdings() []Holding {
 		out = append(out, Holding{Addr: k.addr, Protocol: k.port.proto, Port: k.port.port, UID: h.svc.UID})
 	}
 	slices.SortFunc(out, Holding.Compare)
-	return out
+	b.holdingsCache, b.holdingsValid = out, true
+	return slices.Clone(out)
 }
 
 // refused returns, for each user address of svc that it may not have, why; nil when

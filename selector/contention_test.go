@@ -171,6 +171,16 @@ func TestNodesAgreeWhicheverStartedFirst(t *testing.T) {
 	if len(holdings) != 1 || holdings[0].UID != victim.UID {
 		t.Fatalf("running node's holdings %+v, want 192.0.2.7 TCP/80 held by %s", holdings, victim.UID)
 	}
+	// Holdings is cached between changes: a change shows at once. The attacker gives
+	// the address up (no longer contested), then asks again (contested, victim holds).
+	running.d.ServiceChanged(attacker)
+	if got := running.d.Holdings(); len(got) != 0 {
+		t.Errorf("holdings after the attacker let go: %+v, want none", got)
+	}
+	running.d.ServiceChanged(edited)
+	if got := running.d.Holdings(); len(got) != 1 || got[0].UID != victim.UID {
+		t.Errorf("holdings after the attacker asked again: %+v", got)
+	}
 
 	for _, tc := range []struct {
 		name       string
