@@ -16,7 +16,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -53,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = pinOverlays(*src, *out, *image, *digest)
 	case "chart":
 		var path string
-		if path, err = packageChart(*src, *out, *version, *digest); err == nil {
+		if path, err = packageChart(*src, *out, *version, *digest, sourceDate()); err == nil {
 			fmt.Fprintln(stdout, path)
 		}
 	case "sums":
@@ -72,6 +74,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// sourceDate is $SOURCE_DATE_EPOCH (hack/release.sh sets the commit's), else the epoch.
+func sourceDate() time.Time {
+	sec, _ := strconv.ParseInt(os.Getenv("SOURCE_DATE_EPOCH"), 10, 64)
+	return time.Unix(sec, 0).UTC()
 }
 
 // pairs splits KEY=VALUE arguments, in order.

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 	"helm.sh/helm/v3/pkg/chart/loader"
@@ -112,9 +116,10 @@ func mapValue(m *yaml.Node, key string) *yaml.Node {
 }
 
 // packageChart packages the chart at src into out as `helm package` would, with the
-// release's version and the image pinned to digest by default; it returns the archive's
-// path.
-func packageChart(src, out, version, digest string) (string, error) {
+// release's version and the image pinned to digest by default, every entry dated mtime
+// (Helm dates them now: the same release would differ from one build to the next); it
+// returns the archive's path.
+func packageChart(src, out, version, digest string, mtime time.Time) (string, error) {
 	if src == "" || out == "" || version == "" || !strings.HasPrefix(digest, "sha256:") {
 		return "", errors.New("want -src, -out, -version and -digest sha256:...")
 	}
@@ -137,5 +142,50 @@ func packageChart(src, out, version, digest string) (string, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return "", err
 	}
-	return chartutil.Save(ch, out)
+	path, err := chartutil.Save(ch, out)
+	if err != nil {
+		return "", err
+	}
+	return path, redate(path, mtime)
+}
+
+// redate rewrites the gzipped tar archive at path with every entry, and the gzip
+// header, dated mtime.
+func redate(path string, mtime time.Time) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return err
+	}
+	tr := tar.NewReader(zr)
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.ModTime = mtime
+	tw := tar.NewWriter(zw)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		h.ModTime, h.AccessTime, h.ChangeTime = mtime, time.Time{}, time.Time{}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := zw.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }

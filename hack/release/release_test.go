@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"debug/elf"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fakeLayout writes a one-image OCI layout as umoci leaves it, for an image whose
@@ -136,9 +138,21 @@ func TestPinnedReleaseDeploy(t *testing.T) {
 	if err := verifyPinned(filepath.Join(out, "deploy"), repository+"@sha256:other"); err == nil {
 		t.Error("verifyPinned accepts another digest")
 	}
-	path, err := packageChart("../../deploy/helm/shardproxy", out, "v9.9.9", digest)
+	date := time.Unix(1_800_000_000, 0).UTC()
+	path, err := packageChart("../../deploy/helm/shardproxy", out, "v9.9.9", digest, date)
 	if err != nil {
 		t.Fatal(err)
+	}
+	first, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // Helm dates entries by the second
+	if _, err := packageChart("../../deploy/helm/shardproxy", out, "v9.9.9", digest, date); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := os.ReadFile(path); err != nil || !bytes.Equal(first, again) {
+		t.Errorf("the chart packaged twice differs (%v): its entries are not dated by the release", err)
 	}
 	if filepath.Base(path) != "shardproxy-9.9.9.tgz" {
 		t.Errorf("chart packaged as %s", path)
