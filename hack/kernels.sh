@@ -328,7 +328,10 @@ boot() {
 	kill "${sampler}"
 	rm -f "${out}/initrd"
 	local done_line
-	done_line="$(grep -a '^SHARDPROXY-GUEST-DONE status=' "${out}/console.log" | tail -1 | tr -d '\r')"
+	# A kernel message written to the console can land inside the line (perl takes
+	# such "[   1.234567] ..." messages out wherever they begin).
+	done_line="$(tr -d '\r' <"${out}/console.log" | perl -pe 's/\[ *\d+\.\d+\] .*\n//' |
+		grep -a '^SHARDPROXY-GUEST-DONE status=' | tail -1)"
 	grep -a '^guest: ' "${out}/console.log" | tr -d '\r' >&2
 	if [[ ${status} -eq 124 || ${status} -eq 137 ]]; then
 		echo "kernels: ${release}: the VM ran past its ceiling of ${ceiling} under TCG; the console's end:" >"${out}/stderr"

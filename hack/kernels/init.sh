@@ -101,6 +101,9 @@ done
 exec 3>&-
 sync
 echo "SHARDPROXY-GUEST-DONE status=${failed}"
+# The line is in the tty's buffer, not yet out of the serial port: the kernel's own
+# "sysrq: Power Off" goes out at once and cut it in two (5.10, on a loaded host).
+sleep 2
 # Power off (the host's qemu runs with -no-reboot: a panic ends it too).
 echo o >/proc/sysrq-trigger
 sleep 30
