@@ -10,14 +10,14 @@ import "sync"
 // it grow to twice that, and the runtime keeps about that much resident. 25 lets it grow
 // by a quarter: a full sync's collections cost more CPU, but a node daemon's peak memory
 // matters more than that CPU, and between full syncs the supervisor allocates little.
-// README.md, "Performance", has the measured figures (bench-compare at 10,000 Services ×
+// docs/performance.md has the measured figures (bench-compare at 10,000 Services ×
 // 10 endpoints, one run: peak RSS 338 MB at 50, 307 MB at 25).
 const DefaultGCPercent = 25
 
 // FullSyncGCPercent is the target while any instance runs a full sync (gcTarget): the
 // peak comes at the end of one, with the models, the ledger and the transaction built
-// beside the caches, and most of what it allocates before is garbage. README.md,
-// "Performance", fourth round: the largest part of 447.5 -> 337.6 MB of peak RSS at
+// beside the caches, and most of what it allocates before is garbage.
+// docs/performance.md, fourth round: the largest part of 447.5 -> 337.6 MB of peak RSS at
 // 30,000 Services × 5, for a first full sync 0.7 s longer (7.4 -> 8.1 s).
 const FullSyncGCPercent = 10
 

@@ -228,7 +228,7 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // trimForCache drops what no instance reads from the objects the informers keep:
 // managedFields and kubectl's last-applied copy, often most of a small object's size,
-// and the per-endpoint Pod references of EndpointSlices (README.md has the figures).
+// and the per-endpoint Pod references of EndpointSlices (docs/performance.md has the figures).
 func trimForCache(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -259,8 +259,8 @@ func trimForCache(obj any) (any, error) {
 // or false) and the node and zone names every EndpointSlice endpoint points to, the
 // slices' port names, protocols and numbers, and the short strings Services repeat
 // (namespace, type, policies, families). The API decodes each into an allocation of
-// its own per object; shared, 100,000 endpoints keep a few dozen (README.md,
-// "Performance"). Informer objects are read-only, so no one writes through them.
+// its own per object; shared, 100,000 endpoints keep a few dozen (docs/performance.md).
+// Informer objects are read-only, so no one writes through them.
 type endpointValues struct {
 	yes, no *bool
 	mu      sync.Mutex

@@ -245,7 +245,7 @@ func (i *Instance) TableName(prefix string) string {
 // supervisors on a node cannot share. Two supervisors with the same tablePrefix then
 // tell their tables apart, and neither deletes the other's as a removed instance's.
 // Changing the port changes the identity: the previous tables are then another
-// supervisor's to this one (see README, "Security model").
+// supervisor's to this one (see docs/security.md).
 func (c *Config) SupervisorIdentity() string {
 	port := c.HealthzBindAddress
 	if _, p, err := net.SplitHostPort(c.HealthzBindAddress); err == nil {
