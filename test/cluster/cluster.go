@@ -286,24 +286,23 @@ func (c *Cluster) Close() error {
 	if c == nil {
 		return nil
 	}
-	var errs []error
-	// The kubelets first, so they stop restarting containers; then the controllers, the
-	// pods' processes, containerd and its shims (teardown), then the control plane.
-	var containerds []*controlplane.Child
+	// The kubelets first (every node's at once), so they stop restarting containers;
+	// then the controllers, the pods' processes, containerd and its shims (teardown),
+	// then the control plane.
+	var containerds, others []*controlplane.Child
 	for _, n := range c.Nodes {
 		n.mu.Lock()
-		children := n.children
-		n.children = map[string]*controlplane.Child{}
-		n.mu.Unlock()
-		for name, ch := range children {
-			if name != "containerd" {
-				errs = append(errs, ch.Stop(15*time.Second))
+		for name, ch := range n.children {
+			if name == "containerd" {
+				containerds = append(containerds, ch)
+			} else {
+				others = append(others, ch)
 			}
 		}
-		if ch := children["containerd"]; ch != nil {
-			containerds = append(containerds, ch)
-		}
+		n.children = map[string]*controlplane.Child{}
+		n.mu.Unlock()
 	}
+	errs := []error{stopAll(others, 15*time.Second)}
 	c.mu.Lock()
 	children := c.children
 	c.children = map[string]*controlplane.Child{}
@@ -316,6 +315,21 @@ func (c *Cluster) Close() error {
 		errs = append(errs, c.stopCP())
 	}
 	errs = append(errs, teardownHost(c.st))
+	return errors.Join(errs...)
+}
+
+// stopAll stops the processes all at once and joins their errors.
+func stopAll(children []*controlplane.Child, timeout time.Duration) error {
+	errs := make([]error, len(children))
+	var wg sync.WaitGroup
+	for i, ch := range children {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = ch.Stop(timeout)
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -118,9 +118,7 @@ func teardownNode(s *state, containerds []*controlplane.Child, logf func(string,
 	if pids := cgroupPids(s.CgroupName); len(pids) > 0 {
 		errs = append(errs, fmt.Errorf("pod processes %v survived SIGKILL", pids))
 	}
-	for _, ch := range containerds {
-		errs = append(errs, ch.Stop(10*time.Second))
-	}
+	errs = append(errs, stopAll(containerds, 10*time.Second))
 	// A crashed run's, or one whose Child was lost: every containerd of the cluster's
 	// directory (one-node clusters kept theirs in DIR/containerd, nodes in DIR/node-N).
 	killMatching("containerd --config "+s.Dir+"/", logf)
