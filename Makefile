@@ -91,8 +91,9 @@ release:
 # bullseye, 6.1 from bookworm, 6.12 from bookworm-backports), each in a QEMU VM under
 # software emulation with the test binaries and a Debian root file system in its
 # initramfs, and prints one LAYER line per kernel (hack/kernels.sh). The packages and
-# root file system are cached in ~/.cache/shardproxy/kernels. Root only; ~10 minutes a
-# kernel on two cores. `make test` runs the 6.1 one as its kernel-6.1 layer.
+# root file system are cached in ~/.cache/shardproxy/kernels. Root only; 9-10 minutes a
+# kernel on two cores at a load average of 6, up to 14 at 10-13 (docs/testing.md).
+# `make test` runs the 6.1 one, with tests.txt's smaller ci set, as its kernel-6.1 layer.
 KERNELS ?= 5.10,6.1,6.12
 kernels:
 	hack/install-deps.sh
