@@ -304,11 +304,12 @@ func RemoveStale(logf func(string, ...any)) error {
 			continue
 		}
 		logf("cluster: tearing down %s, left by dead process %d", dir, s.Owner)
-		// Whatever the dead process ran with the cluster's directory in its command line
-		// first (kube-proxy, e2e.test): an e2e.test that outlived it wrote its report
-		// into the directory after the teardown had removed it.
+		nodeErr := teardownNode(&s, nil, logf)
+		// Then whatever else the dead process ran with the cluster's directory in its
+		// command line (kube-proxy, e2e.test): an e2e.test that outlived it wrote its
+		// report into the directory after the teardown had removed it.
 		killMatching(dir+"/", logf)
-		if err := errors.Join(teardownNode(&s, nil, logf), teardownHost(s)); err != nil {
+		if err := errors.Join(nodeErr, teardownHost(s)); err != nil {
 			logf("cluster: tearing down %s: %v", dir, err)
 			errs = append(errs, fmt.Errorf("tearing down %s: %w", dir, err))
 		}
