@@ -12,8 +12,9 @@
 #                (hack/kernels.sh; `make kernels` runs the 5.10/6.1/6.12 matrix)
 #   integration  packages whose tests talk to a real etcd + kube-apiserver
 #   e2e          the real `shardproxy run` binary on a control plane + node namespaces
-#   cluster      a real node (containerd, kubelet, CoreDNS) running deploy/'s overlays with
-#                the image built from the repository (test/cluster)
+#   cluster      two real dual-stack nodes (containerd, kubelet, CoreDNS; CLUSTER_NODES for
+#                more) running deploy/'s overlays with the image built from the repository
+#                (test/cluster)
 #   soak         hack/soak.sh for 2 minutes: churn and every kind of fault once, the
 #                kernel checked against render at checkpoints
 #   fuzz         the fuzz targets (config decoder, Service model), briefly
