@@ -180,10 +180,7 @@ func (s *Supervisor) refuseConfig(logger klog.Logger, result, reason, msg string
 	if r, ok := s.deps.Recorder.(NodeRecorder); ok {
 		r.NodeEventf(corev1.EventTypeWarning, reason, "%s", msg)
 	}
-	st := s.health.Status().Config
-	if st != nil {
-		s.health.SetConfig(healthcheck.ConfigStatus{Hash: st.Hash, Applied: st.Applied, Refused: msg})
-	}
+	s.health.RefuseConfig(msg)
 }
 
 // reloadPlan is what a live change does to each instance, by name.

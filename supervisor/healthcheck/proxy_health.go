@@ -95,6 +95,18 @@ type ConfigStatus struct {
 	Refused string `json:"refused,omitempty"`
 }
 
+// RefuseConfig records why the newest configuration file was not applied; the one in
+// force (SetConfig) stays. No-op before a SetConfig.
+func (h *ProxyHealth) RefuseConfig(why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.config != nil {
+		c := *h.config
+		c.Refused = why
+		h.config = &c
+	}
+}
+
 // SetConfig records the configuration in force, and why a newer one was refused ("":
 // none was).
 func (h *ProxyHealth) SetConfig(c ConfigStatus) {
