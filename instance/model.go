@@ -185,13 +185,27 @@ func costEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, no
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return kernelCost{}
 	}
+	entries, lbIPs := dispatchEntries(svc, nodePortAddrs)
+	shape := newCostShape(svc, mode)
+	var largest kernelCost
+	for f, n := range entries {
+		if c := shape.familyCost(n, lbIPs[f], countEndpoints(epSlices, f)); c.units() > largest.units() {
+			largest = c
+		}
+	}
+	return largest
+}
+
+// dispatchEntries counts, per family with a cluster IP, svc's dispatch addresses (the
+// cluster IP, the external and load-balancer IPs and, with a node port, the family's
+// nodePortAddrs), and among them the load-balancer IPs. A family without a cluster IP
+// has no entries: it gets no rules.
+func dispatchEntries(svc *corev1.Service, nodePortAddrs map[tables.Family]int) (entries, lbIPs map[tables.Family]int) {
 	clusterIPs := svc.Spec.ClusterIPs
 	if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
 		clusterIPs = []string{svc.Spec.ClusterIP}
 	}
-	// entries per family; a family without a cluster IP gets no rules.
-	entries := map[tables.Family]int{}
-	lbIPs := map[tables.Family]int{}
+	entries, lbIPs = map[tables.Family]int{}, map[tables.Family]int{}
 	for _, s := range clusterIPs {
 		if a, ok := parseIP(s); ok {
 			entries[familyOf(a)] = 1
@@ -221,76 +235,141 @@ func costEstimate(svc *corev1.Service, epSlices []*discoveryv1.EndpointSlice, no
 			}
 		}
 	}
-	ports := len(svc.Spec.Ports)
-	extLocal := externalPolicyLocal(svc)
+	return entries, lbIPs
+}
+
+// endpointCounts is what a family's EndpointSlices hold, as costEstimate counts it.
+type endpointCounts struct {
+	// pairs are the endpoint-port pairs; endpoints the endpoints.
+	pairs, endpoints int
+	// perPort is the endpoints per slice port name (consistentHash's tables).
+	perPort map[string]int
+}
+
+// countEndpoints counts the endpoints and endpoint-port pairs of family f's slices.
+func countEndpoints(epSlices []*discoveryv1.EndpointSlice, f tables.Family) endpointCounts {
+	c := endpointCounts{perPort: map[string]int{}}
+	for _, sl := range epSlices {
+		if sl == nil || sl.AddressType != addressType(f) {
+			continue
+		}
+		c.pairs += len(sl.Ports) * len(sl.Endpoints)
+		c.endpoints += len(sl.Endpoints)
+		for _, p := range sl.Ports {
+			c.perPort[ptrOr(p.Name)] += len(sl.Endpoints)
+		}
+	}
+	return c
+}
+
+// costShape is what of a Service, besides its addresses and endpoints, decides its
+// cost.
+type costShape struct {
+	mode tables.LBMode
+	// ports are the Service's ports; sourceRanges its loadBalancerSourceRanges.
+	ports, sourceRanges int
+	// extLocal: the external traffic policy is Local; localPolicy: either policy is.
+	extLocal, localPolicy bool
+	affinity              bool
+	// viaClusterIP: entries other than the cluster IP reach its endpoints through it
+	// (roundRobin, consistentHash, ClientIP affinity).
+	viaClusterIP bool
+	// classes are the sets of endpoints a port chooses among: internal, and with a Local
+	// policy external and the short circuit.
+	classes int
+}
+
+func newCostShape(svc *corev1.Service, mode tables.LBMode) costShape {
 	affinity := svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP
-	viaClusterIP := mode == tables.LBRoundRobin || mode == tables.LBConsistentHash || affinity
-	classes := 1 // sets of endpoints a port chooses among: internal, external, short circuit
-	if hasLocalPolicy(svc) {
-		classes = 3
+	s := costShape{
+		mode:         mode,
+		ports:        len(svc.Spec.Ports),
+		sourceRanges: len(svc.Spec.LoadBalancerSourceRanges),
+		extLocal:     externalPolicyLocal(svc),
+		localPolicy:  hasLocalPolicy(svc),
+		affinity:     affinity,
+		viaClusterIP: mode == tables.LBRoundRobin || mode == tables.LBConsistentHash || affinity,
+		classes:      1,
 	}
-	var largest kernelCost
-	for f, n := range entries {
-		pairs, endpoints := 0, 0
-		perPort := map[string]int{} // endpoints per slice port name, for consistentHash
-		for _, sl := range epSlices {
-			if sl == nil || sl.AddressType != addressType(f) {
-				continue
-			}
-			pairs += len(sl.Ports) * len(sl.Endpoints)
-			endpoints += len(sl.Endpoints)
-			for _, p := range sl.Ports {
-				perPort[ptrOr(p.Name)] += len(sl.Endpoints)
-			}
-		}
-		ext := n - 1
-		dispatch := n + ext // a dispatch element per entry, a policy mark per external one
-		if extLocal {
-			dispatch += ext
-		}
-		if viaClusterIP {
-			dispatch += 2 * ext
-		}
-		own := n // entries with endpoint elements of their own
-		if extLocal {
-			own += ext
-		}
-		var endpointElements int
-		switch mode {
-		case tables.LBConsistentHash:
-			table := 0
-			for _, k := range perPort {
-				table += tables.ConsistentTableSize(k)
-			}
-			if !hasLocalPolicy(svc) {
-				own = 1
-			}
-			endpointElements = own * table
-		case tables.LBRoundRobin:
-			endpointElements = own*pairs + 2*pairs
-		default:
-			endpointElements = own * pairs
-		}
-		c := kernelCost{
-			elements: 1 + endpoints + ports*dispatch + endpointElements + lbIPs[f]*ports*2,
-			ranges:   lbIPs[f] * ports * len(svc.Spec.LoadBalancerSourceRanges),
-			rules:    3 * ports * classes,
-		}
-		if mode == tables.LBRoundRobin {
-			c.rules += 3 * pairs * classes
-		}
-		if viaClusterIP && ext > 0 {
-			c.rules += 3 * classes // the rewrites to the cluster IP
-		}
-		if affinity {
-			c.rules += 2*pairs*classes + 2*ports
-			c.sets = pairs
-		}
-		if c.units() > largest.units() {
-			largest = c
-		}
+	if s.localPolicy {
+		s.classes = 3
 	}
-	return largest
+	return s
+}
+
+// familyCost is the cost in one family's table of n entries, lbIPs of them
+// load-balancer IPs, over the family's endpoints eps.
+func (s costShape) familyCost(n, lbIPs int, eps endpointCounts) kernelCost {
+	ext := n - 1
+	c := kernelCost{
+		elements: 1 + eps.endpoints + s.ports*s.dispatchElements(ext) + s.endpointElements(n, ext, eps) + lbIPs*s.ports*2,
+		ranges:   lbIPs * s.ports * s.sourceRanges,
+		rules:    s.rules(ext, eps.pairs),
+	}
+	if s.affinity {
+		c.sets = eps.pairs
+	}
+	return c
+}
+
+// dispatchElements are a port's dispatch elements with ext external entries besides
+// the cluster IP's: one per entry, a policy mark per external one, with a Local
+// external policy the short circuit's dispatch, and the two that rewrite the
+// destination to the cluster IP where entries go through it.
+func (s costShape) dispatchElements(ext int) int {
+	dispatch := 1 + ext + ext
+	if s.extLocal {
+		dispatch += ext
+	}
+	if s.viaClusterIP {
+		dispatch += 2 * ext
+	}
+	return dispatch
+}
+
+// endpointElements are the endpoint elements of n entries (ext external): one per
+// endpoint-port pair for every entry with endpoints of its own (and the short circuit
+// of a Local external policy); under consistentHash a table per port instead, the
+// cluster IP entry's alone without a Local policy; under roundRobin also the shared
+// picks.
+func (s costShape) endpointElements(n, ext int, eps endpointCounts) int {
+	own := n
+	if s.extLocal {
+		own += ext
+	}
+	switch s.mode {
+	case tables.LBConsistentHash:
+		table := 0
+		for _, k := range eps.perPort {
+			table += tables.ConsistentTableSize(k)
+		}
+		if !s.localPolicy {
+			own = 1
+		}
+		return own * table
+	case tables.LBRoundRobin:
+		return own*eps.pairs + 2*eps.pairs
+	default:
+		return own * eps.pairs
+	}
+}
+
+// rules are the rules of ext external entries over pairs endpoint-port pairs: the
+// pick chains (three per port and class), roundRobin's rotation (three per pair and
+// class), the rewrites to the cluster IP (three per class), and ClientIP affinity's
+// two per pair and class and two per port.
+func (s costShape) rules(ext, pairs int) int {
+	rules := 3 * s.ports * s.classes
+	if s.mode == tables.LBRoundRobin {
+		rules += 3 * pairs * s.classes
+	}
+	if s.viaClusterIP && ext > 0 {
+		rules += 3 * s.classes
+	}
+	if s.affinity {
+		rules += 2*pairs*s.classes + 2*s.ports
+	}
+	return rules
 }
 
 // ptrOr returns *p, or "" for nil.

@@ -171,8 +171,66 @@ const listPage = 500
 // stale when it was stored more than StatusStaleAfter ago and its instances publish
 // LastSync (supervisors older than the field write only on change), or when it was
 // stored more than 3 × HeartbeatInterval ago while a migration had it heartbeating.
+//
+// The steps: the Nodes' readiness (a failed list only leaves the Node's state out of
+// the reasons), the server's time, each node status added to its instances
+// (clusterTally.addNodeStatus), the Nodes without a status, the Services each instance
+// is to serve (countServices), then the instances in order (result).
 func ReadClusterStatus(ctx context.Context, client kubernetes.Interface, namespace string, clock ServerClock, instance string) (ClusterStatus, error) {
-	cs := ClusterStatus{Namespace: namespace}
+	t := newClusterTally(namespace, instance)
+	nodes, err := listNodeStates(ctx, client)
+	if err != nil && ctx.Err() != nil {
+		return t.cs, err
+	}
+	t.nodes, t.nodesListed = nodes, err == nil
+	if t.serverNow, err = clock.ServerNow(ctx); err != nil {
+		return t.cs, err
+	}
+	t.cs.ServerTime = t.serverNow
+	err = pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.CoreV1().ConfigMaps(namespace).List(ctx, opts)
+	}).EachListItem(ctx, metav1.ListOptions{LabelSelector: LabelComponent + "=" + ComponentNodeStatus, Limit: listPage}, func(obj runtime.Object) error {
+		return t.addNodeStatus(obj.(*corev1.ConfigMap))
+	})
+	if err != nil {
+		return t.cs, fmt.Errorf("listing node statuses in %s: %w", namespace, err)
+	}
+	t.addNodesWithoutStatus()
+	if err := t.countServices(ctx, client); err != nil {
+		return t.cs, err
+	}
+	return t.result()
+}
+
+// clusterTally is a ClusterStatus while ReadClusterStatus sums it up.
+type clusterTally struct {
+	cs ClusterStatus
+	// instance, when not empty, is the only instance summed up.
+	instance  string
+	serverNow time.Time
+	// nodes is each Node's state ("Ready", "NotReady"), if nodesListed.
+	nodes       map[string]string
+	nodesListed bool
+	// published are the nodes with a status.
+	published map[string]bool
+	insts     map[string]*ClusterInstance
+	// proxyNames and shadows are, per instance, the union over its nodes.
+	proxyNames, shadows map[string]map[string]bool
+}
+
+func newClusterTally(namespace, instance string) *clusterTally {
+	return &clusterTally{
+		cs:         ClusterStatus{Namespace: namespace},
+		instance:   instance,
+		published:  map[string]bool{},
+		insts:      map[string]*ClusterInstance{},
+		proxyNames: map[string]map[string]bool{},
+		shadows:    map[string]map[string]bool{},
+	}
+}
+
+// listNodeStates returns each Node's readiness, "Ready" or "NotReady", from a paged list.
+func listNodeStates(ctx context.Context, client kubernetes.Interface) (map[string]string, error) {
 	nodes := map[string]string{}
 	err := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 		return client.CoreV1().Nodes().List(ctx, opts)
@@ -184,108 +242,124 @@ func ReadClusterStatus(ctx context.Context, client kubernetes.Interface, namespa
 		}
 		return nil
 	})
-	nodesListed := err == nil
-	if err != nil && ctx.Err() != nil {
-		return cs, err
-	}
-	serverNow, err := clock.ServerNow(ctx)
-	if err != nil {
-		return cs, err
-	}
-	cs.ServerTime = serverNow
-	insts := map[string]*ClusterInstance{}
-	proxyNames := map[string]map[string]bool{}
-	shadows := map[string]map[string]bool{}
-	published := map[string]bool{}
-	err = pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		return client.CoreV1().ConfigMaps(namespace).List(ctx, opts)
-	}).EachListItem(ctx, metav1.ListOptions{LabelSelector: LabelComponent + "=" + ComponentNodeStatus, Limit: listPage}, func(obj runtime.Object) error {
-		cm := obj.(*corev1.ConfigMap)
-		node, ok := strings.CutPrefix(cm.Name, ConfigMapPrefix)
-		if !ok || node == "" {
-			return nil
-		}
-		var st NodeStatus
-		if err := json.Unmarshal([]byte(cm.Data[StatusKey]), &st); err != nil {
-			return fmt.Errorf("node status %s/%s: %w", cm.Namespace, cm.Name, err)
-		}
-		cs.Nodes++
-		published[node] = true
-		written := statusWritten(cm)
-		ago := serverNow.Sub(written)
-		reportsSync := false
-		for _, is := range st.Instances {
-			reportsSync = reportsSync || !is.LastSync.IsZero()
-		}
-		stale := written.IsZero() ||
-			reportsSync && ago > StatusStaleAfter ||
-			st.Migrating() && ago > 3*HeartbeatInterval
-		for name, is := range st.Instances {
-			if instance != "" && name != instance {
-				continue
-			}
-			ci := insts[name]
-			if ci == nil {
-				ci = &ClusterInstance{Name: name}
-				insts[name] = ci
-				proxyNames[name], shadows[name] = map[string]bool{}, map[string]bool{}
-			}
-			ci.Nodes++
-			ci.Default = ci.Default || is.Default
-			for _, p := range is.ProxyNames {
-				proxyNames[name][p] = true
-			}
-			for _, s := range is.Shadow {
-				shadows[name][s] = true
-			}
-			if !is.LastSync.IsZero() {
-				if ci.OldestSync.IsZero() || is.LastSync.Before(ci.OldestSync) {
-					ci.OldestSync, ci.OldestSyncNode = is.LastSync, node
-				}
-				if is.LastSync.After(ci.NewestSync) {
-					ci.NewestSync = is.LastSync
-				}
-			}
-			var reason []string
-			if is.Failing != "" {
-				reason = append(reason, is.Failing)
-			}
-			if stale {
-				r := "status stale"
-				if nodesListed {
-					state, ok := nodes[node]
-					if !ok {
-						state = "gone"
-					}
-					r += ", Node " + state
-				}
-				reason = append(reason, r)
-			}
-			if len(reason) == 0 {
-				ci.Healthy++
-				continue
-			}
-			ci.Problems = append(ci.Problems, NodeProblem{Node: node, Reason: strings.Join(reason, "; "), Written: written, LastSync: is.LastSync})
-		}
+	return nodes, err
+}
+
+// addNodeStatus adds one node's status ConfigMap to the instances it reports; a
+// ConfigMap not named for a node is left out.
+func (t *clusterTally) addNodeStatus(cm *corev1.ConfigMap) error {
+	node, ok := strings.CutPrefix(cm.Name, ConfigMapPrefix)
+	if !ok || node == "" {
 		return nil
-	})
-	if err != nil {
-		return cs, fmt.Errorf("listing node statuses in %s: %w", namespace, err)
 	}
-	if nodesListed {
-		names := slices.Sorted(maps.Keys(nodes))
-		for _, n := range names {
-			if !published[n] {
-				cs.NodesWithoutStatus.add(n)
-			}
+	var st NodeStatus
+	if err := json.Unmarshal([]byte(cm.Data[StatusKey]), &st); err != nil {
+		return fmt.Errorf("node status %s/%s: %w", cm.Namespace, cm.Name, err)
+	}
+	t.cs.Nodes++
+	t.published[node] = true
+	written := statusWritten(cm)
+	stale := statusStale(st, written, t.serverNow)
+	for name, is := range st.Instances {
+		if t.instance != "" && name != t.instance {
+			continue
+		}
+		t.addInstance(node, name, is, written, stale)
+	}
+	return nil
+}
+
+// statusStale reports whether a status the API server stored at written is stale at
+// serverNow: written at no known time, older than StatusStaleAfter while its instances
+// publish LastSync, or older than 3 × HeartbeatInterval while it heartbeats for a
+// migration.
+func statusStale(st NodeStatus, written, serverNow time.Time) bool {
+	ago := serverNow.Sub(written)
+	reportsSync := false
+	for _, is := range st.Instances {
+		reportsSync = reportsSync || !is.LastSync.IsZero()
+	}
+	return written.IsZero() ||
+		reportsSync && ago > StatusStaleAfter ||
+		st.Migrating() && ago > 3*HeartbeatInterval
+}
+
+// addInstance adds instance name as node reports it (is) to the instance's sums: its
+// node count, proxy names, shadows, sync times, and whether the node is healthy or a
+// problem, and why.
+func (t *clusterTally) addInstance(node, name string, is InstanceStatus, written time.Time, stale bool) {
+	ci := t.insts[name]
+	if ci == nil {
+		ci = &ClusterInstance{Name: name}
+		t.insts[name] = ci
+		t.proxyNames[name], t.shadows[name] = map[string]bool{}, map[string]bool{}
+	}
+	ci.Nodes++
+	ci.Default = ci.Default || is.Default
+	for _, p := range is.ProxyNames {
+		t.proxyNames[name][p] = true
+	}
+	for _, s := range is.Shadow {
+		t.shadows[name][s] = true
+	}
+	if !is.LastSync.IsZero() {
+		if ci.OldestSync.IsZero() || is.LastSync.Before(ci.OldestSync) {
+			ci.OldestSync, ci.OldestSyncNode = is.LastSync, node
+		}
+		if is.LastSync.After(ci.NewestSync) {
+			ci.NewestSync = is.LastSync
 		}
 	}
-	// Services: the instances' share, by the label the router reads.
+	reason := t.problem(node, is.Failing, stale)
+	if reason == "" {
+		ci.Healthy++
+		return
+	}
+	ci.Problems = append(ci.Problems, NodeProblem{Node: node, Reason: reason, Written: written, LastSync: is.LastSync})
+}
+
+// problem is why an instance on node is not healthy: its Failing, and "status stale"
+// with the Node's state (when the Nodes were listed) if stale; "" when it is healthy.
+func (t *clusterTally) problem(node, failing string, stale bool) string {
+	var reason []string
+	if failing != "" {
+		reason = append(reason, failing)
+	}
+	if stale {
+		r := "status stale"
+		if t.nodesListed {
+			state, ok := t.nodes[node]
+			if !ok {
+				state = "gone"
+			}
+			r += ", Node " + state
+		}
+		reason = append(reason, r)
+	}
+	return strings.Join(reason, "; ")
+}
+
+// addNodesWithoutStatus counts the listed Nodes that publish no status.
+func (t *clusterTally) addNodesWithoutStatus() {
+	if !t.nodesListed {
+		return
+	}
+	for _, n := range slices.Sorted(maps.Keys(t.nodes)) {
+		if !t.published[n] {
+			t.cs.NodesWithoutStatus.add(n)
+		}
+	}
+}
+
+// countServices settles each instance's proxy names and shadows, then counts the
+// Services that are its to serve, by the label the router reads: labeled with one of
+// its proxy names, or unlabeled for a default instance.
+func (t *clusterTally) countServices(ctx context.Context, client kubernetes.Interface) error {
 	byLabel := map[string][]string{}
 	var defaults []string
-	for name, ci := range insts {
-		ci.ProxyNames = slices.Sorted(maps.Keys(proxyNames[name]))
-		ci.Shadows = len(shadows[name])
+	for name, ci := range t.insts {
+		ci.ProxyNames = slices.Sorted(maps.Keys(t.proxyNames[name]))
+		ci.Shadows = len(t.shadows[name])
 		for _, p := range ci.ProxyNames {
 			byLabel[p] = append(byLabel[p], name)
 		}
@@ -293,41 +367,48 @@ func ReadClusterStatus(ctx context.Context, client kubernetes.Interface, namespa
 			defaults = append(defaults, name)
 		}
 	}
-	if len(insts) > 0 {
-		err = pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			return client.CoreV1().Services("").List(ctx, opts)
-		}).EachListItem(ctx, metav1.ListOptions{Limit: listPage}, func(obj runtime.Object) error {
-			s := obj.(*corev1.Service)
-			if s.Spec.Type == corev1.ServiceTypeExternalName || s.Spec.ClusterIP == corev1.ClusterIPNone {
-				return nil
-			}
-			served := defaults
-			if label, ok := s.Labels[selector.LabelServiceProxyName]; ok {
-				served = byLabel[label]
-			}
-			for _, name := range served {
-				insts[name].Services++
-			}
-			return nil
-		})
-		if err != nil {
-			return cs, fmt.Errorf("listing Services: %w", err)
-		}
+	if len(t.insts) == 0 {
+		return nil
 	}
-	for _, ci := range insts {
+	err := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		return client.CoreV1().Services("").List(ctx, opts)
+	}).EachListItem(ctx, metav1.ListOptions{Limit: listPage}, func(obj runtime.Object) error {
+		s := obj.(*corev1.Service)
+		if s.Spec.Type == corev1.ServiceTypeExternalName || s.Spec.ClusterIP == corev1.ClusterIPNone {
+			return nil
+		}
+		served := defaults
+		if label, ok := s.Labels[selector.LabelServiceProxyName]; ok {
+			served = byLabel[label]
+		}
+		for _, name := range served {
+			t.insts[name].Services++
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing Services: %w", err)
+	}
+	return nil
+}
+
+// result returns the ClusterStatus: the instances by name, each one's problems by
+// reason, then node. Asked for one instance that no node reports, it is an error.
+func (t *clusterTally) result() (ClusterStatus, error) {
+	for _, ci := range t.insts {
 		sort.Slice(ci.Problems, func(i, j int) bool {
 			if ci.Problems[i].Reason != ci.Problems[j].Reason {
 				return ci.Problems[i].Reason < ci.Problems[j].Reason
 			}
 			return ci.Problems[i].Node < ci.Problems[j].Node
 		})
-		cs.Instances = append(cs.Instances, *ci)
+		t.cs.Instances = append(t.cs.Instances, *ci)
 	}
-	sort.Slice(cs.Instances, func(i, j int) bool { return cs.Instances[i].Name < cs.Instances[j].Name })
-	if instance != "" && len(cs.Instances) == 0 {
-		return cs, fmt.Errorf("no node in %s reports an instance %q", namespace, instance)
+	sort.Slice(t.cs.Instances, func(i, j int) bool { return t.cs.Instances[i].Name < t.cs.Instances[j].Name })
+	if t.instance != "" && len(t.cs.Instances) == 0 {
+		return t.cs, fmt.Errorf("no node in %s reports an instance %q", t.cs.Namespace, t.instance)
 	}
-	return cs, nil
+	return t.cs, nil
 }
 
 // maxProblemLines is how many nodes WriteClusterStatus names per reason; the JSON and
