@@ -80,6 +80,10 @@ type hostileCase struct {
 		// SourceRanges gives the Service that many loadBalancerSourceRanges, distinct
 		// /30s in 20.0.0.0/8.
 		SourceRanges int `json:"sourceRanges"`
+		// Copies makes the first Service that many Services (name-1 ...), copy i with
+		// each port number and the cluster IP moved up by i-1, and the first slice one
+		// per copy: many Services of one tenant sharing what they list (an external IP).
+		Copies int `json:"copies"`
 	} `json:"expand"`
 	// Events are the Warning events the case's objects must get, as "Reason: text"
 	// (text a substring of the message); they must get no other.
@@ -156,7 +160,53 @@ func loadHostileCase(t *testing.T, file string) (hostileCase, []runtime.Object) 
 		}
 		objs = append(objs, obj)
 	}
-	return hc, expandHostile(t, hc, objs)
+	return hc, copyHostile(t, hc, expandHostile(t, hc, objs))
+}
+
+// copyHostile applies the case's Expand.Copies to its first Service and first slice.
+func copyHostile(t *testing.T, hc hostileCase, objs []runtime.Object) []runtime.Object {
+	t.Helper()
+	if hc.Expand.Copies == 0 {
+		return objs
+	}
+	var svc *corev1.Service
+	var slice *discoveryv1.EndpointSlice
+	var rest []runtime.Object
+	for _, obj := range objs {
+		switch o := obj.(type) {
+		case *corev1.Service:
+			if svc == nil {
+				svc = o
+				continue
+			}
+		case *discoveryv1.EndpointSlice:
+			if slice == nil && svc != nil && o.Labels[discoveryv1.LabelServiceName] == svc.Name {
+				slice = o
+				continue
+			}
+		}
+		rest = append(rest, obj)
+	}
+	if svc == nil || slice == nil {
+		t.Fatal("expand.copies needs a Service and its EndpointSlice")
+	}
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+	if err != nil {
+		t.Fatalf("expand.copies: cluster IP: %v", err)
+	}
+	var out []runtime.Object
+	for i := range hc.Expand.Copies {
+		c, cs := svc.DeepCopy(), slice.DeepCopy()
+		c.Name = fmt.Sprintf("%s-%d", svc.Name, i+1)
+		c.Spec.ClusterIP, c.Spec.ClusterIPs = ip.String(), []string{ip.String()}
+		ip = ip.Next()
+		for p := range c.Spec.Ports {
+			c.Spec.Ports[p].Port += int32(i)
+		}
+		cs.Name, cs.Labels[discoveryv1.LabelServiceName] = c.Name+"-1", c.Name
+		out = append(out, c, cs)
+	}
+	return append(out, rest...)
 }
 
 // expandHostile applies the case's Expand to its first Service and first slice.
