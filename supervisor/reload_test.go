@@ -278,3 +278,52 @@ func TestLiveConfigRescopes(t *testing.T) {
 		return strings.Contains(f.rec.all(), "ConfigRefused: The changed configuration")
 	})
 }
+
+// TestLiveConfigRemovedInstanceFlushesFlows: an instance removed by a live change lets
+// go of its Services as if they were deleted before it stops, so the UDP flows to a
+// Service nobody on the node serves any more go, as after the Service's deletion; a
+// Service another instance takes over keeps its flows.
+func TestLiveConfigRemovedInstanceFlushesFlows(t *testing.T) {
+	// team-b waits 2 s between syncs: its last one, of the removals, comes well after
+	// the change, and the tables must wait for it.
+	slowB := strings.Replace(testConfigYAML, "  proxyNames: [team-b]\n  slot: 2\n  minSyncPeriod: 0s\n",
+		"  proxyNames: [team-b]\n  slot: 2\n  minSyncPeriod: 2s\n", 1)
+	if slowB == testConfigYAML {
+		t.Fatal("the test's configuration edit did not apply")
+	}
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: slowB})
+	const orphanVIP, sharedVIP = "172.30.0.53", "172.30.0.63"
+	teamB := map[string]string{"service.kubernetes.io/service-proxy-name": "team-b"}
+	f.createDNS("b", "dns", orphanVIP, teamB, nil, dnsEndpoint(podA, false))
+	testutil.Eventually(t, waitTimeout, "team-b programs dns", func() bool { return f.programsEndpoint("team-b", podA) })
+	orphan := dnsFlow(orphanVIP, podA)
+	f.ct.Add(orphan)
+
+	// team-b removed: nothing else serves label team-b, so dns is served by nobody.
+	withoutB, _, _ := strings.Cut(slowB, "- name: team-b\n")
+	f.writeConfig(withoutB)
+	testutil.Eventually(t, waitTimeout, "team-b's tables deleted", func() bool {
+		return !f.tables.exists("ip shardproxy-team-b") && !f.tables.exists("ip6 shardproxy-team-b")
+	})
+	testutil.Eventually(t, waitTimeout, "the flows of the Service nobody serves go", func() bool { return !f.hasFlow(orphan) })
+
+	// team-c added on label team-c, then removed while team-a takes its label over:
+	// the Service stays served, its flows stay.
+	f.writeConfig(withoutB + teamC)
+	f.createDNS("c", "dns", sharedVIP, map[string]string{"service.kubernetes.io/service-proxy-name": "team-c"}, nil, dnsEndpoint(podB, false))
+	testutil.Eventually(t, waitTimeout, "team-c programs dns", func() bool { return f.programsEndpoint("team-c", podB) })
+	kept := dnsFlow(sharedVIP, podB)
+	f.ct.Add(kept)
+	takeover := strings.Replace(withoutB, "  proxyNames: [team-a]\n", "  proxyNames: [team-a, team-c]\n", 1)
+	takeover = strings.Replace(takeover, "    namespaces: [a, shop]\n", "    namespaces: [a, shop, c]\n", 1)
+	if takeover == withoutB {
+		t.Fatal("the test's take-over edit did not apply")
+	}
+	f.writeConfig(takeover)
+	testutil.Eventually(t, waitTimeout, "team-a serves team-c's dns", func() bool { return f.programsEndpoint("team-a", podB) })
+	testutil.Eventually(t, waitTimeout, "team-c's tables deleted", func() bool { return !f.tables.exists("ip shardproxy-team-c") })
+	f.settle("team-a", "a", "team-a", "172.30.0.54")
+	if !f.hasFlow(kept) {
+		t.Errorf("the flows of a Service team-a took over from the removed team-c were deleted; left: %v", f.ct.FlowStrings())
+	}
+}
