@@ -3,7 +3,7 @@
 # layer: anything not listed as kernel, integration, e2e or cluster is unit. Needs ${go}.
 
 module="$(${go} list -m)"
-kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|supervisor/healthcheck|supervisor/kerneltest|legacy|cmd/shardproxy)(/.*)?$"
+kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|supervisor/healthcheck|supervisor/kerneltest|legacy|cmd/shardproxy/app)(/.*)?$"
 integration_re="^${module}/(test/controlplane|deploy)(/.*)?$"
 e2e_re="^${module}/test/e2e(/.*)?$"
 # test/cluster itself; its subpackages (the e2e report parser, the teardown command) are

@@ -42,7 +42,7 @@ var protocols = []protocol{
 		[]string{"NFTApplier", "ScriptRunner", "appendElementCommand"}},
 	{"kernel writers: netlink (google/nftables, raw netlink; conntrack flows)", []string{"tables", "supervisor/conntrack"},
 		[]string{"NetlinkWriter", "ListTables", "netlinkMessages", "Netlink", "DeleteFilters"}},
-	{"supervisor lifecycle (wiring, servers, loops, orphan tables)", []string{"supervisor", "cmd/shardproxy"},
+	{"supervisor lifecycle (wiring, servers, loops, orphan tables)", []string{"supervisor", "cmd/shardproxy/app"},
 		[]string{"wire", "startServers", "startLoops", "withDefaults", "takeOverTables", "deleteUnconfiguredTables", "cleanupCommand", "deleteTable"}},
 }
 

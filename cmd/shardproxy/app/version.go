@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"fmt"
@@ -7,13 +7,24 @@ import (
 	"runtime/debug"
 )
 
-// version and commit are set at build time: -ldflags "-X main.version=v0.1.0 -X
-// main.commit=<git commit>" (`make release`, hack/release.sh). A binary built without
-// them is a development build and says so.
-var (
-	version = "dev"
-	commit  = ""
-)
+// Build is what the linker stamped into the binary: package main's version and commit,
+// set at build time with -ldflags "-X main.version=v0.1.0 -X main.commit=<git commit>"
+// (`make release`, hack/release.sh). A binary built without them is a development build
+// and says so.
+type Build struct {
+	// Version is the release; "dev" or empty for a development build.
+	Version string
+	// Commit is the commit it was built from; empty if not stamped.
+	Commit string
+}
+
+// version is b's version, "dev" for a development build.
+func (b Build) version() string {
+	if b.Version == "" {
+		return "dev"
+	}
+	return b.Version
+}
 
 // versionLine is what `shardproxy --version` prints: the version, the commit it was built
 // from and the Go version; a development build says it is one and names the commit Go's
@@ -42,7 +53,8 @@ func versionLine(version, commit string, info *debug.BuildInfo) string {
 	return fmt.Sprintf("shardproxy %s (commit %s, %s)", version, commit, runtime.Version())
 }
 
-func printVersion(w io.Writer) {
+// printVersion prints b's versionLine.
+func printVersion(w io.Writer, b Build) {
 	info, _ := debug.ReadBuildInfo()
-	fmt.Fprintln(w, versionLine(version, commit, info))
+	fmt.Fprintln(w, versionLine(b.version(), b.Commit, info))
 }

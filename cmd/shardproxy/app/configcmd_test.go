@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"os"
@@ -12,7 +12,7 @@ import (
 // configurations (a file, a kubeadm ConfigMap) and feeds each output to `check`, which
 // must accept it; bad command lines exit 2.
 func TestConfigFromKubeProxy(t *testing.T) {
-	const testdata = "../../supervisor/config/fromkubeproxy/testdata/"
+	const testdata = "../../../supervisor/config/fromkubeproxy/testdata/"
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -72,7 +72,7 @@ func TestConfigFromKubeProxy(t *testing.T) {
 // apiserver-endpoint.yaml names the server of kubeadm's kubeconfig (and nothing else
 // of the patch changes).
 func TestConfigFromKubeProxyWriteOverlay(t *testing.T) {
-	const configMap = "../../supervisor/config/fromkubeproxy/testdata/kubeadm-configmap.yaml"
+	const configMap = "../../../supervisor/config/fromkubeproxy/testdata/kubeadm-configmap.yaml"
 	for _, tc := range []struct {
 		name, overlay string
 		args          []string
@@ -90,7 +90,7 @@ func TestConfigFromKubeProxyWriteOverlay(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			src := filepath.Join("../../deploy/overlays", tc.overlay)
+			src := filepath.Join("../../../deploy/overlays", tc.overlay)
 			dir := t.TempDir()
 			entries, err := os.ReadDir(src)
 			if err != nil {

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -46,7 +46,7 @@ func TestCleanupFlags(t *testing.T) {
 func TestCleanupLegacyInNamespace(t *testing.T) {
 	testutil.RequireTools(t, "iptables-restore", "iptables-save", "nft")
 	tp := netns.New(t)
-	fixture, err := os.ReadFile("../../legacy/testdata/iptables.save")
+	fixture, err := os.ReadFile("../../../legacy/testdata/iptables.save")
 	if err != nil {
 		t.Fatal(err)
 	}

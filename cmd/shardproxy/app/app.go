@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -41,18 +41,18 @@ import (
 	"github.com/shardproxy/shardproxy/tables/servicecidr"
 )
 
-// run runs the command line args and returns the exit code: 0, exitFailure when the
-// command failed, exitUsage when the command line is wrong.
+// Run runs the command line args of the binary b and returns the exit code: 0,
+// exitFailure when the command failed, exitUsage when the command line is wrong.
 //
 // The first SIGINT or SIGTERM ends the commands' context: `run` stops its instances,
 // `migrate move` and `rollback` finish the step in flight or put the batch back. Then
 // the signals get their default action again, so a second one ends the process at once
 // (as Kubernetes components do).
-func run(args []string, stdout, stderr io.Writer) int {
+func Run(args []string, stdout, stderr io.Writer, b Build) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	context.AfterFunc(ctx, stop)
-	return exitCode(newApp(stdout, stderr).RunContext(ctx, args), stderr)
+	return exitCode(New(stdout, stderr, b).RunContext(ctx, args), stderr)
 }
 
 // configFlag is --config, required by the commands that read a configuration.
@@ -63,7 +63,10 @@ func configFlag() *cli.StringFlag {
 	}
 }
 
-func newApp(stdout, stderr io.Writer) *cli.App {
+// New returns the command tree of the binary b, writing to stdout and stderr. Building it
+// starts nothing: the docs tests (docs/clicheck) read it to check the command lines the
+// documentation names.
+func New(stdout, stderr io.Writer, b Build) *cli.App {
 	logging := logsapi.NewLoggingConfiguration()
 	logFlags := loggingFlags(logging)
 	app := &cli.App{
@@ -79,7 +82,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		}, logFlags...),
 		Action: func(c *cli.Context) error {
 			if c.Bool("version") {
-				printVersion(c.App.Writer)
+				printVersion(c.App.Writer, b)
 				return nil
 			}
 			return commandNotFound(c)
@@ -94,7 +97,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 				Usage: "run the supervisor and its instances until SIGTERM/SIGINT (rules stay in place on exit)",
 				Flags: []cli.Flag{configFlag()},
 				Action: func(c *cli.Context) error {
-					return runSupervisor(c.Context, c.String("config"))
+					return runSupervisor(c.Context, c.String("config"), b.version())
 				},
 			},
 			{
@@ -120,45 +123,12 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			migrateCommand(),
 			configCommand(),
 			completionCommand(),
-			{
-				Name:  "status",
-				Usage: "print the running supervisor's per-instance status (from its /status endpoint), or with --cluster every instance across the nodes",
-				Description: `Without --cluster: the supervisor on this node, from its /status endpoint (loopback only).
-With --cluster: every node's status ConfigMap in --status-namespace, the Nodes and the
-Services (paged lists, with an operator's kubeconfig), summed up per instance: nodes
-running it, how many report it healthy, failing or stale (and why, node by node), the
-Services that are its to serve, and the oldest last sync its nodes report (to within
-5 minutes on healthy nodes). A status is stale when the API server stored it more than
-10 minutes ago, by the server's clock.`,
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "address", Usage: "the supervisor's healthz address (default: the configuration's healthzBindAddress on loopback)"},
-					&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Value: defaultPodConfig, Usage: "the supervisor's configuration, for its healthzBindAddress (the DaemonSet's path; if it does not exist and --config is not given, " + config.DefaultHealthzBindAddress + ")"},
-					&cli.BoolFlag{Name: "cluster", Usage: "every instance across the nodes, from their status ConfigMaps (needs a kubeconfig)"},
-					&cli.StringFlag{Name: "instance", Usage: "only this instance"},
-					&cli.StringFlag{Name: "kubeconfig", Usage: "with --cluster: kubeconfig file (default: the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config, else in-cluster)"},
-					&cli.StringFlag{Name: "status-namespace", Value: migrate.DefaultNamespace, Usage: "with --cluster: namespace of the supervisors' node status ConfigMaps (statusNamespace in their config)"},
-					outputFlag(),
-				},
-				Action: func(c *cli.Context) error {
-					format, err := outputFormat(c)
-					if err != nil {
-						return err
-					}
-					if c.Bool("cluster") {
-						return clusterStatus(c.Context, c.App.Writer, c.String("kubeconfig"), c.String("status-namespace"), c.String("instance"), format)
-					}
-					addr, err := statusAddress(c.String("address"), c.String("config"), c.IsSet("config"))
-					if err != nil {
-						return err
-					}
-					return status(c.Context, c.App.Writer, addr, c.String("instance"), format)
-				},
-			},
+			statusCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
 				Action: func(c *cli.Context) error {
-					printVersion(c.App.Writer)
+					printVersion(c.App.Writer, b)
 					return nil
 				},
 			},
@@ -170,8 +140,48 @@ Services that are its to serve, and the oldest last sync its nodes report (to wi
 	return app
 }
 
-// runSupervisor runs the supervisor until ctx ends (run's first SIGTERM or SIGINT).
-func runSupervisor(ctx context.Context, path string) error {
+// statusCommand is `status`: this node's supervisor, or with --cluster every instance
+// across the nodes.
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "print the running supervisor's per-instance status (from its /status endpoint), or with --cluster every instance across the nodes",
+		Description: `Without --cluster: the supervisor on this node, from its /status endpoint (loopback only).
+With --cluster: every node's status ConfigMap in --status-namespace, the Nodes and the
+Services (paged lists, with an operator's kubeconfig), summed up per instance: nodes
+running it, how many report it healthy, failing or stale (and why, node by node), the
+Services that are its to serve, and the oldest last sync its nodes report (to within
+5 minutes on healthy nodes). A status is stale when the API server stored it more than
+10 minutes ago, by the server's clock.`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "address", Usage: "the supervisor's healthz address (default: the configuration's healthzBindAddress on loopback)"},
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Value: defaultPodConfig, Usage: "the supervisor's configuration, for its healthzBindAddress (the DaemonSet's path; if it does not exist and --config is not given, " + config.DefaultHealthzBindAddress + ")"},
+			&cli.BoolFlag{Name: "cluster", Usage: "every instance across the nodes, from their status ConfigMaps (needs a kubeconfig)"},
+			&cli.StringFlag{Name: "instance", Usage: "only this instance"},
+			&cli.StringFlag{Name: "kubeconfig", Usage: "with --cluster: kubeconfig file (default: the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config, else in-cluster)"},
+			&cli.StringFlag{Name: "status-namespace", Value: migrate.DefaultNamespace, Usage: "with --cluster: namespace of the supervisors' node status ConfigMaps (statusNamespace in their config)"},
+			outputFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			format, err := outputFormat(c)
+			if err != nil {
+				return err
+			}
+			if c.Bool("cluster") {
+				return clusterStatus(c.Context, c.App.Writer, c.String("kubeconfig"), c.String("status-namespace"), c.String("instance"), format)
+			}
+			addr, err := statusAddress(c.String("address"), c.String("config"), c.IsSet("config"))
+			if err != nil {
+				return err
+			}
+			return status(c.Context, c.App.Writer, addr, c.String("instance"), format)
+		},
+	}
+}
+
+// runSupervisor runs the supervisor of the binary's version until ctx ends (Run's first
+// SIGTERM or SIGINT).
+func runSupervisor(ctx context.Context, path, version string) error {
 	logger := klog.Background()
 	logger.Info("Starting shardproxy", "version", version)
 	logger.V(2).Info("Reading the configuration", "path", path)

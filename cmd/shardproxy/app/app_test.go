@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -19,11 +19,15 @@ import (
 	"github.com/shardproxy/shardproxy/tables"
 )
 
-// runCLI runs the application in-process. The logging configuration a command applies
+// testBuild is the binary the tests run: a release, so that what the version commands
+// print shows the Build reached them.
+var testBuild = Build{Version: "v9.9.9-test", Commit: "0123456789ab"}
+
+// runCLI runs the application (testBuild) in-process. The logging configuration a command applies
 // is process-wide and may be applied once: it is reset afterwards, for the next run.
 func runCLI(args ...string) (string, string, int) {
 	var out, errOut bytes.Buffer
-	code := run(append([]string{"shardproxy"}, args...), &out, &errOut)
+	code := Run(append([]string{"shardproxy"}, args...), &out, &errOut, testBuild)
 	if err := logsapi.ResetForTest(nil); err != nil {
 		panic(err)
 	}

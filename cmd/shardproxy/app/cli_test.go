@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"encoding/json"
@@ -22,8 +22,8 @@ func TestCommandLineConventions(t *testing.T) {
 		// wantJSONMsg, when set, is the message of the first stderr line, decoded as JSON.
 		wantJSONMsg string
 	}{
-		{name: "version command", args: []string{"version"}, wantOut: []string{"shardproxy " + version}},
-		{name: "--version flag", args: []string{"--version"}, wantOut: []string{"shardproxy " + version}},
+		{name: "version command", args: []string{"version"}, wantOut: []string{"shardproxy v9.9.9-test (commit 0123456789ab, go"}},
+		{name: "--version flag", args: []string{"--version"}, wantOut: []string{"shardproxy v9.9.9-test (commit 0123456789ab, go"}},
 		{name: "no arguments print the help", args: nil, wantOut: []string{"USAGE:", "run"}},
 		{name: "unknown global flag", args: []string{"--bogus"}, wantCode: 2,
 			wantErr: []string{"flag provided but not defined: -bogus", "Usage: shardproxy [options] command", "shardproxy --help"}},
