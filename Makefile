@@ -179,19 +179,24 @@ bench-compare: deps
 	bin/shardproxy-bench-compare -repo . -scales $(BENCH_COMPARE_SCALES) -out $(BENCH_COMPARE_OUT) -plot $(BENCH_COMPARE_PLOT) $(BENCH_COMPARE_FLAGS)
 
 # fleet runs FLEET_NODES hollow shardproxy nodes (test/fleet: the real supervisor with
-# the kernel faked, each node with its own Node object and client at QPS 5, burst 10)
+# the kernel faked, each node with its own Node object and client at QPS 5, burst 10), with
+# reserveOtherNodeAddresses on and off, and as many of kubemark's hollow kube-proxies
+# (--morph=proxy, one process each, built from the Go module into the cache) beside them,
 # against one local kube-apiserver and etcd holding FLEET_SERVICES of the bench's mix,
-# with reserveOtherNodeAddresses on and off, while the driver writes every Node's status
-# each FLEET_STATUS_PERIOD; prints the apiserver's CPU per minute, peak RSS, watch events,
-# the proxies' requests, etcd writes and fleet-wide programming latency (docs/fleet.md).
-# Not part of `make test`. FLEET_FLAGS adds flags (-h lists them).
-FLEET_NODES         ?= 100,300
+# while the driver writes every Node's status each FLEET_STATUS_PERIOD; prints the
+# apiserver's CPU per minute and memory, watch events, the proxies' requests, etcd
+# writes, the proxies' memory and shardproxy's fleet-wide programming latency, and the
+# growth of each per node for both, extrapolated to 5,000 nodes (docs/fleet.md).
+# Not part of `make test`. FLEET_PROXIES picks the proxies; FLEET_FLAGS adds flags
+# (-h lists them).
+FLEET_NODES         ?= 50,100,200
 FLEET_SERVICES      ?= 1000
 FLEET_STATUS_PERIOD ?= 30s
+FLEET_PROXIES       ?= shardproxy,kube-proxy
 fleet:
-	hack/build-apiserver.sh
+	hack/build-apiserver.sh kube-apiserver kubemark
 	$(GO) build -o bin/shardproxy-fleet ./test/fleet/cmd/shardproxy-fleet
-	bin/shardproxy-fleet -nodes $(FLEET_NODES) -services $(FLEET_SERVICES) -status-period $(FLEET_STATUS_PERIOD) $(FLEET_FLAGS)
+	bin/shardproxy-fleet -nodes $(FLEET_NODES) -services $(FLEET_SERVICES) -status-period $(FLEET_STATUS_PERIOD) -proxies $(FLEET_PROXIES) $(FLEET_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

@@ -22,13 +22,15 @@
 #   --node          build kubelet, kube-controller-manager, kube-scheduler and kubectl
 #                   (test/cluster)
 #   --conformance   build upstream's e2e.test and agnhost (test/cluster's conformance run)
+#   --kubemark      build kubemark, whose --morph=proxy is upstream's hollow kube-proxy
+#                   (make fleet's anchor)
 #   --dns           build CoreDNS from hack/tools/coredns (test/cluster's cluster DNS),
 #                   cached as coredns-<CoreDNS version>-<key>
 #   --print-path    print the cached path of each NAME (default kube-apiserver), build
 #                   nothing: the tests find the binaries this way, so the key has one
 #                   definition, here
 #   NAME...         any of: kube-apiserver kube-proxy kubelet kube-controller-manager
-#                   kube-scheduler kubectl e2e.test agnhost coredns
+#                   kube-scheduler kubectl e2e.test agnhost coredns kubemark
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,9 +53,10 @@ for arg in "$@"; do
 	--all) names+=(kube-apiserver kube-proxy) ;;
 	--node) names+=(kubelet kube-controller-manager kube-scheduler kubectl) ;;
 	--conformance) names+=(e2e.test agnhost) ;;
+	--kubemark) names+=(kubemark) ;;
 	--dns) names+=(coredns) ;;
 	--print-path) print_path=true ;;
-	kube-apiserver | kube-proxy | kubelet | kube-controller-manager | kube-scheduler | kubectl | e2e.test | agnhost | coredns)
+	kube-apiserver | kube-proxy | kubelet | kube-controller-manager | kube-scheduler | kubectl | e2e.test | agnhost | coredns | kubemark)
 		names+=("${arg}")
 		;;
 	-h | --help)

@@ -2,7 +2,8 @@
 
 // Package tools records the commands this module builds, so that `go mod tidy` keeps their
 // dependencies in go.mod and go.sum. Build them with hack/build-apiserver.sh (the control
-// plane, kube-proxy and the node components) and hack/build-e2e.sh (upstream's e2e.test and
+// plane, kube-proxy, the node components and kubemark, whose --morph=proxy is make fleet's
+// hollow kube-proxy) and hack/build-e2e.sh (upstream's e2e.test and
 // agnhost, whose test main imports the packages listed last).
 package tools
 
@@ -13,6 +14,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kubemark"
 	_ "k8s.io/kubernetes/test/images/agnhost"
 
 	// The imports of k8s.io/kubernetes/test/e2e's e2e_test.go, for `go test -c`.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -26,10 +28,14 @@ import (
 
 // Options configure one fleet measurement against an existing API server.
 type Options struct {
+	// Proxy is the proxy the hollow nodes run (default Shardproxy).
+	Proxy Proxy
 	// Nodes is the number of hollow nodes.
 	Nodes int
 	// ReserveOtherNodeAddresses is every node's reserveOtherNodeAddresses.
 	ReserveOtherNodeAddresses bool
+	// Settle is how long after the first syncs the steady state starts.
+	Settle time.Duration
 	// Steady is how long the steady state is measured.
 	Steady time.Duration
 	// StatusPeriod is how often the driver writes each Node's status (kubelet writes it
@@ -59,10 +65,13 @@ type Env struct {
 	APIServerPID int
 	// APIServerMetrics reads /metrics; nil: not measured.
 	APIServerMetrics func(ctx context.Context) (APIServerCounters, error)
+	// Kubemark runs the KubeProxy fleets; nil: none.
+	Kubemark *KubemarkOptions
 }
 
 // Result is one measurement.
 type Result struct {
+	Proxy                     Proxy
 	Nodes                     int
 	ReserveOtherNodeAddresses bool
 	Services                  int
@@ -72,11 +81,17 @@ type Result struct {
 	Steady time.Duration
 	// APIServerCPUPerMinute is kube-apiserver's CPU seconds per minute over Steady.
 	APIServerCPUPerMinute float64
-	// APIServerPeakRSS is kube-apiserver's VmHWM at the end (bytes; since it started).
-	APIServerPeakRSS int64
+	// APIServerPeakRSS is kube-apiserver's VmHWM at the end (bytes; since it started),
+	// APIServerRSS its VmRSS then.
+	APIServerPeakRSS, APIServerRSS int64
+	// ProxyMemory is what the hollow proxies hold at the end (bytes): the kubemark
+	// processes' proportional set sizes, or this process's resident growth since the
+	// shardproxy nodes started.
+	ProxyMemory int64
 	// Server are the apiserver's counters over Steady (every client's).
 	Server APIServerCounters
-	// ProxyRequests are the hollow nodes' own requests over Steady.
+	// ProxyRequests are the hollow nodes' own requests over Steady: counted in their
+	// transports (shardproxy), or the apiserver's count without the driver's (kube-proxy).
 	ProxyRequests Counts
 	// Programming is a Service change until every node has it, over all changes and
 	// nodes.
@@ -161,24 +176,153 @@ func heartbeat(ctx context.Context, admin kubernetes.Interface, i int, now time.
 	return err
 }
 
-// Measure starts opts.Nodes hollow nodes, waits for their first syncs, measures the
-// steady state with the driver's Node heartbeats, times opts.Changes Service changes
-// until every node has them, and stops the nodes.
+// Measure starts opts.Nodes hollow nodes of opts.Proxy, waits for their first syncs,
+// measures the steady state with the driver's Node heartbeats, times opts.Changes
+// Service changes until every node has them (shardproxy only: kubemark's hollow
+// kube-proxy programs nothing), and stops the nodes.
 func Measure(ctx context.Context, env Env, opts Options, services int) (*Result, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	res := &Result{Nodes: opts.Nodes, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, Services: services}
+	if opts.Proxy == "" {
+		opts.Proxy = Shardproxy
+	}
+	res := &Result{Proxy: opts.Proxy, Nodes: opts.Nodes, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, Services: services}
 	counter := NewRequestCounter()
 	start := time.Now()
-	var nodes []*HollowNode
-	stopAll := func() error {
-		var errs []error
-		for _, h := range nodes {
-			errs = append(errs, h.Stop())
-		}
-		return errors.Join(errs...)
+	var (
+		fl  running
+		err error
+	)
+	switch opts.Proxy {
+	case Shardproxy:
+		fl, err = startShardproxy(ctx, env, opts, counter)
+	case KubeProxy:
+		fl, err = startKubeProxy(ctx, env, opts)
+	default:
+		err = fmt.Errorf("unknown proxy %q", opts.Proxy)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if err := fl.waitReady(ctx, opts.ReadyTimeout); err != nil {
+		return nil, errors.Join(fmt.Errorf("waiting for the first syncs: %w", err), fl.stop())
+	}
+	res.Ready = time.Since(start)
+	opts.Logf("%d %s nodes (reserveOtherNodeAddresses %t) hold %d Services after %v", opts.Nodes, opts.Proxy, opts.ReserveOtherNodeAddresses, services, res.Ready.Round(time.Millisecond))
+
+	// The nodes' first status writes (and kube-proxy's start events) are start-up, not
+	// steady state.
+	select {
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), fl.stop())
+	case <-time.After(opts.Settle):
+	}
+
+	// Steady state: the driver heartbeats every Node once per StatusPeriod, spread evenly.
+	beforeProc, beforeServer, beforeReq, err := readCounters(ctx, env, counter)
+	if err != nil {
+		return nil, errors.Join(err, fl.stop())
+	}
+	steadyStart := time.Now()
+	window, cancel := context.WithTimeout(ctx, opts.Steady)
+	writes, hbErr := heartbeats(ctx, window, env.Admin, opts.Nodes, opts.StatusPeriod)
+	cancel()
+	if hbErr != nil && ctx.Err() == nil {
+		return nil, errors.Join(hbErr, fl.stop())
+	}
+	res.Steady = time.Since(steadyStart)
+	res.StatusWrites = writes
+	afterProc, afterServer, afterReq, err := readCounters(ctx, env, counter)
+	if err != nil {
+		return nil, errors.Join(err, fl.stop())
+	}
+	if res.ProxyMemory, err = fl.memory(); err != nil {
+		return nil, errors.Join(err, fl.stop())
+	}
+	res.APIServerCPUPerMinute = (afterProc.CPU - beforeProc.CPU).Seconds() / res.Steady.Minutes()
+	res.APIServerPeakRSS, res.APIServerRSS = afterProc.PeakRSS, afterProc.RSS
+	res.Server = afterServer.Sub(beforeServer)
+	res.ProxyRequests = afterReq.Sub(beforeReq)
+	if opts.Proxy == KubeProxy {
+		// kubemark's clients cannot be counted in their transports: take the apiserver's
+		// count without the driver's (its heartbeats and /metrics reads).
+		res.ProxyRequests = withoutDriver(res.Server.Requests)
+	}
+
+	// Network programming: a new Service until every node has programmed it.
+	var lat []time.Duration
+	for k := range opts.Changes {
+		if opts.Proxy != Shardproxy {
+			break
+		}
+		name := fmt.Sprintf("fleet-probe-%d-%t-%d", opts.Nodes, opts.ReserveOtherNodeAddresses, k)
+		t0 := time.Now()
+		if err := createProbe(ctx, env.Admin, name); err != nil {
+			return nil, errors.Join(err, fl.stop())
+		}
+		got, err := waitAll(ctx, fl.(*shardproxyFleet).nodes, types.NamespacedName{Namespace: gen.Namespace, Name: name}, t0, time.Minute)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("change %d: %w", k, err), fl.stop())
+		}
+		lat = append(lat, got...)
+	}
+	slices.Sort(lat)
+	res.ProgrammingP50, res.ProgrammingP99 = Percentile(lat, 50), Percentile(lat, 99)
+	if len(lat) > 0 {
+		res.ProgrammingMax = lat[len(lat)-1]
+	}
+	return res, fl.stop()
+}
+
+// withoutDriver returns the apiserver's request counts without the driver's: its Node
+// heartbeats (PATCH nodes) and its /metrics reads (no resource). What is left are the
+// proxies' requests and the apiserver's own (its lease and the kubernetes Service's
+// endpoints, a few per minute whatever the fleet).
+func withoutDriver(server Counts) Counts {
+	out := Counts{}
+	for k, v := range server {
+		if k == "PATCH nodes" || strings.HasSuffix(k, " ") {
+			continue
+		}
+		out[strings.ToLower(k)] = v
+	}
+	return out
+}
+
+// Proxy names the proxy a fleet runs.
+type Proxy string
+
+const (
+	// Shardproxy is hollow shardproxy nodes (StartHollow), all in this process.
+	Shardproxy Proxy = "shardproxy"
+	// KubeProxy is kubemark's hollow kube-proxy (--morph=proxy), one process per node.
+	KubeProxy Proxy = "kube-proxy"
+)
+
+// running is a started fleet of one proxy.
+type running interface {
+	// waitReady waits until every node holds every Service.
+	waitReady(ctx context.Context, timeout time.Duration) error
+	// memory is the resident memory the fleet's proxies hold (bytes).
+	memory() (int64, error)
+	stop() error
+}
+
+// shardproxyFleet is hollow shardproxy nodes in this process.
+type shardproxyFleet struct {
+	nodes []*HollowNode
+	// baseRSS is this process's resident set before the nodes started.
+	baseRSS int64
+}
+
+func startShardproxy(ctx context.Context, env Env, opts Options, counter *RequestCounter) (*shardproxyFleet, error) {
+	debug.FreeOSMemory()
+	self, err := ReadProc(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
+	f := &shardproxyFleet{baseRSS: self.RSS}
 	for i := range opts.Nodes {
 		client := env.NodeClient
 		if client == nil {
@@ -188,69 +332,74 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 			rc.WrapTransport = counter.Wrap
 			var err error
 			if client, err = kubernetes.NewForConfig(rc); err != nil {
-				return nil, errors.Join(err, stopAll())
+				return nil, errors.Join(err, f.stop())
 			}
 		}
 		h, err := StartHollow(ctx, HollowOptions{Name: NodeName(i), Addr: NodeAddr(i), Client: client,
 			StatusNamespace: StatusNamespace, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses})
 		if err != nil {
-			return nil, errors.Join(err, stopAll())
+			return nil, errors.Join(err, f.stop())
 		}
-		nodes = append(nodes, h)
+		f.nodes = append(f.nodes, h)
 	}
-	// Every node's first full sync programs every Service at once: the first one stands
-	// for all.
-	first := types.NamespacedName{Namespace: gen.Namespace, Name: gen.ServiceName(0)}
-	if _, err := waitAll(ctx, nodes, first, time.Now(), opts.ReadyTimeout); err != nil {
-		return nil, errors.Join(fmt.Errorf("waiting for the first syncs: %w", err), stopAll())
-	}
-	res.Ready = time.Since(start)
-	opts.Logf("%d nodes (reserveOtherNodeAddresses %t) programmed %d Services in %v", opts.Nodes, opts.ReserveOtherNodeAddresses, services, res.Ready.Round(time.Millisecond))
-
-	// Steady state: the driver heartbeats every Node once per StatusPeriod, spread evenly.
-	beforeProc, beforeServer, beforeReq, err := readCounters(ctx, env, counter)
-	if err != nil {
-		return nil, errors.Join(err, stopAll())
-	}
-	steadyStart := time.Now()
-	window, cancel := context.WithTimeout(ctx, opts.Steady)
-	writes, hbErr := heartbeats(ctx, window, env.Admin, opts.Nodes, opts.StatusPeriod)
-	cancel()
-	if hbErr != nil && ctx.Err() == nil {
-		return nil, errors.Join(hbErr, stopAll())
-	}
-	res.Steady = time.Since(steadyStart)
-	res.StatusWrites = writes
-	afterProc, afterServer, afterReq, err := readCounters(ctx, env, counter)
-	if err != nil {
-		return nil, errors.Join(err, stopAll())
-	}
-	res.APIServerCPUPerMinute = (afterProc.CPU - beforeProc.CPU).Seconds() / res.Steady.Minutes()
-	res.APIServerPeakRSS = afterProc.PeakRSS
-	res.Server = afterServer.Sub(beforeServer)
-	res.ProxyRequests = afterReq.Sub(beforeReq)
-
-	// Network programming: a new Service until every node has programmed it.
-	var lat []time.Duration
-	for k := range opts.Changes {
-		name := fmt.Sprintf("fleet-probe-%d-%t-%d", opts.Nodes, opts.ReserveOtherNodeAddresses, k)
-		t0 := time.Now()
-		if err := createProbe(ctx, env.Admin, name); err != nil {
-			return nil, errors.Join(err, stopAll())
-		}
-		got, err := waitAll(ctx, nodes, types.NamespacedName{Namespace: gen.Namespace, Name: name}, t0, time.Minute)
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("change %d: %w", k, err), stopAll())
-		}
-		lat = append(lat, got...)
-	}
-	slices.Sort(lat)
-	res.ProgrammingP50, res.ProgrammingP99 = Percentile(lat, 50), Percentile(lat, 99)
-	if len(lat) > 0 {
-		res.ProgrammingMax = lat[len(lat)-1]
-	}
-	return res, stopAll()
+	return f, nil
 }
+
+// waitReady waits for every node's first full sync, which programs every Service at
+// once: the first Service stands for all.
+func (f *shardproxyFleet) waitReady(ctx context.Context, timeout time.Duration) error {
+	first := types.NamespacedName{Namespace: gen.Namespace, Name: gen.ServiceName(0)}
+	_, err := waitAll(ctx, f.nodes, first, time.Now(), timeout)
+	return err
+}
+
+// memory is this process's growth since the nodes started (the driver's share is small
+// and the same at every N).
+func (f *shardproxyFleet) memory() (int64, error) {
+	self, err := ReadProc(os.Getpid())
+	return self.RSS - f.baseRSS, err
+}
+
+func (f *shardproxyFleet) stop() error {
+	var errs []error
+	for _, h := range f.nodes {
+		errs = append(errs, h.Stop())
+	}
+	return errors.Join(errs...)
+}
+
+// kubeProxyFleet is kubemark's hollow kube-proxies, one process each.
+type kubeProxyFleet struct {
+	*kubemarkFleet
+	env  Env
+	n    int
+	base Counts
+}
+
+func startKubeProxy(ctx context.Context, env Env, opts Options) (*kubeProxyFleet, error) {
+	if env.Kubemark == nil || env.APIServerMetrics == nil {
+		return nil, errors.New("kube-proxy fleet: needs kubemark and the apiserver's metrics")
+	}
+	before, err := env.APIServerMetrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, opts.Nodes)
+	for i := range names {
+		names[i] = NodeName(i)
+	}
+	km, err := startKubemark(*env.Kubemark, names, opts.QPS, opts.Burst)
+	if err != nil {
+		return nil, err
+	}
+	return &kubeProxyFleet{kubemarkFleet: km, env: env, n: opts.Nodes, base: before.Watches}, nil
+}
+
+func (f *kubeProxyFleet) waitReady(ctx context.Context, timeout time.Duration) error {
+	return waitWatching(ctx, f.env, f.kubemarkFleet, f.base, f.n, timeout)
+}
+
+func (f *kubeProxyFleet) memory() (int64, error) { return f.pss() }
 
 func readCounters(ctx context.Context, env Env, counter *RequestCounter) (ProcStat, APIServerCounters, Counts, error) {
 	var ps ProcStat
@@ -396,19 +545,27 @@ func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
 	return ctx.Err()
 }
 
-// Table formats results, one row each.
+// Table formats results, one row each. kube-proxy rows have no reserve setting and no
+// programming figures (kubemark's proxier discards every change).
 func Table(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-6s %-8s %-8s %-6s %-9s %-10s %-9s %-11s %-8s %-9s %-9s %-9s %s\n",
-		"nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiPeakRSS", "watchEv/s", "proxyReq/s", "etcdW/s", "prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
+	fmt.Fprintf(&b, "%-10s %-6s %-7s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
+		"proxy", "nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiRSS", "apiPeak", "watchEv/s", "proxyReq/s", "etcdW/s", "mem/node",
+		"prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
 	for _, r := range results {
 		s := r.Steady
-		fmt.Fprintf(&b, "%-6d %-8t %-8s %-6.1f %-9.1f %-10s %-9.1f %-11.2f %-8.1f %-9s %-9s %-9s %s; %s\n",
-			r.Nodes, r.ReserveOtherNodeAddresses, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
-			fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
-			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(),
-			r.ProgrammingP50.Round(time.Millisecond), r.ProgrammingP99.Round(time.Millisecond), r.ProgrammingMax.Round(time.Millisecond),
-			r.Server.WatchEvents.Top(3, s), r.ProxyRequests.Top(3, s))
+		reserve, p50, p99, pmax := fmt.Sprint(r.ReserveOtherNodeAddresses), "n/a", "n/a", "n/a"
+		if r.Proxy == KubeProxy {
+			reserve = "-"
+		} else {
+			p50, p99, pmax = r.ProgrammingP50.Round(time.Millisecond).String(), r.ProgrammingP99.Round(time.Millisecond).String(),
+				r.ProgrammingMax.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "%-10s %-6d %-7s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
+			r.Proxy, r.Nodes, reserve, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
+			fmt.Sprintf("%d MiB", r.APIServerRSS>>20), fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
+			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(), fmt.Sprintf("%.1f MiB", float64(r.ProxyMemory)/float64(max(1, r.Nodes))/(1<<20)),
+			p50, p99, pmax, r.Server.WatchEvents.Top(3, s), r.ProxyRequests.Top(3, s))
 	}
 	return b.String()
 }

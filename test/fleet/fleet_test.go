@@ -44,6 +44,10 @@ apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resou
 # TYPE apiserver_watch_events_total counter
 apiserver_watch_events_total{group="",resource="nodes",version="v1"} 1000
 apiserver_watch_events_total{group="discovery.k8s.io",resource="endpointslices",version="v1"} 20
+# TYPE apiserver_longrunning_requests gauge
+apiserver_longrunning_requests{component="apiserver",group="",resource="services",scope="cluster",subresource="",verb="WATCH",version="v1"} 300
+apiserver_longrunning_requests{component="apiserver",group="",resource="services",scope="namespace",subresource="",verb="WATCH",version="v1"} 2
+apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="namespace",subresource="log",verb="GET",version="v1"} 9
 # TYPE etcd_requests_total counter
 etcd_requests_total{operation="update",type="/registry/minions"} 10
 etcd_requests_total{operation="get",type="/registry/minions"} 99
@@ -58,6 +62,9 @@ etcd_requests_total{operation="create",type="/registry/services/specs"} 4
 	}
 	if got.WatchEvents["nodes"] != 1000 || got.WatchEvents.Total() != 1020 {
 		t.Errorf("watch events: %v", got.WatchEvents)
+	}
+	if got.Watches["services"] != 302 || got.Watches.Total() != 302 {
+		t.Errorf("open watches: %v, want 302 of Services (a log stream is no watch)", got.Watches)
 	}
 	if got.EtcdWrites.Total() != 14 {
 		t.Errorf("etcd writes: %v, want 14 (gets are not writes)", got.EtcdWrites)
@@ -78,8 +85,18 @@ func TestParseProc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ps.CPU != 2*time.Second || ps.PeakRSS != 200<<20 {
-		t.Errorf("got %+v, want 2s and 200 MiB", ps)
+	if ps.CPU != 2*time.Second || ps.PeakRSS != 200<<20 || ps.RSS != 100000<<10 {
+		t.Errorf("got %+v, want 2s, 200 MiB peak and 100,000 kB", ps)
+	}
+}
+
+func TestParsePss(t *testing.T) {
+	rollup := "55d0c0000000-7ffd2b1f3000 ---p 00000000 00:00 0   [rollup]\nRss:               70248 kB\nPss:               21337 kB\nPss_Dirty:         15000 kB\n"
+	if kb, err := parsePss(rollup); err != nil || kb != 21337 {
+		t.Errorf("got %d, %v; want 21337 (Pss, not Pss_Dirty or Rss)", kb, err)
+	}
+	if _, err := parsePss("Rss: 1 kB\n"); err == nil {
+		t.Error("no Pss line: no error")
 	}
 }
 

@@ -69,12 +69,15 @@ type APIServerCounters struct {
 	WatchEvents Counts
 	// EtcdWrites by "operation type" (etcd_requests_total, create/update/delete only).
 	EtcdWrites Counts
+	// Watches are the watches open now by resource (apiserver_longrunning_requests, a
+	// gauge: Sub leaves it as it is after).
+	Watches Counts
 }
 
 // Sub returns a - before.
 func (a APIServerCounters) Sub(before APIServerCounters) APIServerCounters {
 	return APIServerCounters{Requests: a.Requests.Sub(before.Requests), WatchEvents: a.WatchEvents.Sub(before.WatchEvents),
-		EtcdWrites: a.EtcdWrites.Sub(before.EtcdWrites)}
+		EtcdWrites: a.EtcdWrites.Sub(before.EtcdWrites), Watches: a.Watches}
 }
 
 // etcdWriteOperations are etcd_requests_total's operations that write to etcd.
@@ -87,7 +90,7 @@ func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
 	if err != nil {
 		return APIServerCounters{}, fmt.Errorf("parsing kube-apiserver metrics: %w", err)
 	}
-	out := APIServerCounters{Requests: Counts{}, WatchEvents: Counts{}, EtcdWrites: Counts{}}
+	out := APIServerCounters{Requests: Counts{}, WatchEvents: Counts{}, EtcdWrites: Counts{}, Watches: Counts{}}
 	for name, fam := range families {
 		for _, m := range fam.GetMetric() {
 			labels := map[string]string{}
@@ -104,6 +107,10 @@ func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
 					res = labels["kind"] // before 1.32
 				}
 				out.WatchEvents[res] += v
+			case "apiserver_longrunning_requests":
+				if labels["verb"] == "WATCH" {
+					out.Watches[labels["resource"]] += m.GetGauge().GetValue()
+				}
 			case "etcd_requests_total":
 				if etcdWriteOperations[labels["operation"]] {
 					out.EtcdWrites[labels["operation"]+" "+labels["type"]] += v
@@ -114,9 +121,10 @@ func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
 	return out, nil
 }
 
-// ProcStat is one reading of a process's CPU time and peak RSS.
+// ProcStat is one reading of a process's CPU time, resident set and peak resident set.
 type ProcStat struct {
 	CPU     time.Duration
+	RSS     int64 // bytes (VmRSS)
 	PeakRSS int64 // bytes (VmHWM)
 }
 
@@ -154,12 +162,17 @@ func parseProc(stat, status string) (ProcStat, error) {
 	}
 	ps := ProcStat{CPU: time.Duration(utime+stime) * time.Second / clockTicks}
 	for line := range strings.SplitSeq(status, "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				return ProcStat{}, fmt.Errorf("/proc status VmHWM %q: %w", rest, err)
+		for _, f := range []struct {
+			prefix string
+			to     *int64
+		}{{"VmHWM:", &ps.PeakRSS}, {"VmRSS:", &ps.RSS}} {
+			if rest, ok := strings.CutPrefix(line, f.prefix); ok {
+				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return ProcStat{}, fmt.Errorf("/proc status %s %q: %w", f.prefix, rest, err)
+				}
+				*f.to = kb << 10
 			}
-			ps.PeakRSS = kb << 10
 		}
 	}
 	return ps, nil

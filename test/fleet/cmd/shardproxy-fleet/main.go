@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/buildcache"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 	"github.com/shardproxy/shardproxy/test/fleet"
 )
@@ -28,10 +31,12 @@ type options struct {
 	nodes        []int
 	services     int
 	endpoints    int
+	settle       time.Duration
 	steady       time.Duration
 	statusPeriod time.Duration
 	changes      int
 	reserve      string
+	proxies      []fleet.Proxy
 }
 
 func run() int {
@@ -41,10 +46,12 @@ func run() int {
 	fs.StringVar(&nodes, "nodes", "100,300", "hollow node counts, comma-separated")
 	fs.IntVar(&o.services, "services", 1000, "Services (the bench's mix)")
 	fs.IntVar(&o.endpoints, "endpoints", 10, "endpoints per Service")
+	fs.DurationVar(&o.settle, "settle", 15*time.Second, "wait after the first syncs before the steady window")
 	fs.DurationVar(&o.steady, "steady", time.Minute, "steady-state window per run")
 	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
 	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
-	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run")
+	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy)")
+	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	_ = klogFlags.Set("v", "0")
@@ -62,6 +69,15 @@ func run() int {
 			return 2
 		}
 		o.nodes = append(o.nodes, n)
+	}
+	for p := range strings.SplitSeq(*proxies, ",") {
+		switch p := fleet.Proxy(strings.TrimSpace(p)); p {
+		case fleet.Shardproxy, fleet.KubeProxy:
+			o.proxies = append(o.proxies, p)
+		default:
+			fmt.Fprintf(os.Stderr, "-proxies %q: want shardproxy and/or kube-proxy\n", *proxies)
+			return 2
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -94,6 +110,22 @@ func measure(ctx context.Context, o options) error {
 			logf("stopping the control plane: %v", err)
 		}
 	}()
+	var kubemark *fleet.KubemarkOptions
+	if slices.Contains(o.proxies, fleet.KubeProxy) {
+		root, err := buildcache.RepoRoot("")
+		if err != nil {
+			return err
+		}
+		bins, err := buildcache.Binaries(ctx, root, os.Stderr, "kubemark")
+		if err != nil {
+			return err
+		}
+		logDir := filepath.Join(cp.Dir, "kubemark")
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			return err
+		}
+		kubemark = &fleet.KubemarkOptions{Binary: bins["kubemark"], Kubeconfig: cp.Kubeconfig, LogDir: logDir}
+	}
 	pids := cp.PIDs()
 	admin := cp.Client()
 	c := gen.Generate(o.services, o.endpoints)
@@ -108,6 +140,7 @@ func measure(ctx context.Context, o options) error {
 	logf("created %d Nodes and %d Services × %d endpoints in %v", maxNodes, o.services, o.endpoints, time.Since(start).Round(time.Second))
 	env := fleet.Env{
 		Admin:        admin,
+		Kubemark:     kubemark,
 		NodeConfig:   func() *rest.Config { return cp.RESTConfig() },
 		APIServerPID: pids[len(pids)-1],
 		APIServerMetrics: func(ctx context.Context) (fleet.APIServerCounters, error) {
@@ -120,21 +153,39 @@ func measure(ctx context.Context, o options) error {
 	}
 	var results []*fleet.Result
 	for _, n := range o.nodes {
-		for r := range strings.SplitSeq(o.reserve, ",") {
-			res, err := fleet.Measure(ctx, env, fleet.Options{
-				Nodes: n, ReserveOtherNodeAddresses: r == "on", Steady: o.steady, StatusPeriod: o.statusPeriod,
-				Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
-			}, o.services)
-			if err != nil {
-				fmt.Print(fleet.Table(results))
-				return fmt.Errorf("%d nodes, reserve %s: %w", n, r, err)
+		for _, p := range o.proxies {
+			reserves := strings.Split(o.reserve, ",")
+			if p == fleet.KubeProxy {
+				reserves = []string{"-"} // kube-proxy has no such setting
 			}
-			results = append(results, res)
-			logf("\n%s", fleet.Table([]*fleet.Result{res}))
+			for _, r := range reserves {
+				res, err := fleet.Measure(ctx, env, fleet.Options{
+					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on", Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
+					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
+				}, o.services)
+				if err != nil {
+					fmt.Print(fleet.Table(results))
+					return fmt.Errorf("%d %s nodes, reserve %s: %w", n, p, r, err)
+				}
+				results = append(results, res)
+				logf("load average %s\n%s", loadavg(), fleet.Table([]*fleet.Result{res}))
+			}
 		}
 	}
 	fmt.Printf("%d Services × %d endpoints (bench mix); each Node heartbeat every %v; steady window %v; %d Service creations timed\n",
 		o.services, o.endpoints, o.statusPeriod, o.steady, o.changes)
 	fmt.Print(fleet.Table(results))
+	fmt.Print(fleet.Fit(results))
+	fmt.Printf("load average at the end: %s\n", loadavg())
 	return nil
+}
+
+// loadavg is /proc/loadavg's first three fields: the machine is shared, and the figures
+// are read against it.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return err.Error()
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
