@@ -328,6 +328,9 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 		if client == nil {
 			rc := rest.CopyConfig(env.NodeConfig())
 			rc.QPS, rc.Burst = opts.QPS, opts.Burst
+			// As the shipped binary's clientConnection defaults, and kube-proxy's: protobuf.
+			rc.ContentType = config.ContentTypeProtobuf
+			rc.AcceptContentTypes = config.ContentTypeProtobuf + "," + config.ContentTypeJSON
 			rc.UserAgent = "shardproxy-hollow/" + NodeName(i)
 			rc.WrapTransport = counter.Wrap
 			var err error
