@@ -122,7 +122,7 @@ golayer() {
 # own, so a layer's time is its tests' and the cold cost is visible.
 setup_ok=true
 timed deps hack/install-deps.sh || setup_ok=false
-${setup_ok} && { timed builds hack/build-apiserver.sh --all --node --dns --conformance || setup_ok=false; }
+${setup_ok} && { timed builds hack/build-apiserver.sh --all --node --dns --conformance --kubemark || setup_ok=false; }
 ${setup_ok} && { timed vet ${go} vet ./... || setup_ok=false; }
 ${setup_ok} && { timed testsum ${go} build -o "${root}/bin/testsum" ./hack/testsum || setup_ok=false; }
 if ! ${setup_ok}; then

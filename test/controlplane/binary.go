@@ -20,6 +20,7 @@ const KubernetesVersion = "v1.36.3"
 const (
 	envAPIServer = "SHARDPROXY_KUBE_APISERVER"
 	envKubeProxy = "SHARDPROXY_KUBE_PROXY"
+	envKubemark  = "SHARDPROXY_KUBEMARK"
 )
 
 // buildScript is the script, relative to the repository root, that builds the binaries.
@@ -37,6 +38,12 @@ func APIServerBinary(ctx context.Context, progress io.Writer) (string, error) {
 // for tests that compare against it.
 func KubeProxyBinary(ctx context.Context, progress io.Writer) (string, error) {
 	return binary(ctx, "kube-proxy", envKubeProxy, progress)
+}
+
+// KubemarkBinary is APIServerBinary for upstream kubemark ($SHARDPROXY_KUBEMARK), whose
+// --morph=proxy is the hollow kube-proxy test/fleet measures shardproxy against.
+func KubemarkBinary(ctx context.Context, progress io.Writer) (string, error) {
+	return binary(ctx, "kubemark", envKubemark, progress)
 }
 
 func binary(ctx context.Context, name, env string, progress io.Writer) (string, error) {

@@ -20,7 +20,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/test/bench/gen"
-	"github.com/shardproxy/shardproxy/test/buildcache"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 	"github.com/shardproxy/shardproxy/test/fleet"
 )
@@ -112,11 +111,7 @@ func measure(ctx context.Context, o options) error {
 	}()
 	var kubemark *fleet.KubemarkOptions
 	if slices.Contains(o.proxies, fleet.KubeProxy) {
-		root, err := buildcache.RepoRoot("")
-		if err != nil {
-			return err
-		}
-		bins, err := buildcache.Binaries(ctx, root, os.Stderr, "kubemark")
+		bin, err := controlplane.KubemarkBinary(ctx, os.Stderr)
 		if err != nil {
 			return err
 		}
@@ -124,7 +119,7 @@ func measure(ctx context.Context, o options) error {
 		if err := os.MkdirAll(logDir, 0o755); err != nil {
 			return err
 		}
-		kubemark = &fleet.KubemarkOptions{Binary: bins["kubemark"], Kubeconfig: cp.Kubeconfig, LogDir: logDir}
+		kubemark = &fleet.KubemarkOptions{Binary: bin, Kubeconfig: cp.Kubeconfig, LogDir: logDir}
 	}
 	pids := cp.PIDs()
 	admin := cp.Client()

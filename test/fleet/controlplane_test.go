@@ -1,0 +1,94 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/controlplane"
+)
+
+// TestBothProxies is make fleet's slice for make test: three hollow shardproxy nodes
+// and three of kubemark's hollow kube-proxies, one after the other, against one real
+// kube-apiserver and etcd with 50 Services. Each fleet must hold the Services (kubemark's
+// by its open watches), cost the apiserver watch events for the driver's heartbeats, and
+// stop leaving no watch open; shardproxy's must program a new Service on every node.
+func TestBothProxies(t *testing.T) {
+	cp := controlplane.StartWith(t, controlplane.Options{ServiceCIDRs: gen.ServiceCIDRs,
+		ExtraAPIServerArgs: []string{"--service-node-port-range=" + gen.NodePortRange}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	bin, err := controlplane.KubemarkBinary(ctx, nil)
+	if err != nil {
+		t.Fatalf("kubemark: %v", err)
+	}
+	admin := cp.Client()
+	c := gen.Generate(50, 3)
+	const nodes = 3
+	if err := Prepare(ctx, admin, nodes, c, 4); err != nil {
+		t.Fatal(err)
+	}
+	metrics := func(ctx context.Context) (APIServerCounters, error) {
+		raw, err := admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			return APIServerCounters{}, fmt.Errorf("reading /metrics: %w", err)
+		}
+		return ParseAPIServerMetrics(strings.NewReader(string(raw)))
+	}
+	env := Env{Admin: admin, NodeConfig: func() *rest.Config { return cp.RESTConfig() }, APIServerPID: cp.PIDs()[len(cp.PIDs())-1],
+		APIServerMetrics: metrics, Kubemark: &KubemarkOptions{Binary: bin, Kubeconfig: cp.Kubeconfig, LogDir: t.TempDir()}}
+	var results []*Result
+	for _, proxy := range []Proxy{Shardproxy, KubeProxy} {
+		before, err := metrics(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Measure(ctx, env, Options{Proxy: proxy, Nodes: nodes, Settle: time.Second, Steady: 3 * time.Second,
+			StatusPeriod: time.Second, Changes: 1, QPS: 5, Burst: 10, ReadyTimeout: time.Minute, Logf: t.Logf}, len(c.Services))
+		if err != nil {
+			t.Fatalf("%s: %v", proxy, err)
+		}
+		results = append(results, res)
+		if res.StatusWrites == 0 || res.Server.WatchEvents["nodes"] == 0 {
+			t.Errorf("%s: %d heartbeats, %v Node watch events", proxy, res.StatusWrites, res.Server.WatchEvents["nodes"])
+		}
+		if res.ProxyMemory <= 0 || res.APIServerCPUPerMinute <= 0 {
+			t.Errorf("%s: proxy memory %d, apiserver CPU %v s/min", proxy, res.ProxyMemory, res.APIServerCPUPerMinute)
+		}
+		if proxy == Shardproxy && (res.ProgrammingMax <= 0 || res.ProgrammingMax > 30*time.Second) {
+			t.Errorf("shardproxy: programming max %v", res.ProgrammingMax)
+		}
+		// Stopped, the fleet's watches are gone: back to the count before it started.
+		if err := waitWatchesClosed(ctx, metrics, before.Watches); err != nil {
+			t.Errorf("%s: %v", proxy, err)
+		}
+	}
+	t.Log("\n" + Table(results))
+}
+
+// waitWatchesClosed waits until no more Service watches are open than in base.
+func waitWatchesClosed(ctx context.Context, metrics func(context.Context) (APIServerCounters, error), base Counts) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sc, err := metrics(ctx)
+		if err != nil {
+			return err
+		}
+		if sc.Watches["services"] <= base["services"] {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%v Service watches still open 30 s after the fleet stopped, %v before it", sc.Watches["services"], base["services"])
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
