@@ -199,25 +199,9 @@ func indexNames(f *ast.File, file string, declared, used map[string]map[string]b
 		m[name][file] = true
 	}
 	declIdents := map[*ast.Ident]bool{}
-	for _, d := range f.Decls {
-		switch d := d.(type) {
-		case *ast.FuncDecl:
-			add(declared, d.Name.Name)
-			declIdents[d.Name] = true
-		case *ast.GenDecl:
-			for _, s := range d.Specs {
-				switch s := s.(type) {
-				case *ast.TypeSpec:
-					add(declared, s.Name.Name)
-					declIdents[s.Name] = true
-				case *ast.ValueSpec:
-					for _, n := range s.Names {
-						add(declared, n.Name)
-						declIdents[n] = true
-					}
-				}
-			}
-		}
+	for _, id := range topLevelNames(f) {
+		add(declared, id.Name)
+		declIdents[id] = true
 	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		if id, ok := n.(*ast.Ident); ok && !declIdents[id] {
@@ -227,6 +211,28 @@ func indexNames(f *ast.File, file string, declared, used map[string]map[string]b
 	})
 }
 
+// topLevelNames returns the names f declares at the top level: its types, functions,
+// methods, variables and constants.
+func topLevelNames(f *ast.File) []*ast.Ident {
+	var out []*ast.Ident
+	for _, d := range f.Decls {
+		if fd, ok := d.(*ast.FuncDecl); ok {
+			out = append(out, fd.Name)
+			continue
+		}
+		for _, s := range d.(*ast.GenDecl).Specs {
+			switch s := s.(type) {
+			case *ast.TypeSpec:
+				out = append(out, s.Name)
+			case *ast.ValueSpec:
+				out = append(out, s.Names...)
+			}
+		}
+	}
+	return out
+}
+
+// list returns the files, sorted, on one line ("-" for none).
 func list(files map[string]bool) string {
 	if len(files) == 0 {
 		return "-"
