@@ -196,7 +196,7 @@ func (a *NFTApplier) write(ops *opWriter, d *Diff) {
 	for _, ch := range d.WriteChains {
 		rules := ch.text()
 		if ch.appendOnly() {
-			rules = bucketText(ch.Edit.Append)
+			rules = ruleTexts(ch.Edit.Append)
 		}
 		for _, r := range rules {
 			ops.add(&knftables.Rule{Chain: ch.Name, Rule: r})

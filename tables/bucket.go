@@ -69,7 +69,7 @@ func (l *ledger) countRules(log *changeLog, groups []ruleGroup, delta int) {
 		h := held[g.key]
 		if delta > 0 && h.n <= 0 {
 			h.rules = g.rules
-			if was, ok := log.groupsBefore[g.chain][g.key]; ok && slices.Equal(was.rules, g.rules) {
+			if was, ok := log.groupsBefore[g.chain][g.key]; ok && slices.EqualFunc(was.rules, g.rules, BucketRule.equal) {
 				h.seq = was.seq
 			} else {
 				l.groupSeq++
@@ -189,41 +189,52 @@ func (ch ChainRules) appendOnly() bool { return ch.Edit != nil && len(ch.Edit.Re
 // BucketRule is one rule of a bucket chain, kept as its parts: the equality match of a
 // port's cluster IP entry ("ip daddr 172.30.0.10 tcp dport 80"), then either the
 // round-robin pick among picks endpoints ("numgen inc mod 3 vmap @round-robin-picks",
-// portCompiler.roundRobinRule) or the rest of an affinity rule, as nft text
-// (affinity.rules). It is written as nft text (String) and, a round-robin rule, as
-// netlink expressions (exprs), and found in the kernel by its parts (foundIn).
+// portCompiler.roundRobinRule) or an affinity rule (affinityRule). It is written as nft
+// text (String) and, a round-robin rule, as netlink expressions (exprs), and found in
+// the kernel by its parts (foundIn). NetlinkWriter encodes no affinity rule: a change
+// that adds one creates the endpoints' client sets too, which only nft writes.
 type BucketRule struct {
 	en entry
 	// picks is a round-robin rule's modulus; 0 for an affinity rule.
 	picks int
-	// rest is an affinity rule's text after the entry match.
-	rest string
+	// aff is an affinity rule's part after the entry match; nil for a round-robin rule.
+	aff *affinityRule
 }
 
 // roundRobinRule is the round-robin bucket rule of entry en over n endpoints.
 func roundRobinRule(en entry, n int) BucketRule { return BucketRule{en: en, picks: n} }
 
-// affinityRules are the affinity bucket rules of entry en: each of rules (nft text)
-// after the entry's match.
-func affinityRules(en entry, rules []string) []BucketRule {
+// affinityRules are the affinity bucket rules of entry en: each of rules after the
+// entry's match.
+func affinityRules(en entry, rules []*affinityRule) []BucketRule {
 	out := make([]BucketRule, len(rules))
 	for i, r := range rules {
-		out[i] = BucketRule{en: en, rest: r}
+		out[i] = BucketRule{en: en, aff: r}
 	}
 	return out
 }
 
+// equal reports whether r and o are the same rule, by their parts.
+func (r BucketRule) equal(o BucketRule) bool {
+	if r.en != o.en || r.picks != o.picks || (r.aff == nil) != (o.aff == nil) {
+		return false
+	}
+	return r.aff == nil || r.aff.equal(o.aff)
+}
+
 // String returns the rule as nft text. A bucket written whole through nft has all its
-// rules written again (~40 at 10,000 Services): one allocation a rule, and the
-// round-robin pick's.
+// rules written again (~40 at 10,000 Services): one allocation a round-robin rule, and
+// its pick's.
 func (r BucketRule) String() string {
 	ip := "ip"
 	if r.en.addr.Is6() {
 		ip = "ip6"
 	}
-	rest, vmap := r.rest, ""
+	var rest, vmap string
 	if r.picks > 0 {
 		rest, vmap = pickExpr(LBRoundRobin, ip, r.picks), " vmap @"+mapRoundRobinPicks
+	} else if r.aff != nil {
+		rest = r.aff.String()
 	}
 	var scratch [64]byte
 	addr := r.en.addr.AppendTo(scratch[:0])
@@ -241,6 +252,74 @@ func (r BucketRule) String() string {
 	b.WriteString(rest)
 	b.WriteString(vmap)
 	return b.String()
+}
+
+// affinityRule is a rule of a ClientIP-affinity port (affinity.rules), kept as its
+// parts: in a bucket after the port's entry match (BucketRule), or as a rule of the
+// port's class chain. It sends a client to endpoint ep and remembers it in ep's set
+// (refreshing its timeout): a remembered client, found by its source address in that
+// set, or a new one the port's mode places there (pick).
+type affinityRule struct {
+	// ip is the table's family as nft names it: "ip" or "ip6".
+	ip    string
+	proto Protocol
+	// set is ep's client set.
+	set string
+	ep  Endpoint
+	// remembered: the rule takes the clients in set; else those pick places.
+	remembered bool
+	pick       newClientPick
+}
+
+// newClientPick is how an affinity rule places a new client in its port's mode: with
+// mod 0 every client that comes this far (the last rule); else the mode's pick
+// expression (pickExpr) mod mod, compared with value or, under consistentHash, with
+// the endpoint's slots of the port's table.
+type newClientPick struct {
+	mode  LBMode
+	mod   int
+	value int
+	slots []int
+}
+
+// equal reports whether a and o are the same rule, by their parts.
+func (a *affinityRule) equal(o *affinityRule) bool {
+	return a.ip == o.ip && a.proto == o.proto && a.set == o.set && a.ep == o.ep && a.remembered == o.remembered &&
+		a.pick.mode == o.pick.mode && a.pick.mod == o.pick.mod && a.pick.value == o.pick.value && slices.Equal(a.pick.slots, o.pick.slots)
+}
+
+// String returns the rule as nft text: its match (the client set, or the new client's
+// pick), then the update of ep's set and the DNAT to ep.
+func (a *affinityRule) String() string {
+	var b strings.Builder
+	switch {
+	case a.remembered:
+		fmt.Fprintf(&b, "%s saddr @%s ", a.ip, a.set)
+	case a.pick.mod == 0:
+	case a.pick.mode == LBConsistentHash:
+		b.WriteString(pickExpr(a.pick.mode, a.ip, a.pick.mod))
+		b.WriteString(" { ")
+		for i, slot := range a.pick.slots {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Itoa(slot))
+		}
+		b.WriteString(" } ")
+	default:
+		fmt.Fprintf(&b, "%s %d ", pickExpr(a.pick.mode, a.ip, a.pick.mod), a.pick.value)
+	}
+	fmt.Fprintf(&b, "meta l4proto %s update @%s { %s saddr } dnat %s to %s", a.proto, a.set, a.ip, a.ip, a.ep)
+	return b.String()
+}
+
+// ruleTexts returns rules as nft text.
+func ruleTexts[R fmt.Stringer](rules []R) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
 }
 
 // exprs returns the netlink expressions of a round-robin rule in a table of family fam,

@@ -657,59 +657,51 @@ func (a *affinity) chain(class endpointClass, eps []Endpoint) string {
 	}
 	name := affinityPrefix + a.id + "-" + string(class)
 	a.chains = append(a.chains, classChain{name: name, eps: eps})
-	a.out.objects.chains[name] = a.rules(eps)
+	a.out.objects.chains[name] = ruleTexts(a.rules(eps))
 	return name
 }
 
 // rules returns the rules that choose among eps: send a remembered client back to its
 // endpoint, then place a new one by the port's mode (in a bucket, each after the
 // entry's match: affinityRules).
-func (a *affinity) rules(eps []Endpoint) []string {
-	join := func(parts ...string) string {
-		return strings.Join(slices.DeleteFunc(parts, func(p string) bool { return p == "" }), " ")
-	}
-	rules := make([]string, 0, 2*len(eps))
+func (a *affinity) rules(eps []Endpoint) []*affinityRule {
+	rules := make([]*affinityRule, 0, 2*len(eps))
 	for _, ep := range eps {
 		a.eps[ep] = true
-		rules = append(rules, join(fmt.Sprintf("%s saddr @%s", a.c.ip, a.epSet(ep)), a.toEndpoint(ep)))
+		rules = append(rules, &affinityRule{ip: a.c.ip, proto: a.sp.Protocol, set: a.epSet(ep), ep: ep, remembered: true})
 	}
 	for i, pick := range a.newClientPicks(eps) {
-		rules = append(rules, join(pick, a.toEndpoint(eps[i])))
+		rules = append(rules, &affinityRule{ip: a.c.ip, proto: a.sp.Protocol, set: a.epSet(eps[i]), ep: eps[i], pick: pick})
 	}
 	return rules
 }
 
-// toEndpoint remembers the client for ep and DNATs to it.
-func (a *affinity) toEndpoint(ep Endpoint) string {
-	return fmt.Sprintf("meta l4proto %s update @%s { %s saddr } dnat %s to %s", a.sp.Protocol, a.epSet(ep), a.c.ip, a.c.ip, ep)
-}
-
-// newClientPicks returns, per endpoint of eps, the match that places a new client on
-// it in the port's mode, in rules tried in order: random and roundRobin take endpoint i
-// with 1/(n-i) of what rules 0..i-1 left (numgen per rule: the same shares, and the
-// same rotation, as one pick among n), the last one unconditionally; sourceHash and
+// newClientPicks returns, per endpoint of eps, how a new client is placed on it in the
+// port's mode, in rules tried in order: random and roundRobin take endpoint i with
+// 1/(n-i) of what rules 0..i-1 left (numgen per rule: the same shares, and the same
+// rotation, as one pick among n), the last one unconditionally; sourceHash and
 // consistentHash compare the client's hash with the endpoint's index or slots.
-func (a *affinity) newClientPicks(eps []Endpoint) []string {
+func (a *affinity) newClientPicks(eps []Endpoint) []newClientPick {
 	n := len(eps)
-	picks := make([]string, n)
+	picks := make([]newClientPick, n)
 	mode := a.sp.LoadBalancing.OrRandom()
 	switch mode {
 	case LBSourceHash:
 		for i := range picks {
-			picks[i] = fmt.Sprintf("%s %d", pickExpr(mode, a.c.ip, n), i)
+			picks[i] = newClientPick{mode: mode, mod: n, value: i}
 		}
 	case LBConsistentHash:
 		table := consistentTable(eps)
-		slots := make([][]string, n)
+		slots := make([][]int, n)
 		for slot, ep := range table {
-			slots[ep] = append(slots[ep], strconv.Itoa(slot))
+			slots[ep] = append(slots[ep], slot)
 		}
 		for i := range picks { // every endpoint has a slot: the table has at least n
-			picks[i] = fmt.Sprintf("%s { %s }", pickExpr(mode, a.c.ip, len(table)), strings.Join(slots[i], ", "))
+			picks[i] = newClientPick{mode: mode, mod: len(table), slots: slots[i]}
 		}
 	default:
 		for i := range n - 1 {
-			picks[i] = pickExpr(mode, a.c.ip, n-i) + " 0"
+			picks[i] = newClientPick{mode: mode, mod: n - i}
 		}
 	}
 	return picks

@@ -85,16 +85,7 @@ func (ch ChainRules) text() []string {
 	if ch.Bucket == nil {
 		return ch.Rules
 	}
-	return bucketText(ch.Bucket)
-}
-
-// bucketText returns rules as nft text.
-func bucketText(rules []BucketRule) []string {
-	out := make([]string, len(rules))
-	for i, r := range rules {
-		out[i] = r.String()
-	}
-	return out
+	return ruleTexts(ch.Bucket)
 }
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
