@@ -98,9 +98,6 @@ func (s *Supervisor) setConfigApplied(hash string, applied time.Time, refused st
 // change at a time.
 func (s *Supervisor) watchConfig(ctx context.Context, wg *sync.WaitGroup) {
 	poll := s.deps.ConfigPoll
-	if poll <= 0 {
-		poll = defaultConfigPoll
-	}
 	current, pending := configHash(s.deps.ConfigData), ""
 	var lastErr string
 	runEvery(ctx, poll, func() {
@@ -154,7 +151,7 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 	}
 	var rescope func() error
 	if !slices.Equal(scope, was) {
-		rescope = func() error { return s.watches.Rescope(ctx, scope, rescopeTimeout) }
+		rescope = func() error { return s.watches.Rescope(ctx, scope, s.deps.RescopeTimeout) }
 	}
 	plan := planReload(s.instanceSpecs(), next.Instances)
 	removed, err := s.reconfigure(ctx, wg, next, plan, rescope)
@@ -221,9 +218,9 @@ func withoutRouting(in config.Instance) config.Instance {
 	return in
 }
 
-// rescopeTimeout bounds the wait for the initial lists of the watches a live change
+// defaultRescopeTimeout bounds the wait for the initial lists of the watches a live change
 // adds.
-const rescopeTimeout = 2 * time.Minute
+const defaultRescopeTimeout = 2 * time.Minute
 
 // reconfigure switches the instance set to next's: the new instances are built and the
 // watches rescoped when the proxy names they select change (a failure of either changes
@@ -276,6 +273,9 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 	}
 	s.instances, s.specs, s.order, s.router = instances, specs, slices.Clone(next.Instances), router
 	s.instancesMu.Unlock()
+	for _, name := range slices.Concat(plan.added, plan.replaced) {
+		s.listenHealthChecks(specs[name], node)
+	}
 	for _, name := range plan.added {
 		s.health.AddInstance(name)
 		s.metrics.InitInstance(name)

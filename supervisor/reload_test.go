@@ -7,9 +7,12 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
@@ -325,5 +328,58 @@ func TestLiveConfigRemovedInstanceFlushesFlows(t *testing.T) {
 	f.settle("team-a", "a", "team-a", "172.30.0.54")
 	if !f.hasFlow(kept) {
 		t.Errorf("the flows of a Service team-a took over from the removed team-c were deleted; left: %v", f.ct.FlowStrings())
+	}
+}
+
+// TestLiveConfigFailedRescopeChangesNothing: a live change whose new watches cannot list
+// (here the API server refuses team-c's selector) is refused once RescopeTimeout passes,
+// and nothing of it stays: no team-c, team-a not restarted, the watches as they were,
+// the Services where they were; the same change applies once the lists work.
+func TestLiveConfigFailedRescopeChangesNothing(t *testing.T) {
+	var refuse atomic.Bool
+	refuse.Store(true)
+	refuseTeamC := &k8stesting.SimpleReactor{Verb: "list", Resource: "*", Reaction: func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if la, ok := action.(k8stesting.ListActionImpl); ok && refuse.Load() && strings.Contains(la.ListRestrictions.Labels.String(), "team-c") {
+			return true, nil, fmt.Errorf("the test refuses to list %s", la.ListRestrictions.Labels)
+		}
+		return false, nil, nil
+	}}
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: alongsideYAML, serviceCIDRs: []string{"10.96.0.0/16"},
+		reactors: []k8stesting.Reactor{refuseTeamC}})
+	f.createService("a", "web", "team-a", "10.96.0.11")
+	f.createService("c", "cache", "team-c", "10.96.0.13")
+	testutil.Eventually(t, waitTimeout, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") })
+	scope, teamA := f.sup.watches.Scope(), f.sup.Instance("team-a")
+
+	// team-c added and team-a restarted (another sync period) in one change.
+	changedA := strings.Replace(alongsideYAML, "  syncPeriod: 30s\n", "  syncPeriod: 40s\n", 1)
+	if changedA == alongsideYAML {
+		t.Fatal("the test's configuration edit did not apply")
+	}
+	f.writeConfig(changedA + teamC)
+	testutil.Eventually(t, 2*waitTimeout, "the change refused", func() bool {
+		return strings.Contains(f.rec.all(), "ConfigRefused: Applying the changed configuration failed")
+	})
+	if f.sup.Instance("team-c") != nil || f.tables.exists("ip shardproxy-team-c") {
+		t.Error("team-c runs after its change was refused")
+	}
+	if f.sup.Instance("team-a") != teamA {
+		t.Error("team-a was restarted by a refused change")
+	}
+	if got := f.sup.watches.Scope(); !slices.Equal(got, scope) {
+		t.Errorf("the watches are %q after a refused change, were %q", got, scope)
+	}
+	if st := f.configStatus(); st.Refused == "" {
+		t.Errorf("/status shows no refusal: %+v", st)
+	}
+	f.createService("a", "late", "team-a", "10.96.0.12")
+	testutil.Eventually(t, waitTimeout, "team-a still programs new Services", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.12") })
+
+	// The same content again is not a change; a new one applies once the lists work.
+	refuse.Store(false)
+	f.writeConfig(changedA + teamC + "  fullSyncPeriod: 1h\n")
+	testutil.Eventually(t, waitTimeout, "team-c programs cache", func() bool { return has(f.tables.dump("ip shardproxy-team-c"), "10.96.0.13") })
+	if f.sup.Instance("team-a") == teamA {
+		t.Error("team-a was not restarted by the applied change")
 	}
 }

@@ -91,6 +91,9 @@ type Deps struct {
 	ConfigFile string
 	ConfigData []byte
 	ConfigPoll time.Duration
+	// RescopeTimeout bounds the wait for the initial lists of the watches a live change
+	// starts (default 2 min); past it the change is refused and nothing changes.
+	RescopeTimeout time.Duration
 	// MinRestartStuckAfter, when set, replaces minRestartStuckAfter, the floor of how long
 	// an instance's sync loop may finish no sync before the supervisor restarts it.
 	MinRestartStuckAfter time.Duration
@@ -184,6 +187,12 @@ func (deps Deps) withDefaults(cfg *config.Config) Deps {
 	}
 	if deps.Metrics == nil {
 		deps.Metrics = metrics.New()
+	}
+	if deps.ConfigPoll <= 0 {
+		deps.ConfigPoll = defaultConfigPoll
+	}
+	if deps.RescopeTimeout <= 0 {
+		deps.RescopeTimeout = defaultRescopeTimeout
 	}
 	if deps.Version == "" {
 		deps.Version = "unknown"
@@ -381,6 +390,7 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 		s.instancesMu.Lock()
 		s.instances[spec.Name] = p
 		s.instancesMu.Unlock()
+		s.listenHealthChecks(spec, node)
 		s.health.AddInstance(spec.Name)
 		s.metrics.InitInstance(spec.Name)
 	}
@@ -584,12 +594,17 @@ func runContained(ctx context.Context, p *instance.Proxy) (err error) {
 	return nil
 }
 
-// newInstance builds one instance from its configuration and this node.
+// listenHealthChecks sets where spec's instance's health-check node ports listen: where
+// it serves NodePorts, as upstream's. It is called once the instance is in the running
+// set, so that an instance built for a change that is then refused moves nothing.
+func (s *Supervisor) listenHealthChecks(spec config.Instance, node *corev1.Node) {
+	s.svcHC.SetInstanceAddrs(spec.Name, s.tableConfigs.forInstance(spec, node).NodePortIPs)
+}
+
+// newInstance builds one instance from its configuration and this node, with no side
+// effect outside it.
 func (s *Supervisor) newInstance(spec config.Instance, node *corev1.Node) (*instance.Proxy, error) {
-	cfg := s.tableConfigs.forInstance(spec, node)
-	// Health-check node ports listen where the instance serves NodePorts, as upstream's.
-	s.svcHC.SetInstanceAddrs(spec.Name, cfg.NodePortIPs)
-	opts := instanceOptions(spec, cfg, s.cfg.NodeName, node)
+	opts := instanceOptions(spec, s.tableConfigs.forInstance(spec, node), s.cfg.NodeName, node)
 	opts.Logger = s.deps.Logger
 	opts.NFT = s.deps.NFT
 	opts.Direct = s.deps.Direct

@@ -242,6 +242,9 @@ type fixtureOptions struct {
 	// fullSync sets Deps.FullSync; objects are in the API before the supervisor starts.
 	fullSync func() func()
 	objects  []runtime.Object
+	// reactors are put before the clientset's own, before the supervisor starts (the
+	// fake's reactor chain may not change while it is used).
+	reactors []k8stesting.Reactor
 	// liveConfig writes the configuration (with the test's bind addresses) to a file the
 	// supervisor watches every 10 ms: fixture.configPath.
 	liveConfig bool
@@ -298,6 +301,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	}
 	f := &fixture{t: t, configPath: configPath, ports: ports, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
+	f.client.ReactionChain = append(slices.Clone(opts.reactors), f.client.ReactionChain...)
 	if opts.serviceCIDRs != nil {
 		f.client.Resources = []*metav1.APIResourceList{{GroupVersion: "networking.k8s.io/v1",
 			APIResources: []metav1.APIResource{{Name: "servicecidrs", Kind: "ServiceCIDR"}}}}
@@ -321,6 +325,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		ConfigFile:           configPath,
 		ConfigData:           []byte(opts.configYAML),
 		ConfigPoll:           10 * time.Millisecond,
+		RescopeTimeout:       3 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
