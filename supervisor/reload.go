@@ -89,8 +89,9 @@ func configHash(data []byte) string {
 // setConfigApplied records the configuration in force, and why a newer file was
 // refused ("" if none was), in /status and the metrics.
 func (s *Supervisor) setConfigApplied(hash string, applied time.Time, refused string) {
-	s.health.SetConfig(healthcheck.ConfigStatus{Hash: hash, Applied: applied, Refused: refused})
+	// The metrics first: whoever sees /status's new hash sees them too.
 	s.metrics.SetConfig(hash, applied)
+	s.health.SetConfig(healthcheck.ConfigStatus{Hash: hash, Applied: applied, Refused: refused})
 }
 
 // watchConfig reads the configuration file every ConfigPoll and applies a changed
@@ -174,10 +175,11 @@ func (s *Supervisor) applyConfig(ctx context.Context, wg *sync.WaitGroup, data [
 func (s *Supervisor) refuseConfig(logger klog.Logger, result, reason, msg string) {
 	logger.Info("Refused a changed configuration", "reason", reason, "why", msg)
 	s.metrics.ConfigReloaded(result)
+	s.health.RefuseConfig(msg)
+	// The Event last: whoever sees it sees the metric and /status too.
 	if r, ok := s.deps.Recorder.(NodeRecorder); ok {
 		r.NodeEventf(corev1.EventTypeWarning, reason, "%s", msg)
 	}
-	s.health.RefuseConfig(msg)
 }
 
 // reloadPlan is what a live change does to each instance, by name.

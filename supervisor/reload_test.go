@@ -99,6 +99,8 @@ func TestLiveConfigChanges(t *testing.T) {
 	// Add team-c: it takes cache (labelled for it, served by nobody until now).
 	f.writeConfig(testConfigYAML + teamC)
 	testutil.Eventually(t, waitTimeout, "team-c programs cache", func() bool { return has(f.tables.dump("ip shardproxy-team-c"), "10.96.0.13") })
+	// The new instance can program its Service before the change's bookkeeping ends.
+	testutil.Eventually(t, waitTimeout, "/status shows the new configuration", func() bool { return f.configStatus().Hash != start.Hash })
 	added := f.configStatus()
 	if added.Hash == start.Hash || !added.Applied.After(start.Applied) || added.Refused != "" {
 		t.Errorf("after adding team-c, /status shows %+v (was %+v)", added, start)
