@@ -32,8 +32,8 @@ import (
 //     appends to one that only gains them (ChainRules.appendOnly), keeping the other
 //     rules' numgen counters; NetlinkWriter deletes the lost rules by handle
 //     (ruleHandles, after checking that the kernel's rules are the expected ones:
-//     BucketRule.foundIn) and encodes the appended round-robin rules itself
-//     (BucketRule.exprs).
+//     BucketRule.foundIn) and encodes the appended rules itself (BucketRule.exprs;
+//     consistentHash's affinity picks go through nft).
 
 // ruleGroup is the rules one port has in a chain that holds the rules of several ports,
 // in order, under a key unique to the port (groupKey): the chain holds the groups in
@@ -190,9 +190,8 @@ func (ch ChainRules) appendOnly() bool { return ch.Edit != nil && len(ch.Edit.Re
 // port's cluster IP entry ("ip daddr 172.30.0.10 tcp dport 80"), then either the
 // round-robin pick among picks endpoints ("numgen inc mod 3 vmap @round-robin-picks",
 // portCompiler.roundRobinRule) or an affinity rule (affinityRule). It is written as nft
-// text (String) and, a round-robin rule, as netlink expressions (exprs), and found in
-// the kernel by its parts (foundIn). NetlinkWriter encodes no affinity rule: a change
-// that adds one creates the endpoints' client sets too, which only nft writes.
+// text (String) and as netlink expressions (exprs; consistentHash's affinity picks
+// excepted), and found in the kernel by its parts (foundIn).
 type BucketRule struct {
 	en entry
 	// picks is a round-robin rule's modulus; 0 for an affinity rule.
@@ -322,12 +321,13 @@ func ruleTexts[R fmt.Stringer](rules []R) []string {
 	return out
 }
 
-// exprs returns the netlink expressions of a round-robin rule in a table of family fam,
-// those nft 1.0.6 makes of its text (nft --debug=netlink), so that either writer
-// leaves the same rule (TestNetlinkWritesRoundRobinBuckets compares them in the
-// kernel). NetlinkWriter encodes no affinity rule: such changes go through nft.
+// exprs returns the netlink expressions of the rule in a table of family fam, those nft
+// 1.0.6 makes of its text (nft --debug=netlink), so that either writer leaves the same
+// rule (TestNetlinkWritesRoundRobinBuckets and TestAffinityBucketThroughNetlink compare
+// them in the kernel): the entry match, then the round-robin pick or the affinity
+// rule's (affinityRule.exprs).
 func (r BucketRule) exprs(fam nftables.TableFamily) ([]expr.Any, error) {
-	if r.picks <= 0 {
+	if !r.encodable() {
 		return nil, fmt.Errorf("rule %q: not a rule NetlinkWriter can encode", r)
 	}
 	if r.en.addr.Is4() != (fam == nftables.TableFamilyIPv4) {
@@ -338,16 +338,69 @@ func (r BucketRule) exprs(fam nftables.TableFamily) ([]expr.Any, error) {
 		offset = 24 // IPv6 header: daddr at 24
 	}
 	addr, proto, port := r.matched()
-	return []expr.Any{
+	match := []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(addr))},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr},
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: proto},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port},
+	}
+	if r.aff != nil {
+		return append(match, r.aff.exprs()...), nil
+	}
+	return append(match,
 		&expr.Numgen{Register: 1, Modulus: uint32(r.picks), Type: unix.NFT_NG_INCREMENTAL},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: mapRoundRobinPicks},
-	}, nil
+	), nil
+}
+
+// encodable reports whether NetlinkWriter can encode the rule: a round-robin rule, or
+// an affinity rule but for consistentHash's new-client picks, whose slots are an
+// anonymous set (which only nft writes).
+func (r BucketRule) encodable() bool {
+	return r.picks > 0 || r.aff != nil && (r.aff.remembered || r.aff.pick.mode != LBConsistentHash || r.aff.pick.mod == 0)
+}
+
+// exprs returns the expressions nft 1.0.6 makes of the rule's text, after a bucket
+// rule's entry match: the match of a remembered client (its source address in the
+// set) or of a new one (numgen, or jhash for sourceHash, compared with the pick's
+// value), then the update of the set with the client's address and the DNAT to ep.
+// Not for consistentHash's picks (BucketRule.encodable).
+func (a *affinityRule) exprs() []expr.Any {
+	saddr, addrLen, natFamily := uint32(12), uint32(4), uint32(unix.NFPROTO_IPV4) // IPv4 header: saddr at 12
+	if a.ep.IP.Is6() {
+		saddr, addrLen, natFamily = 8, 16, unix.NFPROTO_IPV6 // IPv6 header: saddr at 8
+	}
+	client := func(reg uint32) expr.Any {
+		return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: saddr, Len: addrLen}
+	}
+	value := &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, uint32(a.pick.value))}
+	var out []expr.Any
+	switch {
+	case a.remembered:
+		out = append(out, client(1), &expr.Lookup{SourceRegister: 1, SetName: a.set})
+	case a.pick.mod == 0:
+	case a.pick.mode == LBSourceHash:
+		out = append(out, client(2),
+			&expr.Hash{SourceRegister: 2, DestRegister: 1, Length: addrLen, Modulus: uint32(a.pick.mod), Seed: HashSeed, Type: expr.HashTypeJenkins},
+			value)
+	default:
+		ng := uint32(unix.NFT_NG_RANDOM)
+		if a.pick.mode == LBRoundRobin {
+			ng = unix.NFT_NG_INCREMENTAL
+		}
+		out = append(out, &expr.Numgen{Register: 1, Modulus: uint32(a.pick.mod), Type: ng}, value)
+	}
+	return append(out,
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{protoNumbers[a.proto]}},
+		client(1),
+		&expr.Dynset{SrcRegKey: 1, SetName: a.set, Operation: unix.NFT_DYNSET_OP_UPDATE},
+		&expr.Immediate{Register: 1, Data: a.ep.IP.AsSlice()},
+		&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, a.ep.Port)},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: natFamily, RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true},
+	)
 }
 
 // matched returns the values the rule's entry match compares, as the kernel holds them:
@@ -380,8 +433,8 @@ func (r BucketRule) foundIn(exprs []expr.Any) bool {
 }
 
 // netlinkEncodable reports whether NetlinkWriter can write chains: the rules each adds
-// (an edit's Append, or all of a bucket written whole) are round-robin bucket rules;
-// rules an edit removes need no encoding.
+// (an edit's Append, or all of a bucket written whole) are bucket rules it encodes
+// (BucketRule.encodable); rules an edit removes need no encoding.
 func netlinkEncodable(chains []ChainRules) bool {
 	for _, ch := range chains {
 		rules := ch.Bucket
@@ -391,7 +444,7 @@ func netlinkEncodable(chains []ChainRules) bool {
 			return false
 		}
 		for _, r := range rules {
-			if r.picks <= 0 {
+			if !r.encodable() {
 				return false
 			}
 		}

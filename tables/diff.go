@@ -90,7 +90,7 @@ func (ch ChainRules) text() []string {
 
 // NeedsRuleText reports whether the Diff writes rules or creates objects, which only nft
 // can compile; the rest is element and chain bookkeeping any Applier can do, and the
-// round-robin bucket rules, which NetlinkWriter encodes itself (netlinkEncodable).
+// bucket rules NetlinkWriter encodes itself (netlinkEncodable).
 func (d *Diff) NeedsRuleText() bool {
 	return d.Recreate || d.Skeleton != nil || len(d.AddSets) > 0 || !netlinkEncodable(d.WriteChains)
 }

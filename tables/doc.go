@@ -21,13 +21,14 @@
 //     Transaction carries one knftables.Element per element (NFTApplier.knftTransaction).
 //   - The streamed `nft -f -` script (NewNFT's ScriptRunner, NFTApplier.stream), for every
 //     Diff that needs rule text: full syncs and partial ones that write rules other than
-//     round-robin bucket rules. knftables renders its commands a chunk at a time, except
-//     the element commands, which apply.go writes itself, many elements to a command
-//     (appendElementCommand). Only nft compiles rule text.
+//     the bucket rules NetlinkWriter encodes. knftables renders its commands a chunk at a
+//     time, except the element commands, which apply.go writes itself, many elements to
+//     a command (appendElementCommand). Only nft compiles rule text.
 //   - google/nftables over netlink (NetlinkWriter), for the partial syncs that need no
-//     rule text but the round-robin bucket rules it encodes itself: nft dumps the
-//     node's whole ruleset before each transaction, so a small change through it grows
-//     with the node; over netlink it costs what it changes.
+//     rule text but the bucket rules it encodes itself (BucketRule.exprs: round-robin
+//     and affinity rules, but consistentHash's affinity picks): nft dumps the node's
+//     whole ruleset before each transaction, so a small change through it grows with
+//     the node; over netlink it costs what it changes.
 //   - Raw netlink (mdlayher/netlink), where neither library answers: ListTables reads
 //     every table of a family with its comment (the ownership marker) without dumping
 //     their rules. Outside this package, supervisor/conntrack deletes conntrack flows

@@ -773,6 +773,57 @@ func TestNetlinkWritesRoundRobinBuckets(t *testing.T) {
 	}
 }
 
+// TestAffinityEndpointGoesOverNetlink: an affinity port losing an endpoint needs no new
+// set, so its changed rules are written over netlink (BucketRule.exprs), in every mode
+// but consistentHash (whose picks compare with an anonymous set of slots: through nft),
+// IPv4 and IPv6; the bucket then holds, expression for expression (nft
+// --debug=netlink), what nft wrote in the other namespace, and the tables are the same.
+// The port has 21 endpoints, the most whose change fits MaxNetlinkMessages (42 rules
+// deleted, 40 added at two messages each, a set deleted): the acknowledgements and
+// echoes of the largest such transaction fit the socket's receive buffer.
+func TestAffinityEndpointGoesOverNetlink(t *testing.T) {
+	requireRoot(t)
+	for _, fam := range []Family{IPv4, IPv6} {
+		for _, mode := range []LBMode{LBRandom, LBRoundRobin, LBSourceHash, LBConsistentHash} {
+			t.Run(fam.String()+"/"+string(mode), func(t *testing.T) {
+				b := newBucketPair(t, fam)
+				for len(b.eps) < 21 {
+					b.eps = append(b.eps, Endpoint{IP: b.eps[len(b.eps)-1].IP.Next(), Port: 8080})
+				}
+				ports := b.ports("aff", 3, func(_ int, p *ServicePort) {
+					p.AffinityTimeout = 300 * time.Second
+					p.LoadBalancing = mode
+				})
+				b.full(t, services(ports...))
+				fewer := *ports[1]
+				fewer.ClusterEndpoints = b.eps[1:]
+				chain := affinityBucketChain(b.bucket)
+				stats, _ := b.step(t, "an endpoint goes", services(&fewer), chain)
+				if want := mode != LBConsistentHash; stats.Direct != want {
+					t.Errorf("over netlink: %v, want %v (%d operations)", stats.Direct, want, stats.Operations)
+				}
+				if got, want := ruleExprLines(b.listChain(t, b.nsNetlink, chain, "--debug=netlink")), ruleExprLines(b.listChain(t, b.nsNft, chain, "--debug=netlink")); got != want {
+					t.Errorf("%s's expressions over netlink:\n%s\nthrough nft:\n%s", chain, got, want)
+				}
+				b.step(t, "the port goes", map[ServiceName][]*ServicePort{{Namespace: "ns", Name: "aff1"}: nil}, chain)
+				b.sameTables(t)
+			})
+		}
+	}
+}
+
+// ruleExprLines returns the expression lines of nft --debug=netlink's output, without
+// the handles and set dumps around them, which differ between writers.
+func ruleExprLines(out string) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "[ ") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
 // TestAffinityBucketThroughNetlink: ClientIP-affinity ports of both modes that place
 // new clients without hashing (random, roundRobin), one of them with two ports, share
 // an affinity bucket in a real kernel, IPv4 and IPv6, each protocol; Services come
