@@ -146,20 +146,38 @@ func syncOperationsBuckets() []float64 {
 // New returns a Metrics whose collectors, plus the Go runtime and process
 // collectors, are registered on a fresh registry of its own.
 //
-// Each metric is defined by one statement here: perInstance, perInstanceTimestamp or
-// nodeWide registers it and makes InitInstance and ForgetInstance cover it.
+// Each metric is defined by one statement, in the add*Series method of its group:
+// perInstance, perInstanceTimestamp or nodeWide registers it and makes InitInstance and
+// ForgetInstance cover it.
 func New() *Metrics {
-	inst := []string{labelInstance}
-	// instFam labels the series upstream labels by ip_family; InitInstance creates
-	// them for both families.
-	instFam := []string{labelInstance, labelIPFamily}
-	families := [][]string{{IPv4}, {IPv6}}
 	m := &Metrics{registry: prometheus.NewRegistry()}
 	m.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	m.addSyncSeries()
+	m.addProxyNodeSeries()
+	m.addInstanceSeries()
+	m.addInfoSeries()
+	m.rest = newRESTClientMetrics(m)
+	// Built once: HandlerOpts.Registry registers promhttp's own error
+	// counter, which must happen only once per registry.
+	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
+		Registry: m.registry,
+	})
+	return m
+}
 
+// instFamLabels label the series upstream labels by ip_family; InitInstance creates
+// them for both families (ipFamilies).
+func instFamLabels() []string { return []string{labelInstance, labelIPFamily} }
+
+// ipFamilies are the ip_family values of each instance's per-family series.
+func ipFamilies() [][]string { return [][]string{{IPv4}, {IPv6}} }
+
+// addSyncSeries adds upstream kube-proxy's per-instance sync series (kubeproxy_*).
+func (m *Metrics) addSyncSeries() {
+	inst, instFam, families := []string{labelInstance}, instFamLabels(), ipFamilies()
 	m.syncLatency = perInstance(m, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "sync_proxy_rules_duration_seconds",
@@ -231,7 +249,11 @@ func New() *Metrics {
 		Name:      "sync_proxy_rules_nftables_cleanup_failures_total",
 		Help:      "Cumulative proxy nftables cleanup failures",
 	}, instFam), families...)
+}
 
+// addProxyNodeSeries adds upstream kube-proxy's node-wide series: /healthz, /livez and
+// the conntrack reconciler.
+func (m *Metrics) addProxyNodeSeries() {
 	m.healthz = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: kubeProxySubsystem,
 		Name:      "proxy_healthz_total",
@@ -253,7 +275,12 @@ func New() *Metrics {
 		Help:      "ReconcileConntrackFlowsLatency latency in seconds",
 		Buckets:   syncLatencyBuckets(),
 	}, []string{labelIPFamily}))
+}
 
+// addInstanceSeries adds shardproxy's own per-instance series: up, stale, restarts,
+// Services and endpoints, handovers, conntrack, guard refusals, sync operations.
+func (m *Metrics) addInstanceSeries() {
+	inst, instFam, families := []string{labelInstance}, instFamLabels(), ipFamilies()
 	m.instanceUp = perInstance(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: shardproxyNamespace,
 		Name:      "instance_up",
@@ -306,9 +333,10 @@ func New() *Metrics {
 		Help:      "nftables operations per sync transaction",
 		Buckets:   syncOperationsBuckets(),
 	}, []string{labelInstance, labelKind}), []string{kindFull}, []string{kindPartial})
+}
 
-	// Built once: HandlerOpts.Registry registers promhttp's own error
-	// counter, which must happen only once per registry.
+// addInfoSeries adds what runs: the build and the configuration in force.
+func (m *Metrics) addInfoSeries() {
 	// As Prometheus' own <component>_build_info: a constant 1 whose labels say what
 	// runs, so a rollout's progress is count by (version) (...).
 	m.buildInfo = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -336,13 +364,6 @@ func New() *Metrics {
 	for _, r := range []string{ReloadApplied, ReloadInvalid, ReloadRefused} {
 		m.configReloads.WithLabelValues(r)
 	}
-
-	m.rest = newRESTClientMetrics(m)
-
-	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
-		Registry: m.registry,
-	})
-	return m
 }
 
 // vector is a labelled collector whose series are of type T (a Counter, Gauge or
