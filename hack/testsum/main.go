@@ -68,95 +68,183 @@ type result struct {
 // benignStderr are lines go test writes to stderr on a healthy run.
 var benignStderr = regexp.MustCompile(`^go: (downloading|extracting|finding) `)
 
+// summarize reads go test -json from in, writes the layer's summary to out (failures
+// with their output, skips with their reason, then one LAYER line) and returns the exit
+// status: 1 when a test or package failed, or the run cannot be trusted (problems).
 func summarize(in io.Reader, out io.Writer, opts options) int {
 	start := time.Now()
-	outputs := map[key]*strings.Builder{}
-	tests := map[key]*result{}
-	var order []key
-	pkgs := map[string]string{} // package → pass, fail, or "notests" (skip: no test files)
-	var failedPkgs []string
-	var problems []string
-	var noise int
-
-	get := func(k key) *result {
-		r := tests[k]
-		if r == nil {
-			r = &result{}
-			tests[k] = r
-			order = append(order, k)
-			// Mark every ancestor as a parent: subtests may start before the stream
-			// names their parent (it does not, but a truncated stream might).
-			for name := k.test; strings.Contains(name, "/"); {
-				name = name[:strings.LastIndex(name, "/")]
-				pk := key{k.pkg, name}
-				if p := tests[pk]; p != nil {
-					p.parent = true
-				} else {
-					tests[pk] = &result{parent: true}
-					order = append(order, pk)
-				}
-			}
-		}
-		return r
+	st := newStream()
+	st.read(in, out, opts.prefixes)
+	t := st.tally(out)
+	problems := append(st.problems, opts.goProblems(out)...)
+	if st.noise > 0 {
+		problems = append(problems, fmt.Sprintf("%d line(s) were not go test -json", st.noise))
+	}
+	ran := st.packagesRan()
+	if ran == 0 {
+		problems = append(problems, "no package ran tests")
+	}
+	if t.passed+t.failed == 0 {
+		problems = append(problems, fmt.Sprintf("no test ran (%d skipped)", t.skipped))
+	}
+	if len(t.unfinished) > 0 {
+		problems = append(problems, fmt.Sprintf("%d test(s) did not finish", len(t.unfinished)))
 	}
 
+	status := "ok"
+	if t.failed > 0 || len(st.failedPkgs) > 0 || len(problems) > 0 {
+		status = "FAIL"
+	}
+	line := fmt.Sprintf("LAYER %-12s %s: %d passed, %d failed, %d skipped, %d packages, %s",
+		opts.layer, status, t.passed, t.failed, t.skipped, ran, time.Since(start).Round(time.Second))
+	if len(problems) > 0 {
+		line += " (" + strings.Join(problems, "; ") + ")"
+	}
+	fmt.Fprintln(out, line)
+	if status == "ok" {
+		return 0
+	}
+	if len(t.failedTests) > 0 {
+		fmt.Fprintln(out, "failed tests:", strings.Join(t.failedTests, " "))
+	}
+	if len(t.unfinished) > 0 {
+		fmt.Fprintln(out, "tests that did not finish:", strings.Join(t.unfinished, " "))
+	}
+	if len(st.failedPkgs) > 0 {
+		fmt.Fprintln(out, "failed packages:", strings.Join(st.failedPkgs, " "))
+	}
+	return 1
+}
+
+// stream is what the go test -json stream said: each test's result and output, in the
+// order the tests first appeared, and each package's.
+type stream struct {
+	outputs    map[key]*strings.Builder
+	tests      map[key]*result
+	order      []key
+	pkgs       map[string]string // package → pass, fail, or "notests" (skip: no test files)
+	failedPkgs []string
+	// problems are what makes the stream untrustworthy; noise counts its lines that
+	// were not test2json's.
+	problems []string
+	noise    int
+}
+
+func newStream() *stream {
+	return &stream{outputs: map[key]*strings.Builder{}, tests: map[key]*result{}, pkgs: map[string]string{}}
+}
+
+// get returns the result of test k, recording it (and its ancestors, as parents) on
+// first sight.
+func (st *stream) get(k key) *result {
+	r := st.tests[k]
+	if r != nil {
+		return r
+	}
+	r = &result{}
+	st.tests[k] = r
+	st.order = append(st.order, k)
+	// Mark every ancestor as a parent: subtests may start before the stream
+	// names their parent (it does not, but a truncated stream might).
+	for name := k.test; strings.Contains(name, "/"); {
+		name = name[:strings.LastIndex(name, "/")]
+		pk := key{k.pkg, name}
+		if p := st.tests[pk]; p != nil {
+			p.parent = true
+		} else {
+			st.tests[pk] = &result{parent: true}
+			st.order = append(st.order, pk)
+		}
+	}
+	return r
+}
+
+// read reads the stream from in, writing to out as they come the compiler's errors,
+// the output lines that start with one of prefixes, and the lines that are not
+// go test -json.
+func (st *stream) read(in io.Reader, out io.Writer, prefixes []string) {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
 		var ev event
-		if err := json.Unmarshal(line, &ev); err != nil || ev.Action == "" {
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.Action == "" {
 			// Not test2json's: a `go:` error, or something else writing into the
 			// stream. Show it, and do not let the layer read as clean.
 			fmt.Fprintln(out, "testsum: not go test -json:", sc.Text())
-			noise++
+			st.noise++
 			continue
 		}
-		k := key{ev.Package, ev.Test}
-		switch ev.Action {
-		case "build-output":
-			fmt.Fprint(out, ev.Output) // compiler errors: always shown
-		case "output":
-			b := outputs[k]
-			if b == nil {
-				b = &strings.Builder{}
-				outputs[k] = b
-			}
-			b.WriteString(ev.Output)
-			for _, p := range opts.prefixes {
-				if p != "" && strings.HasPrefix(strings.TrimSpace(ev.Output), strings.TrimSpace(p)) {
-					fmt.Fprint(out, ev.Output)
-				}
-			}
-		case "run":
-			if ev.Test != "" {
-				get(k).started = true
-			}
-		case "pass", "fail", "skip":
-			if ev.Test == "" {
-				switch {
-				case ev.Action == "fail":
-					pkgs[ev.Package] = "fail"
-					failedPkgs = append(failedPkgs, ev.Package)
-				case ev.Action == "skip":
-					pkgs[ev.Package] = "notests" // [no test files]
-				default:
-					pkgs[ev.Package] = "pass"
-				}
-				continue
-			}
-			get(k).action = ev.Action
-		}
+		st.event(ev, out, prefixes)
 	}
 	if err := sc.Err(); err != nil {
-		problems = append(problems, "reading the stream: "+err.Error())
+		st.problems = append(st.problems, "reading the stream: "+err.Error())
 	}
+}
 
-	var passed, failed, skipped int
-	var failedTests, unfinished, skips []string
+// event records one event of the stream.
+func (st *stream) event(ev event, out io.Writer, prefixes []string) {
+	k := key{ev.Package, ev.Test}
+	switch ev.Action {
+	case "build-output":
+		fmt.Fprint(out, ev.Output) // compiler errors: always shown
+	case "output":
+		b := st.outputs[k]
+		if b == nil {
+			b = &strings.Builder{}
+			st.outputs[k] = b
+		}
+		b.WriteString(ev.Output)
+		for _, p := range prefixes {
+			if p != "" && strings.HasPrefix(strings.TrimSpace(ev.Output), strings.TrimSpace(p)) {
+				fmt.Fprint(out, ev.Output)
+			}
+		}
+	case "run":
+		if ev.Test != "" {
+			st.get(k).started = true
+		}
+	case "pass", "fail", "skip":
+		if ev.Test != "" {
+			st.get(k).action = ev.Action
+			return
+		}
+		switch ev.Action {
+		case "fail":
+			st.pkgs[ev.Package] = "fail"
+			st.failedPkgs = append(st.failedPkgs, ev.Package)
+		case "skip":
+			st.pkgs[ev.Package] = "notests" // [no test files]
+		default:
+			st.pkgs[ev.Package] = "pass"
+		}
+	}
+}
+
+// packagesRan counts the packages that had tests.
+func (st *stream) packagesRan() int {
+	ran := 0
+	for _, state := range st.pkgs {
+		if state != "notests" {
+			ran++
+		}
+	}
+	return ran
+}
+
+// tally is the tests counted: a parent at its leaves, unless it failed on its own.
+type tally struct {
+	passed, failed, skipped int
+	failedTests, unfinished []string
+}
+
+// tally counts the tests and writes to out the output of each that failed or did not
+// finish, of each failed package, and the reason of each skip.
+func (st *stream) tally(out io.Writer) tally {
+	var t tally
+	var skips []string
 	failedBelow := map[key]bool{} // a parent with a failed or unfinished descendant
-	for _, k := range order {
-		r := tests[k]
+	for _, k := range st.order {
+		r := st.tests[k]
 		if r.action == "fail" || (r.started && r.action == "") {
 			for name := k.test; strings.Contains(name, "/"); {
 				name = name[:strings.LastIndex(name, "/")]
@@ -164,16 +252,16 @@ func summarize(in io.Reader, out io.Writer, opts options) int {
 			}
 		}
 	}
-	for _, k := range order {
-		r := tests[k]
+	for _, k := range st.order {
+		r := st.tests[k]
 		name := k.pkg + "." + k.test
 		switch {
 		case r.started && r.action == "":
 			// Started and never ended: the binary died under it (a panic in
 			// another goroutine, -timeout). Its package failed; name the test.
-			failed++
-			unfinished = append(unfinished, name)
-			if b := outputs[k]; b != nil {
+			t.failed++
+			t.unfinished = append(t.unfinished, name)
+			if b := st.outputs[k]; b != nil {
 				fmt.Fprintf(out, "--- DID NOT FINISH %s:\n%s", name, b.String())
 			}
 		case r.parent:
@@ -181,27 +269,27 @@ func summarize(in io.Reader, out io.Writer, opts options) int {
 			// error after its subtests passed).
 			// Its own output is shown either way: a subtest's panic is printed there.
 			if r.action == "fail" && !failedBelow[k] {
-				failed++
-				failedTests = append(failedTests, name)
+				t.failed++
+				t.failedTests = append(t.failedTests, name)
 			}
-			if b := outputs[k]; b != nil && r.action == "fail" {
+			if b := st.outputs[k]; b != nil && r.action == "fail" {
 				fmt.Fprintf(out, "--- FAIL %s:\n%s", name, b.String())
 			}
 		case r.action == "pass":
-			passed++
+			t.passed++
 		case r.action == "skip":
-			skipped++
-			skips = append(skips, name+": "+lastLine(outputs[k]))
+			t.skipped++
+			skips = append(skips, name+": "+lastLine(st.outputs[k]))
 		case r.action == "fail":
-			failed++
-			failedTests = append(failedTests, name)
-			if b := outputs[k]; b != nil {
+			t.failed++
+			t.failedTests = append(t.failedTests, name)
+			if b := st.outputs[k]; b != nil {
 				fmt.Fprintf(out, "--- FAIL %s:\n%s", name, b.String())
 			}
 		}
 	}
-	for _, p := range failedPkgs {
-		if b := outputs[key{p, ""}]; b != nil {
+	for _, p := range st.failedPkgs {
+		if b := st.outputs[key{p, ""}]; b != nil {
 			fmt.Fprintf(out, "--- package %s failed:\n%s", p, b.String())
 		}
 	}
@@ -209,13 +297,14 @@ func summarize(in io.Reader, out io.Writer, opts options) int {
 	for _, s := range skips {
 		fmt.Fprintln(out, "skipped:", s)
 	}
+	return t
+}
 
-	ran := 0
-	for _, state := range pkgs {
-		if state != "notests" {
-			ran++
-		}
-	}
+// goProblems reads go test's exit status and standard error, if given, and returns
+// what fails the layer: a status other than 0 or unknown, and stderr lines other than
+// module downloads (written to out).
+func (opts options) goProblems(out io.Writer) []string {
+	var problems []string
 	if opts.goStatus != "" {
 		b, err := os.ReadFile(opts.goStatus)
 		status, convErr := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -245,42 +334,7 @@ func summarize(in io.Reader, out io.Writer, opts options) int {
 			problems = append(problems, fmt.Sprintf("go test wrote %d line(s) to stderr", stderrLines))
 		}
 	}
-	if noise > 0 {
-		problems = append(problems, fmt.Sprintf("%d line(s) were not go test -json", noise))
-	}
-	if ran == 0 {
-		problems = append(problems, "no package ran tests")
-	}
-	if passed+failed == 0 {
-		problems = append(problems, fmt.Sprintf("no test ran (%d skipped)", skipped))
-	}
-	if len(unfinished) > 0 {
-		problems = append(problems, fmt.Sprintf("%d test(s) did not finish", len(unfinished)))
-	}
-
-	status := "ok"
-	if failed > 0 || len(failedPkgs) > 0 || len(problems) > 0 {
-		status = "FAIL"
-	}
-	line := fmt.Sprintf("LAYER %-12s %s: %d passed, %d failed, %d skipped, %d packages, %s",
-		opts.layer, status, passed, failed, skipped, ran, time.Since(start).Round(time.Second))
-	if len(problems) > 0 {
-		line += " (" + strings.Join(problems, "; ") + ")"
-	}
-	fmt.Fprintln(out, line)
-	if status != "ok" {
-		if len(failedTests) > 0 {
-			fmt.Fprintln(out, "failed tests:", strings.Join(failedTests, " "))
-		}
-		if len(unfinished) > 0 {
-			fmt.Fprintln(out, "tests that did not finish:", strings.Join(unfinished, " "))
-		}
-		if len(failedPkgs) > 0 {
-			fmt.Fprintln(out, "failed packages:", strings.Join(failedPkgs, " "))
-		}
-		return 1
-	}
-	return 0
+	return problems
 }
 
 func lastLine(b *strings.Builder) string {
