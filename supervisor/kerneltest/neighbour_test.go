@@ -17,8 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	"github.com/shardproxy/shardproxy/supervisor"
-	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
@@ -142,28 +140,8 @@ func startNeighbours(t *testing.T, tp *netns.Topology, ns string) kubernetes.Int
 		yaml += fmt.Sprintf("- name: %s\n  proxyNames: [%s]\n  slot: %d\n  minSyncPeriod: 0s\n  syncPeriod: 30s\n  tenant:\n    namespaces: [%s]\n",
 			name, name, i, name)
 	}
-	cfg, err := config.Decode([]byte(yaml), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Default()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	sup, err := supervisor.New(cfg, nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(string, string) {}, funcr.Options{}))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := sup.Run(ctx); err != nil {
-			t.Errorf("supervisor: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	runSupervisor(t, decodeConfig(t, yaml, "test.yaml"), nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(string, string) {}, funcr.Options{}))))
 	return client
 }
 

@@ -23,7 +23,6 @@ import (
 
 	"github.com/shardproxy/shardproxy/legacy"
 	"github.com/shardproxy/shardproxy/supervisor"
-	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/netns"
@@ -111,14 +110,7 @@ func start(t *testing.T, tp *netns.Topology, ns string, port, firstSlot int, ins
 	for i, name := range instances {
 		yaml += fmt.Sprintf("- name: %s\n  proxyNames: [%s]\n  slot: %d\n  syncPeriod: 30s\n  tenant:\n    namespaces: [%s]\n", name, name, firstSlot+i, name)
 	}
-	cfg, err := config.Decode([]byte(yaml), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Default()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	cfg := decodeConfig(t, yaml, "test.yaml")
 	r := &running{}
 	logger := funcr.New(func(prefix, args string) {
 		r.mu.Lock()
@@ -126,21 +118,7 @@ func start(t *testing.T, tp *netns.Topology, ns string, port, firstSlot int, ins
 		r.log.WriteString(prefix + " " + args + "\n")
 	}, funcr.Options{Verbosity: 2})
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	sup, err := supervisor.New(cfg, nodeDeps(tp, ns, client, logr.Logger(logger)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := sup.Run(ctx); err != nil {
-			t.Errorf("supervisor %v: %v", instances, err)
-		}
-	}()
-	var once sync.Once
-	r.stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(r.stop)
+	r.stop = runSupervisor(t, cfg, nodeDeps(tp, ns, client, logr.Logger(logger)))
 	return r
 }
 

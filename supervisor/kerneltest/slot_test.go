@@ -1,7 +1,6 @@
 package kerneltest
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,14 +13,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/utils/ptr"
 
-	"github.com/shardproxy/shardproxy/supervisor"
-	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
@@ -44,6 +38,7 @@ func TestLiveSlotChangeRehooksTables(t *testing.T) {
 		return out
 	}
 
+	healthz, metrics := freePort(t), freePort(t)
 	yaml := func(alphaSlot int) string {
 		return fmt.Sprintf("apiVersion: shardproxy.io/v1alpha1\nkind: SupervisorConfig\nnodeName: node-1\n"+
 			"healthzBindAddress: 127.0.0.1:%d\nmetricsBindAddress: 127.0.0.1:%d\nserviceCIDRDrop: false\nstatusNamespace: \"-\"\ninstances:\n"+
@@ -51,42 +46,18 @@ func TestLiveSlotChangeRehooksTables(t *testing.T) {
 			"- name: beta\n  proxyNames: [beta]\n  slot: 2\n  minSyncPeriod: 0s\n  syncPeriod: 30s\n  tenant:\n    namespaces: [beta]\n",
 			healthz, metrics, alphaSlot)
 	}
-	healthz, metrics = freePort(t), freePort(t)
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	writeFile(t, path, yaml(0))
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Decode(data, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Default()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	for _, s := range []struct{ name, clusterIP, endpoint string }{{"alpha", "10.96.0.10", "10.244.0.10"}, {"beta", "10.96.0.20", "10.244.0.20"}} {
-		createService(t, client, s.name, s.clusterIP, s.endpoint)
-	}
-	logger := funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{})
-	deps := nodeDeps(tp, ns, client, logr.Logger(logger))
+	createPlain(t, client, "alpha", "web", "10.96.0.10", "10.244.0.10")
+	createPlain(t, client, "beta", "web", "10.96.0.20", "10.244.0.20")
+	deps := nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{})))
 	deps.ConfigFile, deps.ConfigData, deps.ConfigPoll = path, data, 20*time.Millisecond
-	sup, err := supervisor.New(cfg, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := sup.Run(ctx); err != nil {
-			t.Errorf("supervisor: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	runSupervisor(t, decodeConfig(t, string(data), path), deps)
 
 	testutil.Eventually(t, time.Minute, "both instances program their Service", func() bool {
 		return strings.Contains(list("shardproxy-alpha"), "10.96.0.10") && strings.Contains(list("shardproxy-beta"), "10.96.0.20")
@@ -144,9 +115,6 @@ func syncFailures(t *testing.T, port int) []string {
 	return out
 }
 
-// healthz and metrics are the slot test's server ports.
-var healthz, metrics int
-
 // priorities lists the base chains' "hook priority" lines of an nft table listing, in order.
 func priorities(table string) []string {
 	var out []string
@@ -165,27 +133,6 @@ func writeFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 	if err := os.Rename(path+".new", path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// createService makes a ClusterIP Service labelled for the proxy named like its
-// namespace, with one ready endpoint on 8080.
-func createService(t *testing.T, client *fake.Clientset, name, clusterIP, endpoint string) {
-	t.Helper()
-	ctx := context.Background()
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "web",
-		Labels: map[string]string{"service.kubernetes.io/service-proxy-name": name}},
-		Spec: corev1.ServiceSpec{ClusterIP: clusterIP, ClusterIPs: []string{clusterIP}, Type: corev1.ServiceTypeClusterIP,
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}}}}
-	sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: name, Name: "web-1",
-		Labels: map[string]string{discoveryv1.LabelServiceName: "web"}}, AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{endpoint}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(8080)), Protocol: ptr.To(corev1.ProtocolTCP)}}}
-	if _, err := client.CoreV1().Services(name).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.DiscoveryV1().EndpointSlices(name).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
