@@ -635,10 +635,11 @@ func instanceOptions(spec config.Instance, tc tables.Config, nodeName string, no
 	}
 }
 
-// waitForNode reads this Node once before the instances start (addresses, pod CIDRs);
-// later changes arrive through the watch.
+// waitForNode reads this Node once before the instances start (addresses, pod CIDRs),
+// retrying for up to 30 s (nodeBackoff); later changes arrive through the watch.
 func (s *Supervisor) waitForNode(ctx context.Context) *corev1.Node {
 	deadline := time.Now().Add(30 * time.Second)
+	backoff := nodeBackoff()
 	for {
 		n, err := s.deps.Client.CoreV1().Nodes().Get(ctx, s.cfg.NodeName, metav1GetOptions)
 		if err == nil {
@@ -652,9 +653,16 @@ func (s *Supervisor) waitForNode(ctx context.Context) *corev1.Node {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(time.Second):
+		case <-time.After(backoff.Step()):
 		}
 	}
+}
+
+// nodeBackoff spaces the reads of this Node at start: from 250 ms, doubling up to 4 s,
+// with jitter so that the supervisors of many nodes started together (a DaemonSet
+// rollout) do not retry in step while the API server is down.
+func nodeBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 4 * time.Second}
 }
 
 // onNode reacts to this Node changing: topology labels, addresses, pod CIDRs, deletion.
