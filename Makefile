@@ -34,10 +34,13 @@ print-image:
 # keyed by a hash of the build's inputs; minutes the first time, seconds after),
 # kube-proxy v1.36.3 for the coexistence and migration e2e, and the cluster layer's
 # kubelet, kube-controller-manager, kube-scheduler, kubectl and CoreDNS, and upstream's
-# e2e.test and agnhost, and kubemark (make fleet).
+# e2e.test and agnhost, and kubemark (make fleet); and the Helm CLI (go.mod's
+# helm.sh/helm/v3, from its Go module: hack/build-helm.sh) that the cluster layer
+# installs deploy/helm/shardproxy with.
 deps:
 	hack/install-deps.sh
 	hack/build-apiserver.sh --all --node --dns --conformance --kubemark
+	hack/build-helm.sh
 
 # image builds, offline, the image deploy/Dockerfile describes (same packages, flags,
 # capabilities, user and entrypoint; deploy/image_test.go keeps them in step) as an OCI

@@ -4,7 +4,8 @@
 # stage, and a closing total:
 #
 #   setup        hack/install-deps.sh, the Kubernetes binaries (hack/build-apiserver.sh,
-#                cached in ~/.cache/shardproxy), go vet, testsum (one-time builds included)
+#                cached in ~/.cache/shardproxy), Helm (hack/build-helm.sh, same cache),
+#                go vet, testsum (one-time builds included)
 #   unit         packages that need nothing but Go (fakes, golden rulesets, packet tracer)
 #   real-kernel  packages whose tests load rules with the real nft into network namespaces
 #                and send real traffic (their unit tests run here too)
@@ -123,6 +124,7 @@ golayer() {
 setup_ok=true
 timed deps hack/install-deps.sh || setup_ok=false
 ${setup_ok} && { timed builds hack/build-apiserver.sh --all --node --dns --conformance --kubemark || setup_ok=false; }
+${setup_ok} && { timed helm hack/build-helm.sh || setup_ok=false; }
 ${setup_ok} && { timed vet ${go} vet ./... || setup_ok=false; }
 ${setup_ok} && { timed testsum ${go} build -o "${root}/bin/testsum" ./hack/testsum || setup_ok=false; }
 if ! ${setup_ok}; then

@@ -22,6 +22,7 @@ import (
 const (
 	binaryScript = "hack/build-apiserver.sh"
 	imageScript  = "hack/build-image.sh"
+	helmScript   = "hack/build-helm.sh"
 )
 
 // Binaries returns the cached paths of the named binaries of hack/build-apiserver.sh
@@ -77,6 +78,35 @@ func binaryPaths(ctx context.Context, script string, names []string) (map[string
 		paths[name] = lines[i]
 	}
 	return paths, nil
+}
+
+// Helm returns the cached path of the Helm CLI of hack/build-helm.sh (go.mod's
+// helm.sh/helm/v3), building it first if missing: a minute or two the first time, while
+// the script's progress goes to progress (nil for none).
+func Helm(ctx context.Context, repoRoot string, progress io.Writer) (string, error) {
+	script := filepath.Join(repoRoot, helmScript)
+	out, err := exec.CommandContext(ctx, script, "--print-path").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --print-path: %w%s", script, err, stderr(err))
+	}
+	path := strings.TrimSpace(string(out))
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	var log strings.Builder
+	cmd := exec.CommandContext(ctx, script)
+	cmd.Stdout = io.MultiWriter(progress, &log)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building Helm with %s: %w: %s", script, err, tail(log.String()))
+	}
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s built Helm, yet not at %s, the path it printed", script, path)
+	}
+	return path, nil
 }
 
 // Images runs hack/build-image.sh for the named images (shardproxy, pause, coredns,

@@ -18,7 +18,8 @@ import (
 // of the fakes is logged, which tells a rebuild from a reuse.
 
 // fakeGo is go for the scripts: env and list are the real go's (with $FAKE_GOVERSION as
-// the version if set), mod does nothing, build and test -c write -o's file.
+// the version if set), mod does nothing, build and test -c write -o's file, install
+// writes $GOBIN's.
 const fakeGo = `#!/usr/bin/env bash
 echo "go $*" >>"${FAKE_LOG}"
 case "$1" in
@@ -30,6 +31,16 @@ env | list)
 	fi
 	;;
 mod) ;;
+install)
+	# go install PKG@VERSION: the binary, named for PKG's last element, into $GOBIN.
+	pkg="${@: -1}"
+	name="${pkg%@*}"
+	{
+		echo "fake binary ${FAKE_GO_CONTENT:-}"
+		echo "$*"
+	} >"${GOBIN}/${name##*/}"
+	chmod +x "${GOBIN}/${name##*/}"
+	;;
 build | test)
 	out=""
 	while [[ $# -gt 0 ]]; do
@@ -457,5 +468,114 @@ func TestUnusedKeysPruned(t *testing.T) {
 		if got := !exists(path); got != pruned {
 			t.Errorf("%s removed: %v, want %v", path, got, pruned)
 		}
+	}
+}
+
+func TestHelmKeyFollowsInputs(t *testing.T) {
+	const pin = "helm.sh/helm/v3 v3.21.4"
+	for _, tc := range []struct {
+		name    string
+		change  func(t *testing.T, s *sandbox)
+		rebuilt bool
+		// version is what go install must name once the change is made.
+		version string
+	}{
+		{
+			name:    "nothing changed: reused",
+			change:  func(*testing.T, *sandbox) {},
+			version: "v3.21.4",
+		},
+		{
+			name:    "the version go.mod requires rebuilds it at that version",
+			change:  func(t *testing.T, s *sandbox) { s.edit(t, "go.mod", pin, "helm.sh/helm/v3 v3.22.0") },
+			rebuilt: true,
+			version: "v3.22.0",
+		},
+		{
+			name:    "another Go version rebuilds it",
+			change:  func(t *testing.T, _ *sandbox) { t.Setenv("FAKE_GOVERSION", "go1.99.0") },
+			rebuilt: true,
+			version: "v3.21.4",
+		},
+		{
+			name: "the ldflags in the script rebuild it",
+			change: func(t *testing.T, s *sandbox) {
+				s.edit(t, "hack/build-helm.sh", `ldflags="-s -w `, `ldflags="-w `)
+			},
+			rebuilt: true,
+			version: "v3.21.4",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSandbox(t)
+			repo, err := RepoRoot("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []string{"go.mod", "hack/build-helm.sh"} {
+				mode := os.FileMode(0o644)
+				if strings.HasSuffix(f, ".sh") {
+					mode = 0o755
+				}
+				writeFile(t, filepath.Join(s.root, f), read(t, filepath.Join(repo, f)), mode)
+			}
+			// The test pins its own version: the repository's may move on.
+			data := read(t, filepath.Join(s.root, "go.mod"))
+			for _, line := range strings.Split(data, "\n") {
+				if f := strings.Fields(line); len(f) == 2 && f[0] == "helm.sh/helm/v3" {
+					s.edit(t, "go.mod", strings.TrimSpace(line), pin)
+				}
+			}
+			// Helm's go.mod in the module cache names its client-go (the Kubernetes
+			// version stamped into the binary): v0.36 for v3.21.4, v0.37 for v3.22.0.
+			modcache := t.TempDir()
+			t.Setenv("GOMODCACHE", modcache)
+			for version, clientGo := range map[string]string{"v3.21.4": "v0.36.2", "v3.22.0": "v0.37.0"} {
+				writeFile(t, filepath.Join(modcache, "cache/download/helm.sh/helm/v3/@v", version+".mod"),
+					"module helm.sh/helm/v3\n\nrequire (\n\tk8s.io/api "+clientGo+"\n\tk8s.io/client-go "+clientGo+"\n)\n", 0o644)
+			}
+			ctx := context.Background()
+			before, err := Helm(ctx, s.root, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls := s.calls(t)
+			if !strings.Contains(calls, "go install ") || !strings.HasPrefix(before, filepath.Join(s.cache, "bin", "helm-v3.21.4-")) {
+				t.Fatalf("not built into the cache as helm-v3.21.4-KEY (%s):\n%s", before, calls)
+			}
+			old := read(t, before)
+
+			tc.change(t, s)
+			after, err := Helm(ctx, s.root, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = s.calls(t)
+			installed := strings.Contains(calls, "go install ")
+			switch {
+			case tc.rebuilt && after == before:
+				t.Errorf("the key did not change, %s would be reused", before)
+			case tc.rebuilt && !installed:
+				t.Errorf("not rebuilt into %s:\n%s", after, calls)
+			case !tc.rebuilt && (after != before || installed):
+				t.Errorf("rebuilt (%s, was %s) with none of its inputs changed:\n%s", after, before, calls)
+			}
+			if !strings.HasPrefix(filepath.Base(after), "helm-"+tc.version+"-") {
+				t.Errorf("cached as %s, want helm-%s-KEY", after, tc.version)
+			}
+			// The binary is Helm's module at go.mod's version, stamped with it and with its
+			// client-go's Kubernetes version, as Helm's release build does.
+			minor := map[string]string{"v3.21.4": "36", "v3.22.0": "37"}[tc.version]
+			want := []string{"helm.sh/helm/v3/cmd/helm@" + tc.version, "-X helm.sh/helm/v3/internal/version.version=" + tc.version,
+				"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=" + minor}
+			for _, w := range want {
+				if got := read(t, after); !strings.Contains(got, w) {
+					t.Errorf("the binary was built without %q: %s", w, got)
+				}
+			}
+			if tc.rebuilt && read(t, before) != old {
+				t.Errorf("the binary of the old key was overwritten")
+			}
+		})
 	}
 }
