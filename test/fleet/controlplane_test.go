@@ -13,9 +13,9 @@ import (
 	"github.com/shardproxy/shardproxy/test/controlplane"
 )
 
-// TestBothProxies is make fleet's slice for make test: three hollow shardproxy nodes
-// and three of kubemark's hollow kube-proxies, one after the other, against one real
-// kube-apiserver and etcd with 50 Services. Each fleet must hold the Services (kubemark's
+// TestBothProxies is make fleet's slice for make test: three hollow shardproxy nodes,
+// three of kubemark's hollow kube-proxies, then those with their own-Node watches, one
+// after the other, against one real kube-apiserver and etcd with 50 Services. Each fleet must hold the Services (kubemark's
 // by its open watches), cost the apiserver watch events for the driver's heartbeats, and
 // stop leaving no watch open; shardproxy's must program a new Service on every node.
 func TestBothProxies(t *testing.T) {
@@ -43,7 +43,7 @@ func TestBothProxies(t *testing.T) {
 	env := Env{Admin: admin, NodeConfig: func() *rest.Config { return cp.RESTConfig() }, APIServerPID: cp.PIDs()[len(cp.PIDs())-1],
 		APIServerMetrics: metrics, Kubemark: &KubemarkOptions{Binary: bin, Kubeconfig: cp.Kubeconfig, LogDir: t.TempDir()}}
 	var results []*Result
-	for _, proxy := range []Proxy{Shardproxy, KubeProxy} {
+	for _, proxy := range []Proxy{Shardproxy, KubeProxy, KubeProxyNodeWatch} {
 		before, err := metrics(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -71,7 +71,7 @@ func TestBothProxies(t *testing.T) {
 	t.Log("\n" + Table(results))
 }
 
-// waitWatchesClosed waits until no more Service watches are open than in base.
+// waitWatchesClosed waits until no more Service or Node watches are open than in base.
 func waitWatchesClosed(ctx context.Context, metrics func(context.Context) (APIServerCounters, error), base Counts) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -79,11 +79,12 @@ func waitWatchesClosed(ctx context.Context, metrics func(context.Context) (APISe
 		if err != nil {
 			return err
 		}
-		if sc.Watches["services"] <= base["services"] {
+		if sc.Watches["services"] <= base["services"] && sc.Watches["nodes"] <= base["nodes"] {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%v Service watches still open 30 s after the fleet stopped, %v before it", sc.Watches["services"], base["services"])
+			return fmt.Errorf("30 s after the fleet stopped, %v Service and %v Node watches open; %v and %v before it",
+				sc.Watches["services"], sc.Watches["nodes"], base["services"], base["nodes"])
 		}
 		select {
 		case <-ctx.Done():

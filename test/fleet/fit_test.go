@@ -52,9 +52,9 @@ func TestFit(t *testing.T) {
 	}
 	out := Fit(rs)
 	for _, want := range []string{
-		"kube-proxy                   apiserver CPU s/min    0.01           51",
+		"kube-proxy                   apiserver CPU s/min    0.01         51             51\n",
 		"shardproxy reserve true      watch events/s         ",
-		"8.333e+05", // 5000²/30
+		"8.333e+05\n", // 5000²/30 along the quadratic
 		"shardproxy reserve true      apiserver CPU s/min    1.20",
 	} {
 		if !strings.Contains(out, want) {

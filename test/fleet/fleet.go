@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"runtime/debug"
@@ -18,7 +19,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -197,7 +200,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	switch opts.Proxy {
 	case Shardproxy:
 		fl, err = startShardproxy(ctx, env, opts, counter)
-	case KubeProxy:
+	case KubeProxy, KubeProxyNodeWatch:
 		fl, err = startKubeProxy(ctx, env, opts)
 	default:
 		err = fmt.Errorf("unknown proxy %q", opts.Proxy)
@@ -244,7 +247,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	res.APIServerPeakRSS, res.APIServerRSS = afterProc.PeakRSS, afterProc.RSS
 	res.Server = afterServer.Sub(beforeServer)
 	res.ProxyRequests = afterReq.Sub(beforeReq)
-	if opts.Proxy == KubeProxy {
+	if opts.Proxy.Kubemark() {
 		// kubemark's clients cannot be counted in their transports: take the apiserver's
 		// count without the driver's (its heartbeats and /metrics reads).
 		res.ProxyRequests = withoutDriver(res.Server.Requests)
@@ -275,6 +278,12 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	return res, fl.stop()
 }
 
+// newDialer returns a dialer of its own, so that the client built with it gets a
+// transport and connection of its own.
+func newDialer() func(ctx context.Context, network, address string) (net.Conn, error) {
+	return (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+}
+
 // withoutDriver returns the apiserver's request counts without the driver's: its Node
 // heartbeats (PATCH nodes) and its /metrics reads (no resource). What is left are the
 // proxies' requests and the apiserver's own (its lease and the kubernetes Service's
@@ -298,7 +307,14 @@ const (
 	Shardproxy Proxy = "shardproxy"
 	// KubeProxy is kubemark's hollow kube-proxy (--morph=proxy), one process per node.
 	KubeProxy Proxy = "kube-proxy"
+	// KubeProxyNodeWatch is KubeProxy with the one watch a real kube-proxy makes that
+	// kubemark's does not: of its own Node (kube-proxy's NodeManager, which kubemark's
+	// HollowProxy leaves out), made from this process with a client per node.
+	KubeProxyNodeWatch Proxy = "kube-proxy+node"
 )
+
+// Kubemark says whether p runs kubemark's hollow kube-proxy.
+func (p Proxy) Kubemark() bool { return p == KubeProxy || p == KubeProxyNodeWatch }
 
 // running is a started fleet of one proxy.
 type running interface {
@@ -332,6 +348,11 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 			rc.ContentType = config.ContentTypeProtobuf
 			rc.AcceptContentTypes = config.ContentTypeProtobuf + "," + config.ContentTypeJSON
 			rc.UserAgent = "shardproxy-hollow/" + NodeName(i)
+			// A dialer of its own: client-go shares one transport (and its HTTP/2
+			// connection) among configs with the same TLS settings and dialer, which
+			// would carry every node's watches on one connection; a node has its own,
+			// as each kubemark process has.
+			rc.Dial = newDialer()
 			rc.WrapTransport = counter.Wrap
 			var err error
 			if client, err = kubernetes.NewForConfig(rc); err != nil {
@@ -371,12 +392,17 @@ func (f *shardproxyFleet) stop() error {
 	return errors.Join(errs...)
 }
 
-// kubeProxyFleet is kubemark's hollow kube-proxies, one process each.
+// kubeProxyFleet is kubemark's hollow kube-proxies, one process each, and for
+// KubeProxyNodeWatch each node's own-Node watch.
 type kubeProxyFleet struct {
 	*kubemarkFleet
 	env  Env
 	n    int
 	base Counts
+	// nodeWatches are the own-Node watches' factories (KubeProxyNodeWatch), stopped by
+	// cancel.
+	nodeWatches []informers.SharedInformerFactory
+	cancel      context.CancelFunc
 }
 
 func startKubeProxy(ctx context.Context, env Env, opts Options) (*kubeProxyFleet, error) {
@@ -395,11 +421,48 @@ func startKubeProxy(ctx context.Context, env Env, opts Options) (*kubeProxyFleet
 	if err != nil {
 		return nil, err
 	}
-	return &kubeProxyFleet{kubemarkFleet: km, env: env, n: opts.Nodes, base: before.Watches}, nil
+	ctx, cancel := context.WithCancel(ctx)
+	f := &kubeProxyFleet{kubemarkFleet: km, env: env, n: opts.Nodes, base: before.Watches, cancel: cancel}
+	if opts.Proxy != KubeProxyNodeWatch {
+		return f, nil
+	}
+	for _, name := range names {
+		// As kube-proxy's NodeManager: its own Node by name, resynced every
+		// configSyncPeriod (30 s, kubemark's), on a client of its own.
+		rc := rest.CopyConfig(env.NodeConfig())
+		rc.QPS, rc.Burst = opts.QPS, opts.Burst
+		rc.ContentType = config.ContentTypeProtobuf
+		rc.UserAgent = "kube-proxy-node-watch/" + name
+		rc.Dial = newDialer()
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, errors.Join(err, f.stop())
+		}
+		factory := informers.NewSharedInformerFactoryWithOptions(client, 30*time.Second,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+			}))
+		factory.Core().V1().Nodes().Informer()
+		factory.Start(ctx.Done())
+		f.nodeWatches = append(f.nodeWatches, factory)
+	}
+	return f, nil
 }
 
 func (f *kubeProxyFleet) waitReady(ctx context.Context, timeout time.Duration) error {
-	return waitWatching(ctx, f.env, f.kubemarkFleet, f.base, f.n, timeout)
+	resources := []string{"services", "endpointslices"}
+	if len(f.nodeWatches) > 0 {
+		resources = append(resources, "nodes")
+	}
+	return waitWatching(ctx, f.env, f.kubemarkFleet, f.base, f.n, resources, timeout)
+}
+
+func (f *kubeProxyFleet) stop() error {
+	f.cancel()
+	for _, w := range f.nodeWatches {
+		w.Shutdown()
+	}
+	return f.kubemarkFleet.stop()
 }
 
 func (f *kubeProxyFleet) memory() (int64, error) { return f.pss() }
@@ -558,7 +621,7 @@ func Table(results []*Result) string {
 	for _, r := range results {
 		s := r.Steady
 		reserve, p50, p99, pmax := fmt.Sprint(r.ReserveOtherNodeAddresses), "n/a", "n/a", "n/a"
-		if r.Proxy == KubeProxy {
+		if r.Proxy.Kubemark() {
 			reserve = "-"
 		} else {
 			p50, p99, pmax = r.ProgrammingP50.Round(time.Millisecond).String(), r.ProgrammingP99.Round(time.Millisecond).String(),

@@ -106,26 +106,31 @@ func (f *kubemarkFleet) stop() error {
 	return errors.Join(out...)
 }
 
-// waitWatching waits until n more watches of Services and of EndpointSlices than in
-// base are open on the apiserver (apiserver_longrunning_requests): each hollow proxy
-// opens its watches after its lists, so by then it holds every Service. Its proxier
-// discards what it is given, so there is nothing later to wait for.
-func waitWatching(ctx context.Context, env Env, f *kubemarkFleet, base Counts, n int, timeout time.Duration) error {
+// waitWatching waits until n more watches of each of resources than in base are open on
+// the apiserver (apiserver_longrunning_requests): each hollow proxy opens its watches
+// after its lists, so by then it holds every Service. Its proxier discards what it is
+// given, so there is nothing later to wait for.
+func waitWatching(ctx context.Context, env Env, f *kubemarkFleet, base Counts, n int, resources []string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		sc, err := env.APIServerMetrics(ctx)
 		if err != nil {
 			return err
 		}
-		svc, eps := sc.Watches["services"]-base["services"], sc.Watches["endpointslices"]-base["endpointslices"]
-		if svc >= float64(n) && eps >= float64(n) {
+		var short []string
+		for _, r := range resources {
+			if got := sc.Watches[r] - base[r]; got < float64(n) {
+				short = append(short, fmt.Sprintf("%v watches of %s", got, r))
+			}
+		}
+		if len(short) == 0 {
 			return nil
 		}
 		if err := f.exited(); err != nil {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after %v: %v of %d hollow proxies watch Services, %v EndpointSlices", timeout, svc, n, eps)
+			return fmt.Errorf("after %v, of %d hollow proxies: %s", timeout, n, strings.Join(short, ", "))
 		}
 		select {
 		case <-ctx.Done():

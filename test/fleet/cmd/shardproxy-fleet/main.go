@@ -50,7 +50,7 @@ func run() int {
 	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
 	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
 	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy)")
-	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy)")
+	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	_ = klogFlags.Set("v", "0")
@@ -71,10 +71,10 @@ func run() int {
 	}
 	for p := range strings.SplitSeq(*proxies, ",") {
 		switch p := fleet.Proxy(strings.TrimSpace(p)); p {
-		case fleet.Shardproxy, fleet.KubeProxy:
+		case fleet.Shardproxy, fleet.KubeProxy, fleet.KubeProxyNodeWatch:
 			o.proxies = append(o.proxies, p)
 		default:
-			fmt.Fprintf(os.Stderr, "-proxies %q: want shardproxy and/or kube-proxy\n", *proxies)
+			fmt.Fprintf(os.Stderr, "-proxies %q: want shardproxy, kube-proxy, kube-proxy+node\n", *proxies)
 			return 2
 		}
 	}
@@ -110,7 +110,7 @@ func measure(ctx context.Context, o options) error {
 		}
 	}()
 	var kubemark *fleet.KubemarkOptions
-	if slices.Contains(o.proxies, fleet.KubeProxy) {
+	if slices.ContainsFunc(o.proxies, fleet.Proxy.Kubemark) {
 		bin, err := controlplane.KubemarkBinary(ctx, os.Stderr)
 		if err != nil {
 			return err
@@ -150,7 +150,7 @@ func measure(ctx context.Context, o options) error {
 	for _, n := range o.nodes {
 		for _, p := range o.proxies {
 			reserves := strings.Split(o.reserve, ",")
-			if p == fleet.KubeProxy {
+			if p.Kubemark() {
 				reserves = []string{"-"} // kube-proxy has no such setting
 			}
 			for _, r := range reserves {
