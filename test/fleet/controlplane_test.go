@@ -63,33 +63,10 @@ func TestBothProxies(t *testing.T) {
 		if proxy == Shardproxy && (res.ProgrammingMax <= 0 || res.ProgrammingMax > 30*time.Second) {
 			t.Errorf("shardproxy: programming max %v", res.ProgrammingMax)
 		}
-		// Stopped, the fleet's watches are gone: back to the count before it started.
-		if err := waitWatchesClosed(ctx, metrics, before.Watches); err != nil {
+		// Measure returned once the fleet's watches were gone; check it did.
+		if err := WaitWatchesClosed(ctx, metrics, before.Watches, time.Nanosecond); err != nil {
 			t.Errorf("%s: %v", proxy, err)
 		}
 	}
 	t.Log("\n" + Table(results))
-}
-
-// waitWatchesClosed waits until no more Service or Node watches are open than in base.
-func waitWatchesClosed(ctx context.Context, metrics func(context.Context) (APIServerCounters, error), base Counts) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		sc, err := metrics(ctx)
-		if err != nil {
-			return err
-		}
-		if sc.Watches["services"] <= base["services"] && sc.Watches["nodes"] <= base["nodes"] {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("30 s after the fleet stopped, %v Service and %v Node watches open; %v and %v before it",
-				sc.Watches["services"], sc.Watches["nodes"], base["services"], base["nodes"])
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

@@ -191,6 +191,17 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		opts.Proxy = Shardproxy
 	}
 	res := &Result{Proxy: opts.Proxy, Nodes: opts.Nodes, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, Services: services}
+	// The watches open before the fleet starts: after it stops, the next fleet waits for
+	// the apiserver to be back to them, so that one's watches still closing are not
+	// counted as the next one's (kubemark's readiness counts open watches).
+	var before Counts
+	if env.APIServerMetrics != nil {
+		sc, err := env.APIServerMetrics(ctx)
+		if err != nil {
+			return nil, err
+		}
+		before = sc.Watches
+	}
 	counter := NewRequestCounter()
 	start := time.Now()
 	var (
@@ -275,7 +286,44 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	if len(lat) > 0 {
 		res.ProgrammingMax = lat[len(lat)-1]
 	}
-	return res, fl.stop()
+	if err := fl.stop(); err != nil {
+		return nil, err
+	}
+	if env.APIServerMetrics != nil {
+		if err := WaitWatchesClosed(ctx, env.APIServerMetrics, before, 2*time.Minute); err != nil {
+			return nil, fmt.Errorf("after %d %s nodes stopped: %w", opts.Nodes, opts.Proxy, err)
+		}
+	}
+	return res, nil
+}
+
+// WaitWatchesClosed waits until no more watches of Services, EndpointSlices or Nodes are
+// open on the apiserver than in base.
+func WaitWatchesClosed(ctx context.Context, metrics func(context.Context) (APIServerCounters, error), base Counts, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		sc, err := metrics(ctx)
+		if err != nil {
+			return err
+		}
+		var open []string
+		for _, r := range []string{"services", "endpointslices", "nodes"} {
+			if sc.Watches[r] > base[r] {
+				open = append(open, fmt.Sprintf("%v of %s (%v before)", sc.Watches[r], r, base[r]))
+			}
+		}
+		if len(open) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("watches still open after %v: %s", timeout, strings.Join(open, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // newDialer returns a dialer of its own, so that the client built with it gets a
@@ -615,7 +663,7 @@ func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
 // programming figures (kubemark's proxier discards every change).
 func Table(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-10s %-6s %-7s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
+	fmt.Fprintf(&b, "%-15s %-6s %-7s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
 		"proxy", "nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiRSS", "apiPeak", "watchEv/s", "proxyReq/s", "etcdW/s", "mem/node",
 		"prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
 	for _, r := range results {
@@ -627,7 +675,7 @@ func Table(results []*Result) string {
 			p50, p99, pmax = r.ProgrammingP50.Round(time.Millisecond).String(), r.ProgrammingP99.Round(time.Millisecond).String(),
 				r.ProgrammingMax.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "%-10s %-6d %-7s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
+		fmt.Fprintf(&b, "%-15s %-6d %-7s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
 			r.Proxy, r.Nodes, reserve, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
 			fmt.Sprintf("%d MiB", r.APIServerRSS>>20), fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
 			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(), fmt.Sprintf("%.1f MiB", float64(r.ProxyMemory)/float64(max(1, r.Nodes))/(1<<20)),

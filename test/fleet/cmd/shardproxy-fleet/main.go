@@ -160,6 +160,7 @@ func measure(ctx context.Context, o options) error {
 				}, o.services)
 				if err != nil {
 					fmt.Print(fleet.Table(results))
+					fmt.Print(fleet.Fit(results))
 					return fmt.Errorf("%d %s nodes, reserve %s: %w", n, p, r, err)
 				}
 				results = append(results, res)
