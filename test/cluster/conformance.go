@@ -12,17 +12,31 @@ import (
 	"github.com/shardproxy/shardproxy/test/cluster/e2ereport"
 )
 
-// Conformance focuses: the [Conformance] tests of upstream's Services suite plus the two
-// that hold a multi-proxy node to dropping what no proxy serves (a Service labelled for a
-// proxy that does not run here, a deleted Service; issue 11) (what CI runs), and the whole
-// Services suite as far as one node allows (`make conformance`).
+// Conformance focuses and skip. CI runs ServicesConformanceFocus: the [Conformance]
+// tests of upstream's Services suite, the two that hold a multi-proxy node to dropping
+// what no proxy serves (a Service labelled for a proxy that does not run here, a deleted
+// Service; issue 11), and the tests that need two nodes (issue 30: traffic policies,
+// terminating endpoints, source IPs across nodes). `make conformance` runs ServicesFocus:
+// the whole Services suite and the [Feature:IPv6DualStack] tests that reach Services.
 const (
-	ServicesConformanceFocus = `\[sig-network\] Services (.*\[Conformance\]|should implement service\.kubernetes\.io/service-proxy-name|should be able to up and down services)`
-	ServicesFocus            = `\[sig-network\] Services `
-	// ServicesSkip leaves out what one node without a cloud cannot run: load balancers,
-	// several nodes, and disruptive or slow tests.
-	ServicesSkip = `\[Serial\]|\[Disruptive\]|\[Slow\]|\[Flaky\]|LoadBalancer|\[Feature:|multiple nodes|different nodes|ExternalTrafficPolicy|GCE|AWS`
+	ServicesConformanceFocus = `\[sig-network\] Services (.*\[Conformance\]|` +
+		`should implement service\.kubernetes\.io/service-proxy-name|should be able to up and down services|` +
+		// The tests that skip themselves on one node ("requires at least two ready nodes").
+		`should preserve source pod IP|should respect internalTrafficPolicy=Local|` +
+		`should support externalTrafficPolicy=Local for type=NodePort|should fail health check node port|` +
+		`should (not )?be able to connect to terminating and unready endpoints|should fallback to)`
+	ServicesFocus = `\[sig-network\] Services |\[sig-network\] \[Feature:IPv6DualStack\] .*[Ss]ervice`
+	// ServicesSkip leaves out only what no node here can do: the disruptive tests (they
+	// restart kube-proxy's or kube-apiserver's pods, which run as processes here, and
+	// skip themselves without them) and SCTP traffic (the kernel answers
+	// EPROTONOSUPPORT to an SCTP socket). Cloud load balancers are tested in
+	// "[sig-network] LoadBalancers", which the focus does not select; no Services test
+	// needs GCE or AWS.
+	ServicesSkip = `\[Disruptive\]|\[Feature:SCTPConnectivity\]`
 )
+
+// conformancePrefix is what the side-by-side table leaves out of every test's name.
+const conformancePrefix = "[sig-network] "
 
 // RunE2E runs upstream's e2e.test (built from the same k8s.io/kubernetes module,
 // hack/build-apiserver.sh --conformance) inside the first node's namespace against the

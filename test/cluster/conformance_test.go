@@ -24,7 +24,7 @@ func TestConformancePlan(t *testing.T) {
 		{name: "CI runs shardproxy alone against the record", want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute}, timeout: 24 * time.Minute},
 		{name: "CI's focus with the baseline", baseline: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute, baseline: true}, timeout: 38 * time.Minute},
 		{name: "recording runs the baseline", record: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute, baseline: true, record: true}, timeout: 38 * time.Minute},
-		{name: "make conformance always runs the baseline", mode: "full", want: conformancePlan{name: "full", focus: ServicesFocus, suiteTimeout: 30 * time.Minute, baseline: true}, timeout: 70 * time.Minute},
+		{name: "make conformance always runs the baseline", mode: "full", want: conformancePlan{name: "full", focus: ServicesFocus, suiteTimeout: 45 * time.Minute, baseline: true}, timeout: 100 * time.Minute},
 		{name: "a focus of one's own has no record", mode: "hairpin", want: conformancePlan{focus: "hairpin", suiteTimeout: 14 * time.Minute}, timeout: 24 * time.Minute},
 		{name: "a focus of one's own cannot be recorded", mode: "hairpin", record: true, wantErr: "has no record to write"},
 	} {

@@ -45,6 +45,19 @@ const (
 var ciMustRun = []string{
 	"should implement service.kubernetes.io/service-proxy-name",
 	"should be able to up and down services",
+	// The tests that need two nodes.
+	"should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
+	"should be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is true",
+	"should not be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is false",
+	"should respect internalTrafficPolicy=Local Pod to Pod",
+	"should respect internalTrafficPolicy=Local Pod (hostNetwork: true) to Pod",
+	"should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
+	"should support externalTrafficPolicy=Local for type=NodePort",
+	"should fail health check node port if there are only terminating endpoints",
+	"should fallback to terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Cluster",
+	"should fallback to local terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Local",
+	"should fallback to terminating endpoints when there are no ready endpoints with externallTrafficPolicy=Cluster",
+	"should fallback to local terminating endpoints when there are no ready endpoints with externalTrafficPolicy=Local",
 }
 
 // conformancePlan is what TestConformance runs.
@@ -62,12 +75,13 @@ type conformancePlan struct {
 // not "off").
 func planConformance(mode string, baseline, record bool) (conformancePlan, error) {
 	// The full focus has two session-affinity timeout tests that each wait out a 125 s
-	// affinity timeout, maybe several times: 14 minutes timed the second out.
+	// affinity timeout, maybe several times: 14 minutes timed the second out. With the
+	// multi-node and dual-stack tests it selects 67 tests.
 	p := conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute, baseline: baseline || record, record: record}
 	switch mode {
 	case "":
 	case "full":
-		p.name, p.focus, p.suiteTimeout, p.baseline = "full", ServicesFocus, 30*time.Minute, true
+		p.name, p.focus, p.suiteTimeout, p.baseline = "full", ServicesFocus, 45*time.Minute, true
 	default:
 		p.name, p.focus = "", mode
 	}
@@ -80,7 +94,7 @@ func planConformance(mode string, baseline, record bool) (conformancePlan, error
 // timeout is TestConformance's context: each run's suite timeout, plus 10 minutes for
 // the overlay, the switch to kube-proxy and e2e.test's own setup and cleanup. The
 // package's `go test -timeout` must be longer: CI's 24 minutes, 38 with the baseline,
-// `make conformance`'s 70.
+// `make conformance`'s 100.
 func (p conformancePlan) timeout() time.Duration {
 	runs := time.Duration(1)
 	if p.baseline {
@@ -169,7 +183,7 @@ func TestConformance(t *testing.T) {
 		refName, ref = "kube-proxy", run.Report.Results
 	}
 	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (%s):\n", sel.Version, plan.focus, ServicesSkip, times)
-	for _, line := range strings.Split(strings.TrimSpace(e2ereport.CompareTable("[sig-network] Services ", "shardproxy", withShardproxy.Report.Results, refName, ref)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(e2ereport.CompareTable(conformancePrefix, "shardproxy", withShardproxy.Report.Results, refName, ref)), "\n") {
 		fmt.Printf("cluster:   %s\n", line)
 	}
 
