@@ -66,7 +66,12 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(config, []byte(content), 0o644); err != nil {
 		return err
 	}
-	ch, err := n.StartChild("containerd", "containerd", "--config", config)
+	// containerd runs in a UTS namespace of its own named for the node, as a node is a
+	// host of its own: its containers, hostNetwork pods among them, inherit it, and
+	// upstream's tests expect a hostNetwork pod to answer with its node's name ("should
+	// function for service endpoints using hostNetwork"), not the machine's.
+	ch, err := n.StartChild("containerd", "unshare", "--uts", "sh", "-c", `hostname "$0" && exec "$@"`, n.Name,
+		"containerd", "--config", config)
 	if err != nil {
 		return err
 	}
