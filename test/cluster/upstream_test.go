@@ -45,27 +45,14 @@ const (
 var ciMustRun = []string{
 	"should implement service.kubernetes.io/service-proxy-name",
 	"should be able to up and down services",
-	// The tests that need two nodes.
-	"should preserve source pod IP for traffic thru service cluster IP [LinuxOnly]",
-	"should be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is true",
-	"should not be able to connect to terminating and unready endpoints if PublishNotReadyAddresses is false",
-	"should respect internalTrafficPolicy=Local Pod to Pod",
-	"should respect internalTrafficPolicy=Local Pod (hostNetwork: true) to Pod",
-	"should respect internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork: true)",
-	"should support externalTrafficPolicy=Local for type=NodePort",
-	"should fail health check node port if there are only terminating endpoints",
-	"should fallback to terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Cluster",
-	"should fallback to local terminating endpoints when there are no ready endpoints with internalTrafficPolicy=Local",
-	"should fallback to terminating endpoints when there are no ready endpoints with externallTrafficPolicy=Cluster",
-	"should fallback to local terminating endpoints when there are no ready endpoints with externalTrafficPolicy=Local",
 }
 
 // conformancePlan is what TestConformance runs.
 type conformancePlan struct {
 	// name is the focus's name in its record's file name; empty for a focus of one's
 	// own, which has no record.
-	name  string
-	focus string
+	name        string
+	focus, skip string
 	// suiteTimeout is each e2e.test run's --ginkgo.timeout.
 	suiteTimeout     time.Duration
 	baseline, record bool
@@ -77,13 +64,13 @@ func planConformance(mode string, baseline, record bool) (conformancePlan, error
 	// The full focus has two session-affinity timeout tests that each wait out a 125 s
 	// affinity timeout, maybe several times: 14 minutes timed the second out. With the
 	// multi-node and dual-stack tests it selects 67 tests.
-	p := conformancePlan{name: "ci", focus: ServicesConformanceFocus, suiteTimeout: 14 * time.Minute, baseline: baseline || record, record: record}
+	p := conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesConformanceSkip, suiteTimeout: 14 * time.Minute, baseline: baseline || record, record: record}
 	switch mode {
 	case "":
 	case "full":
-		p.name, p.focus, p.suiteTimeout, p.baseline = "full", ServicesFocus, 45*time.Minute, true
+		p.name, p.focus, p.skip, p.suiteTimeout, p.baseline = "full", ServicesFocus, ServicesSkip, 45*time.Minute, true
 	default:
-		p.name, p.focus = "", mode
+		p.name, p.focus, p.skip = "", mode, ServicesSkip
 	}
 	if p.record && p.name == "" {
 		return p, fmt.Errorf("$%s: a focus of one's own (%q) has no record to write", recordEnv, mode)
@@ -126,7 +113,7 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sel := e2ereport.Selection{Version: controlplane.KubernetesVersion, Focus: plan.focus, Skip: ServicesSkip}
+	sel := e2ereport.Selection{Version: controlplane.KubernetesVersion, Focus: plan.focus, Skip: plan.skip}
 	// The record is read before the minutes of running: without it (or kube-proxy's
 	// run) nothing would check which tests the run selected.
 	var record *e2ereport.Record
@@ -158,7 +145,7 @@ func TestConformance(t *testing.T) {
 		APIServer: true, Config: conformanceConfig(t, c)})
 	fmt.Printf("cluster: replace-kube-proxy overlay (its example external IP range enabled) Ready in %v\n", took.Round(time.Millisecond))
 	start := time.Now()
-	withShardproxy, err := c.RunE2E(ctx, e2eTest, "shardproxy", plan.focus, ServicesSkip, plan.suiteTimeout)
+	withShardproxy, err := c.RunE2E(ctx, e2eTest, "shardproxy", plan.focus, plan.skip, plan.suiteTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +160,7 @@ func TestConformance(t *testing.T) {
 	if plan.baseline {
 		c.replaceWithKubeProxy(ctx, t)
 		start = time.Now()
-		run, err := c.RunE2E(ctx, e2eTest, "kube-proxy", plan.focus, ServicesSkip, plan.suiteTimeout)
+		run, err := c.RunE2E(ctx, e2eTest, "kube-proxy", plan.focus, plan.skip, plan.suiteTimeout)
 		if err != nil {
 			t.Fatalf("harness fault: kube-proxy's baseline run: %v", err)
 		}
@@ -182,7 +169,7 @@ func TestConformance(t *testing.T) {
 		t.Logf("kube-proxy: %s (e2e.test exit: %v)", e2ereport.Totals(run.Report.Results), exitText(run.Exit))
 		refName, ref = "kube-proxy", run.Report.Results
 	}
-	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (%s):\n", sel.Version, plan.focus, ServicesSkip, times)
+	fmt.Printf("cluster: upstream e2e.test %s, focus %q, skip %q (%s):\n", sel.Version, plan.focus, plan.skip, times)
 	for _, line := range strings.Split(strings.TrimSpace(e2ereport.CompareTable(conformancePrefix, "shardproxy", withShardproxy.Report.Results, refName, ref)), "\n") {
 		fmt.Printf("cluster:   %s\n", line)
 	}
