@@ -59,8 +59,8 @@ cluster: deps
 	$(GO) test -count=1 -timeout 40m -v ./test/cluster
 
 # conformance runs every selected [sig-network] Services test of upstream's e2e.test
-# v1.36.3 (built from the same module) on the cluster layer's nodes, once with shardproxy as
-# the nodes' only proxy and once with upstream kube-proxy in nftables mode, and prints both
+# v1.36.3 (built from the same module) and its [Feature:IPv6DualStack] Service tests on
+# the cluster layer's nodes, once with shardproxy as the nodes' only proxy and once with upstream kube-proxy in nftables mode, and prints both
 # side by side (TestConformance). Every selected test must pass with shardproxy or skip
 # itself with a reason; the two runs must select the same tests; a test kube-proxy does not
 # pass is a harness fault. The cluster layer runs CI's subset with shardproxy alone,
