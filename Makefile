@@ -60,17 +60,17 @@ cluster: deps
 
 # conformance runs every selected [sig-network] Services test of upstream's e2e.test
 # v1.36.3 (built from the same module) and its [Feature:IPv6DualStack] Service tests on
-# the cluster layer's nodes, once with shardproxy as the nodes' only proxy and once with upstream kube-proxy in nftables mode, and prints both
-# side by side (TestConformance). Every selected test must pass with shardproxy or skip
-# itself with a reason; the two runs must select the same tests; a test kube-proxy does not
-# pass is a harness fault. The cluster layer runs CI's subset with shardproxy alone,
-# against the record of kube-proxy's run in test/cluster/testdata;
-# SHARDPROXY_CONFORMANCE_RECORD=1 make conformance writes this focus's record
-# (conformance-<version>-full.txt). It runs three nodes (CLUSTER_NODES, default 3 here):
-# "should implement NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy
-# changes" needs a third node and skips itself on two. TestConformance's own deadline
-# here is 100 minutes (two 45-minute suites, 10 of setup), after up to 15 for the
-# cluster's start.
+# the cluster layer's nodes, once with shardproxy as the nodes' only proxy and once with
+# upstream kube-proxy in nftables mode, and prints both side by side (TestConformance).
+# Every selected test must pass with shardproxy or skip itself with a reason; the two
+# runs must select the same tests; a test kube-proxy does not pass is a harness fault.
+# The cluster layer runs CI's subset with shardproxy alone, against the record of
+# kube-proxy's run in test/cluster/testdata; SHARDPROXY_CONFORMANCE_RECORD=1 make
+# conformance writes this focus's record (conformance-<version>-full.txt). It runs three
+# nodes (CLUSTER_NODES, default 3 here): "should implement NodePort and
+# HealthCheckNodePort correctly when ExternalTrafficPolicy changes" needs a third node
+# and skips itself on two. TestConformance's own deadline here is 100 minutes (two
+# 45-minute suites, 10 of setup), after up to 15 for the cluster's start.
 conformance: deps
 	hack/build-apiserver.sh --conformance
 	CLUSTER_NODES=$${CLUSTER_NODES:-3} SHARDPROXY_CONFORMANCE=full $(GO) test -count=1 -timeout 120m -v -run '^TestConformance$$' ./test/cluster
