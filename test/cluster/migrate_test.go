@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 )
 
@@ -23,32 +24,95 @@ import (
 const proxyNameLabel = "service.kubernetes.io/service-proxy-name"
 
 // TestMigrateBesideKubeProxyDaemonSet runs upstream kube-proxy v1.36.3 (iptables mode) as
-// a DaemonSet of its own, from an image built offline, with the alongside overlay beside
-// it, and moves an unlabeled Service from kube-proxy to shardproxy's instance with
-// `shardproxy migrate move`, then back with `migrate rollback`, under client loops from
-// the node, the outside and a pod: no request may fail, and after each step only the
-// proxy that owns the Service has rules for it.
+// a DaemonSet of its own on every node, from an image built offline, with the alongside
+// overlay beside it on every node, and takes an unlabeled Service with endpoints on every
+// node through the per-Service path of docs/migration.md across the fleet, under client
+// loops from every node, the outside and pods on every node, none of which may fail:
+// first with the last node's shardproxy stopped (its pod removed by the node selector),
+// `shardproxy migrate move` must fail, naming that node, and leave the Service where it
+// was; then, with it back, the move must wait for every node's confirmation (its output
+// names them) and `migrate rollback` hand the Service back to kube-proxy on every node.
+// After each step only the proxy that owns the Service has rules for it, on every node.
 func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 	c := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	c.removeShardproxy(ctx, t)
 	cli := c.shardproxyCLI(ctx, t)
-	c.startKubeProxyDaemonSet(ctx, t)
+	c.startKubeProxyDaemonSet(ctx, t, nil)
 	t.Cleanup(func() { c.removeShardproxy(context.Background(), t) })
-	applyOverlay(ctx, t, c, Overlay{Dir: c.OverlayDir(AlongsideOverlay), Image: "localhost/shardproxy:" + shardproxyTag})
+	// shardproxy runs on the nodes labelled for it (every node, to begin with), so that
+	// one node's can be stopped alone, without a rolling update of the others.
+	for _, n := range c.Nodes {
+		c.labelNode(ctx, t, n, serviceProxyLabel, "shardproxy")
+	}
+	t.Cleanup(func() {
+		for _, n := range c.Nodes {
+			c.labelNode(context.Background(), t, n, serviceProxyLabel, "")
+		}
+	})
+	applyOverlay(ctx, t, c, Overlay{
+		Dir: c.OverlayDir(AlongsideOverlay), Image: "localhost/shardproxy:" + shardproxyTag,
+		NodeSelector: map[string]string{serviceProxyLabel: "shardproxy"},
+	})
 	// The alongside overlay's "migration" instance serves proxy name shardproxy in
 	// namespace default.
-	web, err := c.DeployWeb(ctx, "default", agnhostImage, "", 2)
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
 		_ = c.Client.AppsV1().Deployments("default").Delete(context.Background(), "web", metav1.DeleteOptions{})
 		_ = c.Client.CoreV1().Services("default").Delete(context.Background(), "web", metav1.DeleteOptions{})
 	})
-	if _, err := c.WaitServedByAll(ctx, c.Node(1).NS, "http://"+web.ClusterIP+"/hostname", 2); err != nil {
-		t.Fatal(err)
+	web := c.spreadWeb(ctx, t, "default", "", 2)
+	migrate := func(args ...string) (string, error) {
+		full := append([]string{"--net=/run/netns/" + c.Node(1).NS, cli, "migrate"}, args[0], "--kubeconfig", c.Kubeconfig)
+		full = append(append(full, args[1:]...), "default/web")
+		out, err := exec.CommandContext(ctx, "nsenter", full...).CombinedOutput()
+		t.Logf("shardproxy migrate %s:\n%s", strings.Join(args, " "), out)
+		return string(out), err
+	}
+	var nodeNames []string
+	for _, n := range c.Nodes {
+		nodeNames = append(nodeNames, n.Name)
+	}
+	// "on 2 node(s) (node-1, node-2)": the move and the rollback waited for every node.
+	everyNode := fmt.Sprintf("on %d node(s) (%s)", len(c.Nodes), strings.Join(nodeNames, ", "))
+
+	if len(c.Nodes) >= 2 {
+		stopped := c.Nodes[len(c.Nodes)-1]
+		c.labelNode(ctx, t, stopped, serviceProxyLabel, "")
+		err := poll(ctx, 2*time.Minute, "shardproxy's pod gone from "+stopped.Name, func() (bool, error) {
+			pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=shardproxy", FieldSelector: "spec.nodeName=" + stopped.Name})
+			return err == nil && len(pods.Items) == 0, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took, counters := c.fleetLoops(ctx, t, web, func() {
+			out, err := migrate("move", "--to", "shardproxy", "--timeout", "10s")
+			if err == nil {
+				t.Errorf("migrate move succeeded with %s's shardproxy stopped", stopped.Name)
+			}
+			if !strings.Contains(out, stopped.Name+": ") {
+				t.Errorf("migrate move with %s's shardproxy stopped does not name it:\n%s", stopped.Name, out)
+			}
+		})
+		svc, err := c.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{proxyNameLabel, selector.LabelShadow} {
+			if v, ok := svc.Labels[key]; ok {
+				t.Errorf("after the blocked move the Service has label %s=%q, want none", key, v)
+			}
+		}
+		if v, ok := svc.Annotations[selector.AnnotationShadow]; ok {
+			t.Errorf("after the blocked move the Service has annotation %s=%q, want none", selector.AnnotationShadow, v)
+		}
+		c.waitOwner(ctx, t, web.ClusterIP, "kube-proxy")
+		reportLoops(t, fmt.Sprintf("migrate move with %s's shardproxy stopped (blocked, %v)", stopped.Name, took.Round(time.Millisecond)), counters)
+		c.labelNode(ctx, t, stopped, serviceProxyLabel, "shardproxy")
+		if err := c.waitShardproxyReadyOn(ctx, stopped, 2*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	for _, step := range []struct {
@@ -59,14 +123,14 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 		{[]string{"move", "--to", "shardproxy"}, "shardproxy", "shardproxy"},
 		{[]string{"rollback", "--from", "shardproxy", "--legacy-timeout", "2m"}, "", "kube-proxy"},
 	} {
-		took, counters := c.underLoops(ctx, t, web, func() {
-			args := append([]string{"--net=/run/netns/" + c.Node(1).NS, cli, "migrate"}, step.args[0], "--kubeconfig", c.Kubeconfig)
-			args = append(append(args, step.args[1:]...), "default/web")
-			out, err := exec.CommandContext(ctx, "nsenter", args...).CombinedOutput()
+		took, counters := c.fleetLoops(ctx, t, web, func() {
+			out, err := migrate(step.args...)
 			if err != nil {
 				t.Fatalf("shardproxy migrate %s: %v\n%s", strings.Join(step.args, " "), err, out)
 			}
-			t.Logf("shardproxy migrate %s:\n%s", strings.Join(step.args, " "), out)
+			if !strings.Contains(out, everyNode) {
+				t.Errorf("shardproxy migrate %s did not wait for every node (%q):\n%s", step.args[0], everyNode, out)
+			}
 		})
 		svc, err := c.Client.CoreV1().Services("default").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
@@ -76,58 +140,10 @@ func TestMigrateBesideKubeProxyDaemonSet(t *testing.T) {
 			t.Errorf("after migrate %s the Service's proxy name is %q, want %q", step.args[0], got, step.label)
 		}
 		c.waitOwner(ctx, t, web.ClusterIP, step.owner)
-		failed := false
-		for name, n := range counters {
-			failed = failed || n.Failed.Load() > 0
-			fmt.Printf("cluster: migrate %-8s beside a kube-proxy DaemonSet (%v): %-22s %s\n", step.args[0], took.Round(time.Millisecond), name, n)
-			if n.Failed.Load() > 0 || n.OK.Load() == 0 {
-				t.Errorf("migrate %s: %s: %s; want every request answered", step.args[0], name, n)
-			}
-		}
-		if failed {
+		if _, failed := reportLoops(t, fmt.Sprintf("migrate %s beside a kube-proxy DaemonSet, %d nodes (%v)", step.args[0], len(c.Nodes), took.Round(time.Millisecond)), counters); failed > 0 {
 			c.dumpProxies(ctx, t, web)
 		}
 	}
-}
-
-// underLoops runs step under client loops to web from node-1 (ClusterIP), the outside
-// (node-1's NodePort) and a pod (DNS name), which go on until the step is done, and
-// returns how long the step took and each loop's counter.
-func (c *Cluster) underLoops(ctx context.Context, t *testing.T, web *Web, step func()) (time.Duration, map[string]*Counter) {
-	t.Helper()
-	loopCtx, stop := context.WithCancel(ctx)
-	n1 := c.Node(1)
-	node, waitNode := c.Loop(loopCtx, n1.NS, "http://"+web.ClusterIP+"/hostname", 20*time.Millisecond)
-	outside, waitOutside := c.Loop(loopCtx, c.ExtNS, fmt.Sprintf("http://%s:%d/hostname", n1.IP, web.NodePort), 20*time.Millisecond)
-	podDone := make(chan *Counter, 1)
-	stepDone := make(chan struct{})
-	go func() {
-		// Pod loops of 100 requests one after the other until the step is done.
-		total := &Counter{}
-		defer func() { podDone <- total }()
-		for {
-			n, err := c.PodLoop(loopCtx, web.Namespace, agnhostImage, "http://web."+web.Namespace+".svc.cluster.local/hostname", 100, 50*time.Millisecond)
-			if err != nil {
-				total.record("", err)
-				return
-			}
-			total.add(n)
-			select {
-			case <-stepDone:
-				return
-			default:
-			}
-		}
-	}()
-	start := time.Now()
-	step()
-	took := time.Since(start)
-	close(stepDone)
-	pod := <-podDone
-	stop()
-	waitNode()
-	waitOutside()
-	return took, map[string]*Counter{"node -> ClusterIP": node, "outside -> NodePort": outside, "pod -> DNS name": pod}
 }
 
 // waitOwner waits until on every node only owner ("shardproxy" or "kube-proxy") has
@@ -168,9 +184,10 @@ func (c *Cluster) shardproxyCLI(ctx context.Context, t *testing.T) string {
 
 // startKubeProxyDaemonSet runs upstream kube-proxy in iptables mode as a DaemonSet (its
 // image built offline, its ServiceAccount bound to system:node-proxier, the apiserver by
-// address as kubeadm's kubeconfig has it) and waits for it; at the end of the test it is
-// deleted and its rules cleaned up (kube-proxy --cleanup).
-func (c *Cluster) startKubeProxyDaemonSet(ctx context.Context, t *testing.T) {
+// address as kubeadm's kubeconfig has it) on the nodes nodeSelector selects (nil: every
+// node) and waits for it; at the end of the test it is deleted and its rules cleaned up
+// on every node (kube-proxy --cleanup).
+func (c *Cluster) startKubeProxyDaemonSet(ctx context.Context, t *testing.T, nodeSelector map[string]string) {
 	t.Helper()
 	images, err := BuildImages(ctx, c.opts.RepoRoot, nil, "kube-proxy")
 	if err != nil {
@@ -192,7 +209,9 @@ func (c *Cluster) startKubeProxyDaemonSet(ctx context.Context, t *testing.T) {
 	if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if _, err := c.Client.AppsV1().DaemonSets("kube-system").Create(ctx, kubeProxyDaemonSet(image), metav1.CreateOptions{}); err != nil {
+	ds := kubeProxyDaemonSet(image)
+	ds.Spec.Template.Spec.NodeSelector = nodeSelector
+	if _, err := c.Client.AppsV1().DaemonSets("kube-system").Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.removeKubeProxyDaemonSet(t) })
@@ -208,8 +227,8 @@ func (c *Cluster) removeKubeProxyDaemonSet(t *testing.T) {
 	_ = c.Client.RbacV1().ClusterRoleBindings().Delete(ctx, "test-kube-proxy", metav1.DeleteOptions{})
 	_ = c.Client.CoreV1().ServiceAccounts("kube-system").Delete(ctx, "kube-proxy", metav1.DeleteOptions{})
 	err := poll(ctx, time.Minute, "kube-proxy's pod gone", func() (bool, error) {
-		pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
-		return err == nil && len(pods.Items) == 0, nil
+		pods, err := c.kubeProxyPods(ctx, nil)
+		return err == nil && len(pods) == 0, nil
 	})
 	if err != nil {
 		t.Error(err)
@@ -224,6 +243,27 @@ func (c *Cluster) removeKubeProxyDaemonSet(t *testing.T) {
 			t.Errorf("%s: kube-proxy --cleanup: %v: %s", n.Name, err, out)
 		}
 	}
+}
+
+// kubeProxyPods lists the pods of startKubeProxyDaemonSet's DaemonSet, on node n (nil:
+// anywhere). The label k8s-app=kube-proxy alone is not enough: the replace overlay gives
+// shardproxy's pods that label too (deploy/overlays/replace-kube-proxy).
+func (c *Cluster) kubeProxyPods(ctx context.Context, n *Node) ([]corev1.Pod, error) {
+	opts := metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"}
+	if n != nil {
+		opts.FieldSelector = "spec.nodeName=" + n.Name
+	}
+	pods, err := c.Client.CoreV1().Pods("kube-system").List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if ref := metav1.GetControllerOf(&p); ref != nil && ref.Kind == "DaemonSet" && ref.Name == "kube-proxy" {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // kubeProxyDaemonSet is kubeadm's kube-proxy DaemonSet in short: host network,

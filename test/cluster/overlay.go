@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,6 +29,10 @@ type Overlay struct {
 	APIServer bool
 	// Config, when set, replaces the supervisor configuration (configMapGenerator).
 	Config string
+	// NodeSelector, when set, is added to the DaemonSet's node selector (a patch merged
+	// with the overlay's kubernetes.io/os): an operator staging shardproxy node by node
+	// runs it on the nodes they labelled.
+	NodeSelector map[string]string
 }
 
 // apiServerPatch sets apiserver-endpoint.yaml's two variables, merged by name.
@@ -46,6 +51,18 @@ spec:
           value: "%s"
         - name: KUBERNETES_SERVICE_PORT
           value: "%d"
+`
+
+// nodeSelectorPatch adds to the DaemonSet's node selector (a JSON object, which is YAML).
+const nodeSelectorPatch = `apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: shardproxy
+  namespace: kube-system
+spec:
+  template:
+    spec:
+      nodeSelector: %s
 `
 
 // RenderOverlay renders o with kustomize and returns the YAML to apply.
@@ -71,9 +88,21 @@ func RenderOverlay(o Overlay) ([]byte, error) {
 	repo, tag, _ := strings.Cut(o.Image, ":")
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\nimages:\n- name: %s\n  newName: %s\n  newTag: %q\n", rel, name, repo, tag)
 	files := map[string]string{}
+	var patches []string
 	if o.APIServer {
-		k += "patches:\n- path: apiserver.yaml\n"
+		patches = append(patches, "apiserver.yaml")
 		files["apiserver.yaml"] = fmt.Sprintf(apiServerPatch, APIServerIP, APIPort)
+	}
+	if len(o.NodeSelector) > 0 {
+		sel, err := json.Marshal(o.NodeSelector)
+		if err != nil {
+			return nil, err
+		}
+		patches = append(patches, "nodeselector.yaml")
+		files["nodeselector.yaml"] = fmt.Sprintf(nodeSelectorPatch, sel)
+	}
+	if len(patches) > 0 {
+		k += "patches:\n- path: " + strings.Join(patches, "\n- path: ") + "\n"
 	}
 	if o.Config != "" {
 		k += "configMapGenerator:\n- name: shardproxy-config\n  namespace: kube-system\n  behavior: replace\n  files:\n  - config.yaml\n"
