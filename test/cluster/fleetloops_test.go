@@ -9,13 +9,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// spreadWeb deploys replicas agnhost pods spread over every node (crossNodeWeb) behind a
+// spreadWeb creates namespace ns if needed and deploys replicas agnhost pods spread over every node (crossNodeWeb) behind a
 // NodePort Service named web in ns, labelled for proxyName when not empty, waits until
 // from every node the cluster IP is answered by every pod, and returns it.
 func (c *Cluster) spreadWeb(ctx context.Context, t *testing.T, ns, proxyName string, replicas int32) *Web {
 	t.Helper()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	svc := c.crossNodeWeb(ctx, t, ns, "web", nil, replicas, func(s *corev1.Service) {
 		s.Spec.Type = corev1.ServiceTypeNodePort
 		if proxyName != "" {
