@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -10,12 +9,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 )
-
-// serviceProxyLabel is the Node label an operator staging a migration node by node
-// gives each node, for the DaemonSets' node selectors: which proxy runs there.
-const serviceProxyLabel = "example.com/service-proxy"
 
 // TestNodeByNodeMigration stages the switch from upstream kube-proxy to shardproxy the
 // other way operators do it, a node at a time (issue 30, item 5): node-1 runs kube-proxy
@@ -142,52 +136,4 @@ func TestNodeByNodeMigration(t *testing.T) {
 			t.Errorf("after cleanup --legacy iptables %s still has kube-proxy's chain %s", n1.Name, line)
 		}
 	}
-}
-
-// labelNode sets label key to value on n's Node, or removes it when value is empty.
-func (c *Cluster) labelNode(ctx context.Context, t *testing.T, n *Node, key, value string) {
-	t.Helper()
-	var v any
-	if value != "" {
-		v = value
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{key: v}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Errorf("labelling %s %s=%q: %v", n.Name, key, value, err)
-	}
-}
-
-// waitNodeProxy waits until on node n only owner ("shardproxy": the replace overlay's
-// default instance, or "kube-proxy": its iptables rules) has rules for ip.
-func (c *Cluster) waitNodeProxy(ctx context.Context, t *testing.T, n *Node, ip, owner string) {
-	t.Helper()
-	var kubeProxy, shardproxy bool
-	err := poll(ctx, time.Minute, ip+" served by "+owner+" only on "+n.Name, func() (bool, error) {
-		kp, err := n.Run(ctx, "iptables-save", "-t", "nat")
-		if err != nil {
-			return false, err
-		}
-		// No table (shardproxy not there yet, or gone) is no rule.
-		sp, _ := n.Run(ctx, "nft", "list", "table", "ip", "shardproxy-default")
-		kubeProxy, shardproxy = containsWord(kp, ip), containsWord(sp, ip)
-		return kubeProxy == (owner == "kube-proxy") && shardproxy == (owner == "shardproxy"), nil
-	})
-	if err != nil {
-		t.Errorf("%v: kube-proxy has rules for it: %v, shardproxy: %v", err, kubeProxy, shardproxy)
-	}
-}
-
-// waitShardproxyReadyOn waits until shardproxy's DaemonSet has a Ready pod on node n
-// (the DaemonSet's status may not count a node just labelled for it yet).
-func (c *Cluster) waitShardproxyReadyOn(ctx context.Context, n *Node, timeout time.Duration) error {
-	return poll(ctx, timeout, "shardproxy's pod Ready on "+n.Name, func() (bool, error) {
-		if err := c.childrenRunning(); err != nil {
-			return false, err
-		}
-		pod, err := podOn(ctx, c, n, "kube-system", "app.kubernetes.io/name=shardproxy")
-		return err == nil && podReady(pod), nil
-	})
 }
