@@ -197,6 +197,10 @@ type Publisher struct {
 	// HeartbeatInterval, so that readers see the node live; nil: always. A changed status
 	// is written whatever it says.
 	Heartbeat func(NodeStatus) bool
+
+	// written is the ConfigMap as the last successful write returned it (Run's goroutine
+	// only).
+	written *corev1.ConfigMap
 }
 
 // PublishBackoff spaces a node's retries of a failed status write: from first, doubling,
@@ -258,31 +262,49 @@ func (p *Publisher) newBackoff() wait.Backoff {
 	return PublishBackoff(p.Interval)
 }
 
+// write stores st in this node's ConfigMap. It updates the object its last write
+// returned (one request, the usual case); only when that is unknown, or the API server
+// says it is out of date (Conflict) or gone, does it read the ConfigMap first, as an
+// update needs its resourceVersion.
 func (p *Publisher) write(ctx context.Context, st NodeStatus) error {
 	data, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
 	cms := p.Client.CoreV1().ConfigMaps(p.Namespace)
+	if p.written != nil {
+		cm, err := cms.Update(ctx, withStatus(p.written.DeepCopy(), data), metav1.UpdateOptions{})
+		if err == nil {
+			p.written = cm
+			return nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return err
+		}
+		p.written = nil
+	}
 	cm, err := cms.Get(ctx, ConfigMapName(p.Node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = cms.Create(ctx, &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(p.Node), Namespace: p.Namespace,
-				Labels: map[string]string{LabelComponent: ComponentNodeStatus}},
-			Data: map[string]string{StatusKey: string(data)},
-		}, metav1.CreateOptions{})
-		return err
+		cm, err = cms.Create(ctx, withStatus(&corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName(p.Node), Namespace: p.Namespace}}, data), metav1.CreateOptions{})
+	} else if err == nil {
+		cm, err = cms.Update(ctx, withStatus(cm, data), metav1.UpdateOptions{})
 	}
 	if err != nil {
 		return err
 	}
+	p.written = cm
+	return nil
+}
+
+// withStatus sets a status ConfigMap's content and label.
+func withStatus(cm *corev1.ConfigMap, data []byte) *corev1.ConfigMap {
 	cm.Data = map[string]string{StatusKey: string(data)}
 	if cm.Labels == nil {
 		cm.Labels = map[string]string{}
 	}
 	cm.Labels[LabelComponent] = ComponentNodeStatus
-	_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-	return err
+	return cm
 }
 
 // ReadStatuses lists every node status in namespace.
