@@ -191,9 +191,9 @@ func (f *fakeTables) list(_ context.Context, fam tables.Family) ([]tables.Listed
 	}
 	var out []tables.ListedTable
 	for key, n := range f.names {
-		family, name, _ := strings.Cut(key, " ")
-		if family == string(tables.KnftFamily(fam)) && n.present() {
-			out = append(out, tables.ListedTable{Name: name})
+		family, _, _ := strings.Cut(key, " ")
+		if t, ok := n.listed(); ok && family == string(tables.KnftFamily(fam)) {
+			out = append(out, t)
 		}
 	}
 	return out, nil

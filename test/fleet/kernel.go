@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/shardproxy/shardproxy/tables"
 )
 
 // namesOnly is a hollow node's nftables: it keeps which table, chains, sets and maps
@@ -25,9 +27,11 @@ type namesOnly struct {
 	table  string
 	mu     sync.Mutex
 	exists bool
-	chains map[string]bool
-	sets   map[string]bool // sets and maps: nft lists both as "sets" and "maps"
-	runs   int
+	// comment is the table's comment: the supervisor tells its own tables by it.
+	comment string
+	chains  map[string]bool
+	sets    map[string]bool // sets and maps: nft lists both as "sets" and "maps"
+	runs    int
 }
 
 var _ knftables.Interface = &namesOnly{}
@@ -58,9 +62,12 @@ func (n *namesOnly) Run(_ context.Context, tx *knftables.Transaction) error {
 		case "table":
 			if add {
 				n.exists = true
+				if _, c, ok := strings.Cut(line, `comment "`); ok {
+					n.comment, _, _ = strings.Cut(c, `"`)
+				}
 			}
 			if del {
-				n.exists = false
+				n.exists, n.comment = false, ""
 				clear(n.chains)
 				clear(n.sets)
 			}
@@ -110,9 +117,9 @@ func (n *namesOnly) List(_ context.Context, objectType string) ([]string, error)
 	return out, nil
 }
 
-// present says whether the table exists.
-func (n *namesOnly) present() bool {
+// listed is the table as nft's listing shows it, and whether it exists.
+func (n *namesOnly) listed() (tables.ListedTable, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.exists
+	return tables.ListedTable{Name: n.table, Comment: n.comment}, n.exists
 }

@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"testing"
 
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/tables"
@@ -56,6 +57,21 @@ func TestNamesOnly(t *testing.T) {
 	}
 	if listed, _ := ft.list(ctx, tables.IPv4); len(listed) != 0 {
 		t.Errorf("a table never created is listed: %v", listed)
+	}
+	// A created table is listed with its comment, which is how a supervisor tells its
+	// own tables (the node table's keeper rewrote it every check without it).
+	nft, err := ft.open(tables.IPv4, "shardproxy-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx = nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: ptr.To("owned by someone")})
+	if err := nft.Run(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	listed, _ := ft.list(ctx, tables.IPv4)
+	if want := []tables.ListedTable{{Name: "shardproxy-node", Comment: "owned by someone"}}; !slices.Equal(listed, want) {
+		t.Errorf("listed %+v, want %+v", listed, want)
 	}
 }
 
