@@ -22,7 +22,9 @@ var notCommands = []string{
 }
 
 var (
-	fence    = regexp.MustCompile("(?s)```[a-z]*\n(.*?)```")
+	// fence is a fenced block with its language; a "text" block is a program's output
+	// (a table whose rows may start with "shardproxy"), not command lines.
+	fence    = regexp.MustCompile("(?s)```([a-z]*)\n(.*?)```")
 	span     = regexp.MustCompile("`([^`\n]+)`")
 	cmdStart = regexp.MustCompile(`(?:^|[\s(]|bin/)shardproxy\s+\S`)
 	// shellComment is a comment in a code block's line (shell or YAML).
@@ -36,7 +38,10 @@ var (
 func CommandLines(text string, app *cli.App) []string {
 	var pieces []string
 	for _, m := range fence.FindAllStringSubmatch(text, -1) {
-		for _, l := range strings.Split(m[1], "\n") {
+		if m[1] == "text" {
+			continue
+		}
+		for _, l := range strings.Split(m[2], "\n") {
 			pieces = append(pieces, shellComment.ReplaceAllString(l, ""))
 		}
 	}

@@ -66,6 +66,7 @@ func TestCheckCommandLine(t *testing.T) {
 		{name: "an ownership marker is no command line", text: "the comment `shardproxy instance <name> supervisor <node>:<port>`", wantLines: 0},
 		{name: "prose is not read", text: "shardproxy probes the kernel", wantLines: 0},
 		{name: "a comment in a code block is not read", text: "```yaml\n# An example shardproxy supervisor configuration\n```", wantLines: 0},
+		{name: "a program's output (a text block) is not read", text: "```text\nshardproxy      100    true    24s\n```", wantLines: 0},
 		{name: "a flag's value is not a command line", text: "`shardproxy-bench-compare -only shardproxy -also x`", wantLines: 0},
 		{name: "another program's argument is not a command line", text: "```\nhelm install shardproxy deploy/helm/shardproxy -n kube-system\n```", wantLines: 0},
 		{name: "after an environment assignment and a path", text: "`NODE_NAME=any bin/shardproxy check --probe`", wantLines: 1, wantErr: "no flag --probe"},
