@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"reflect"
 	"runtime/debug"
 	"slices"
@@ -1087,6 +1088,14 @@ func portsOfModel(m *ServiceModel, fam tables.Family) []*tables.ServicePort {
 }
 
 func sameModel(a, b *ServiceModel) bool { return a == b || reflect.DeepEqual(a, b) }
+
+// NodePortIPs are the node addresses the instance serves NodePorts on, as last set by
+// New or Reconfigure (its health-check node ports listen there too).
+func (p *Proxy) NodePortIPs() []netip.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.wantTables.NodePortIPs)
+}
 
 // Reconfigure changes the node-dependent table settings (NodePort addresses, node IPs,
 // pod CIDRs for detect-local) and queues a full sync, which applies them. It does not

@@ -276,7 +276,7 @@ func (s *Supervisor) reconfigure(ctx context.Context, wg *sync.WaitGroup, next *
 	s.instances, s.specs, s.order, s.router = instances, specs, slices.Clone(next.Instances), router
 	s.instancesMu.Unlock()
 	for _, name := range slices.Concat(plan.added, plan.replaced) {
-		s.listenHealthChecks(specs[name], node)
+		s.listenHealthChecks(instances[name])
 	}
 	for _, name := range plan.added {
 		s.health.AddInstance(name)

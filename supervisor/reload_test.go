@@ -1,19 +1,24 @@
 package supervisor
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -340,14 +345,8 @@ func TestLiveConfigRemovedInstanceFlushesFlows(t *testing.T) {
 func TestLiveConfigFailedRescopeChangesNothing(t *testing.T) {
 	var refuse atomic.Bool
 	refuse.Store(true)
-	refuseTeamC := &k8stesting.SimpleReactor{Verb: "list", Resource: "*", Reaction: func(action k8stesting.Action) (bool, runtime.Object, error) {
-		if la, ok := action.(k8stesting.ListActionImpl); ok && refuse.Load() && strings.Contains(la.ListRestrictions.Labels.String(), "team-c") {
-			return true, nil, fmt.Errorf("the test refuses to list %s", la.ListRestrictions.Labels)
-		}
-		return false, nil, nil
-	}}
 	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: alongsideYAML, serviceCIDRs: []string{"10.96.0.0/16"},
-		reactors: []k8stesting.Reactor{refuseTeamC}})
+		reactors: []k8stesting.Reactor{refuseListing("team-c", &refuse)}})
 	f.createService("a", "web", "team-a", "10.96.0.11")
 	f.createService("c", "cache", "team-c", "10.96.0.13")
 	testutil.Eventually(t, waitTimeout, "team-a programs web", func() bool { return has(f.tables.dump("ip shardproxy-team-a"), "10.96.0.11") })
@@ -384,4 +383,56 @@ func TestLiveConfigFailedRescopeChangesNothing(t *testing.T) {
 	if f.sup.Instance("team-a") == teamA {
 		t.Error("team-a was not restarted by the applied change")
 	}
+}
+
+// refuseListing fails every list whose label selector names proxyName while refuse is
+// set: the rescope to a new proxy name cannot complete, so the change is refused.
+func refuseListing(proxyName string, refuse *atomic.Bool) k8stesting.Reactor {
+	return &k8stesting.SimpleReactor{Verb: "list", Resource: "*", Reaction: func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if la, ok := action.(k8stesting.ListActionImpl); ok && refuse.Load() && strings.Contains(la.ListRestrictions.Labels.String(), proxyName) {
+			return true, nil, fmt.Errorf("the test refuses to list %s", la.ListRestrictions.Labels)
+		}
+		return false, nil, nil
+	}}
+}
+
+// TestLiveConfigRefusedChangeMovesNoHealthCheck: a change that restarts team-a on other
+// node port addresses and adds team-c is refused (team-c's lists fail): team-a's
+// health-check node port stays on the addresses it had and opens on the new ones only
+// once a change applies. Building the restarted instance must not move its listeners.
+func TestLiveConfigRefusedChangeMovesNoHealthCheck(t *testing.T) {
+	var refuse atomic.Bool
+	refuse.Store(true)
+	rec := &addrRecorder{}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}, {Type: corev1.NodeExternalIP, Address: "192.168.200.1"}}}}
+	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: alongsideYAML, serviceCIDRs: []string{"10.96.0.0/16"},
+		node: node, hcListener: rec, interfaceAddrs: []netip.Addr{netip.MustParseAddr("192.168.100.1"), netip.MustParseAddr("192.168.200.1")}, reactors: []k8stesting.Reactor{refuseListing("team-c", &refuse)}})
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "lb", Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			HealthCheckNodePort: 30777, ClusterIP: "10.96.0.77", ClusterIPs: []string{"10.96.0.77"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
+	}
+	if _, err := f.client.CoreV1().Services("a").Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const before, after = "192.168.100.1:30777", "192.168.200.1:30777"
+	testutil.Eventually(t, waitTimeout, "the health check opens on the InternalIP", func() bool { return slices.Contains(rec.get(), before) })
+
+	moved := strings.Replace(alongsideYAML, "  syncPeriod: 30s\n", "  syncPeriod: 30s\n  nodePortAddresses: [192.168.200.0/24]\n", 1)
+	if moved == alongsideYAML {
+		t.Fatal("the test's configuration edit did not apply")
+	}
+	f.writeConfig(moved + teamC)
+	testutil.Eventually(t, 2*waitTimeout, "the change refused", func() bool {
+		return strings.Contains(f.rec.all(), "ConfigRefused: Applying the changed configuration failed")
+	})
+	if got := rec.get(); slices.Contains(got, after) {
+		t.Errorf("a refused change opened team-a's health check on %s (opened %v)", after, got)
+	}
+
+	refuse.Store(false)
+	f.writeConfig(moved + teamC + "  fullSyncPeriod: 1h\n")
+	testutil.Eventually(t, waitTimeout, "the applied change opens the health check on the new address", func() bool { return slices.Contains(rec.get(), after) })
 }

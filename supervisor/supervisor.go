@@ -390,7 +390,7 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 		s.instancesMu.Lock()
 		s.instances[spec.Name] = p
 		s.instancesMu.Unlock()
-		s.listenHealthChecks(spec, node)
+		s.listenHealthChecks(p)
 		s.health.AddInstance(spec.Name)
 		s.metrics.InitInstance(spec.Name)
 	}
@@ -594,11 +594,11 @@ func runContained(ctx context.Context, p *instance.Proxy) (err error) {
 	return nil
 }
 
-// listenHealthChecks sets where spec's instance's health-check node ports listen: where
-// it serves NodePorts, as upstream's. It is called once the instance is in the running
+// listenHealthChecks sets where instance p's health-check node ports listen: where it
+// serves NodePorts, as upstream's. It is called once the instance is in the running
 // set, so that an instance built for a change that is then refused moves nothing.
-func (s *Supervisor) listenHealthChecks(spec config.Instance, node *corev1.Node) {
-	s.svcHC.SetInstanceAddrs(spec.Name, s.tableConfigs.forInstance(spec, node).NodePortIPs)
+func (s *Supervisor) listenHealthChecks(p *instance.Proxy) {
+	s.svcHC.SetInstanceAddrs(p.Name(), p.NodePortIPs())
 }
 
 // newInstance builds one instance from its configuration and this node, with no side

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -235,6 +236,9 @@ type fixtureOptions struct {
 	noServiceCIDRDrop bool
 	// hcListener opens the health-check node ports (default: real sockets).
 	hcListener healthcheck.Listener
+	// interfaceAddrs are this host's addresses for CIDR nodePortAddresses (default: the
+	// machine's own).
+	interfaceAddrs []netip.Addr
 	// hangTable is a table whose transactions after the first of each family hang.
 	hangTable string
 	// minRestartStuckAfter sets Deps.MinRestartStuckAfter.
@@ -320,6 +324,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		LegacyRules:          opts.legacyRules,
 		Logger:               opts.logger,
 		HealthCheckListener:  opts.hcListener,
+		InterfaceAddrs:       interfaceAddrs(opts.interfaceAddrs),
 		MinRestartStuckAfter: opts.minRestartStuckAfter,
 		FullSync:             opts.fullSync,
 		ConfigFile:           configPath,
@@ -880,4 +885,12 @@ func httpGet(t *testing.T, url string) (int, string) {
 		t.Fatal(err)
 	}
 	return resp.StatusCode, string(body)
+}
+
+// interfaceAddrs lists addrs as the host's addresses; nil leaves Deps' default.
+func interfaceAddrs(addrs []netip.Addr) func() ([]netip.Addr, error) {
+	if addrs == nil {
+		return nil
+	}
+	return func() ([]netip.Addr, error) { return slices.Clone(addrs), nil }
 }
