@@ -51,6 +51,13 @@ type Options struct {
 	Burst int
 	// ReadyTimeout bounds the wait for every node's first sync.
 	ReadyTimeout time.Duration
+	// Migrate, for shardproxy, gives every node a second instance (MigrationTarget) and,
+	// after the steady window and the timed changes, runs the migrate step (runMigration)
+	// on the Services MarkForMigration labeled; 0: none.
+	Migrate int
+	// MigrateTimeout is the Mover's Timeout for the move and the rollback (default 2m,
+	// the CLI's); BlockTimeout the blocked move's (default 30s).
+	MigrateTimeout, BlockTimeout time.Duration
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
 }
@@ -101,6 +108,8 @@ type Result struct {
 	ProgrammingP50, ProgrammingP99, ProgrammingMax time.Duration
 	// StatusWrites is the driver's Node status writes over Steady.
 	StatusWrites int
+	// Migration is the migrate step's (Options.Migrate); nil without one.
+	Migration *Migration
 }
 
 // StatusNamespace holds the hollow nodes' status ConfigMaps.
@@ -286,6 +295,11 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	if len(lat) > 0 {
 		res.ProgrammingMax = lat[len(lat)-1]
 	}
+	if opts.Proxy == Shardproxy && opts.Migrate > 0 {
+		if res.Migration, err = runMigration(ctx, env, opts, fl.(*shardproxyFleet).nodes, counter); err != nil {
+			return res, errors.Join(fmt.Errorf("migrate step: %w", err), fl.stop())
+		}
+	}
 	if err := fl.stop(); err != nil {
 		return nil, err
 	}
@@ -387,6 +401,10 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 		return nil, err
 	}
 	f := &shardproxyFleet{baseRSS: self.RSS}
+	target := ""
+	if opts.Migrate > 0 {
+		target = MigrationTarget
+	}
 	for i := range opts.Nodes {
 		client := env.NodeClient
 		if client == nil {
@@ -408,7 +426,7 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 			}
 		}
 		h, err := StartHollow(ctx, HollowOptions{Name: NodeName(i), Addr: NodeAddr(i), Client: client,
-			StatusNamespace: StatusNamespace, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses})
+			StatusNamespace: StatusNamespace, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, MigrationTarget: target})
 		if err != nil {
 			return nil, errors.Join(err, f.stop())
 		}

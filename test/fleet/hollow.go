@@ -25,6 +25,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/tables/tablestest"
+	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
 
 // DefaultInstance is the one instance every hollow node runs: the default one, serving
@@ -49,6 +50,12 @@ type HollowOptions struct {
 	// FullFake keeps every rule and element in knftables' Fake (its Dump is then the
 	// ruleset); default: names only (namesOnly), which hundreds of nodes can afford.
 	FullFake bool
+	// MigrationTarget, when set, adds a second instance of that name serving that proxy
+	// name (service-proxy-name) in the generated Services' namespace: the target a
+	// `migrate move` hands Services to. It serves no external or load-balancer IPs (no
+	// two tenants' ranges may overlap, and the default instance's cover everything); the
+	// fleet's Services have none (Prepare drops their load-balancer status).
+	MigrationTarget string
 }
 
 // HollowNode is one running supervisor with a fake kernel.
@@ -77,6 +84,13 @@ instances:
   slot: 0
   tenant: {externalIPCIDRs: [0.0.0.0/0, "::/0"], loadBalancerCIDRs: [0.0.0.0/0, "::/0"]}
 `, opts.Name, opts.StatusNamespace, opts.ReserveOtherNodeAddresses, DefaultInstance)
+	if opts.MigrationTarget != "" {
+		yaml += fmt.Sprintf(`- name: %[1]s
+  proxyNames: [%[1]s]
+  slot: 1
+  tenant: {namespaces: [%[2]s]}
+`, opts.MigrationTarget, gen.Namespace)
+	}
 	cfg, err := config.Decode([]byte(yaml), opts.Name+".yaml")
 	if err != nil {
 		return nil, err
@@ -133,8 +147,12 @@ func StartHollow(ctx context.Context, opts HollowOptions) (*HollowNode, error) {
 
 // Programmed says whether the node's instance has programmed Service n (its tables hold
 // it: the model is recorded only after the transaction ran).
-func (h *HollowNode) Programmed(n types.NamespacedName) bool {
-	p := h.sup.Instance(DefaultInstance)
+func (h *HollowNode) Programmed(n types.NamespacedName) bool { return h.ProgrammedBy(DefaultInstance, n) }
+
+// ProgrammedBy says whether the node's instance inst has programmed Service n, as its
+// owner or in shadow.
+func (h *HollowNode) ProgrammedBy(inst string, n types.NamespacedName) bool {
+	p := h.sup.Instance(inst)
 	return p != nil && p.AppliedModel(n) != nil
 }
 

@@ -36,6 +36,9 @@ type options struct {
 	changes      int
 	reserve      string
 	proxies      []fleet.Proxy
+	migrate      int
+	migrateTO    time.Duration
+	blockTO      time.Duration
 }
 
 func run() int {
@@ -50,6 +53,9 @@ func run() int {
 	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
 	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
 	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy)")
+	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
+	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
+	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
 	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -124,6 +130,7 @@ func measure(ctx context.Context, o options) error {
 	pids := cp.PIDs()
 	admin := cp.Client()
 	c := gen.Generate(o.services, o.endpoints)
+	fleet.MarkForMigration(c, o.migrate)
 	start := time.Now()
 	maxNodes := 0
 	for _, n := range o.nodes {
@@ -157,14 +164,16 @@ func measure(ctx context.Context, o options) error {
 				res, err := fleet.Measure(ctx, env, fleet.Options{
 					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on", Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
 					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
+					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO,
 				}, o.services)
 				if err != nil {
 					fmt.Print(fleet.Table(results))
 					fmt.Print(fleet.Fit(results))
+					fmt.Print(fleet.MigrationTable(results))
 					return fmt.Errorf("%d %s nodes, reserve %s: %w", n, p, r, err)
 				}
 				results = append(results, res)
-				logf("load average %s\n%s", loadavg(), fleet.Table([]*fleet.Result{res}))
+				logf("load average %s\n%s%s", loadavg(), fleet.Table([]*fleet.Result{res}), fleet.MigrationTable([]*fleet.Result{res}))
 			}
 		}
 	}
@@ -172,6 +181,12 @@ func measure(ctx context.Context, o options) error {
 		o.services, o.endpoints, o.statusPeriod, o.steady, o.changes)
 	fmt.Print(fleet.Table(results))
 	fmt.Print(fleet.Fit(results))
+	if o.migrate > 0 && slices.Contains(o.proxies, fleet.Shardproxy) {
+		fmt.Printf("\nmigrate step: %d Services moved to %s across every node (mover: the CLI's Mover and Lease, client-go's default QPS 5, burst 10; --timeout %v), rolled back, moved again with the last node stopped (--timeout %v)\n",
+			o.migrate, fleet.MigrationTarget, o.migrateTO, o.blockTO)
+		fmt.Print(fleet.MigrationTable(results))
+		fmt.Print(fleet.MigrationFit(results))
+	}
 	fmt.Printf("load average at the end: %s\n", loadavg())
 	return nil
 }
