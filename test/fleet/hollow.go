@@ -147,7 +147,9 @@ func StartHollow(ctx context.Context, opts HollowOptions) (*HollowNode, error) {
 
 // Programmed says whether the node's instance has programmed Service n (its tables hold
 // it: the model is recorded only after the transaction ran).
-func (h *HollowNode) Programmed(n types.NamespacedName) bool { return h.ProgrammedBy(DefaultInstance, n) }
+func (h *HollowNode) Programmed(n types.NamespacedName) bool {
+	return h.ProgrammedBy(DefaultInstance, n)
+}
 
 // ProgrammedBy says whether the node's instance inst has programmed Service n, as its
 // owner or in shadow.
