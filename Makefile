@@ -192,7 +192,9 @@ bench-compare: deps
 # while the driver writes every Node's status each FLEET_STATUS_PERIOD; prints the
 # apiserver's CPU per minute and memory, watch events, the proxies' requests, etcd
 # writes, the proxies' memory and shardproxy's fleet-wide programming latency, and the
-# growth of each per node for both, extrapolated to 5,000 nodes (docs/fleet.md).
+# growth of each per node for both, extrapolated to 5,000 nodes (docs/fleet.md). Each
+# shardproxy fleet then runs `migrate move` of 100 Services to a second instance on every
+# node, its rollback, and a move one stopped node must block by name (-migrate 0: none).
 # Not part of `make test`. FLEET_PROXIES picks the proxies; FLEET_FLAGS adds flags
 # (-h lists them).
 FLEET_NODES         ?= 50,100,200
