@@ -167,6 +167,10 @@ func measure(ctx context.Context, o options) error {
 					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO,
 				}, o.services)
 				if err != nil {
+					if res != nil {
+						// The migrate step failed: its fleet's other figures stand.
+						results = append(results, res)
+					}
 					fmt.Print(fleet.Table(results))
 					fmt.Print(fleet.Fit(results))
 					fmt.Print(fleet.MigrationTable(results))
