@@ -32,6 +32,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/measure"
 	"github.com/shardproxy/shardproxy/test/netns"
 )
 
@@ -393,8 +394,8 @@ func (r *runner) packet(ctx context.Context, o Options) ([]PacketResult, error) 
 			return out, err
 		}
 		out = append(out, PacketResult{Services: n, Conns: o.Conns,
-			ServiceMedianUS: quantile(sv, 0.5), ServiceP90US: quantile(sv, 0.9),
-			DirectMedianUS: quantile(dv, 0.5), DirectP90US: quantile(dv, 0.9)})
+			ServiceMedianUS: measure.Percentile(sv, 50), ServiceP90US: measure.Percentile(sv, 90),
+			DirectMedianUS: measure.Percentile(dv, 50), DirectP90US: measure.Percentile(dv, 90)})
 	}
 	return out, nil
 }
@@ -429,15 +430,6 @@ func dialLatencies(tp *netns.Topology, ns, a, b string, n int) (la, lb []float64
 		return nil
 	})
 	return la, lb, err
-}
-
-func quantile(v []float64, q float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
 // newNamespace creates a network namespace with a random name.

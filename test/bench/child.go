@@ -30,6 +30,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/measure"
 	"github.com/shardproxy/shardproxy/test/netns"
 )
 
@@ -341,7 +342,7 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	}
 	bi.feed(c, func(int) bool { return true })
 	res := &ChildResult{}
-	res.Memory.ObjectsRSSMB = rssMB("VmRSS")
+	res.Memory.ObjectsRSSMB = rssMB()
 
 	var closeScripts func() ([]string, error)
 	if o.dump != "" {
@@ -383,7 +384,7 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 	}
 	again.txs = nil
 	res.Resync = again.full()
-	res.Memory.ResyncPeakRSSMB = rssMB("VmHWM")
+	res.Memory.ResyncPeakRSSMB = peakRSSMB()
 
 	res.Partial, err = partials(ctx, bi, c, o)
 	if err != nil {
@@ -402,7 +403,7 @@ func childSingle(ctx context.Context, o *childOptions) (*ChildResult, error) {
 		}
 		stop()
 	}
-	res.Memory.EndPeakRSSMB = max(res.Memory.PeakRSSMB, rssMB("VmHWM"))
+	res.Memory.EndPeakRSSMB = max(res.Memory.PeakRSSMB, peakRSSMB())
 	return res, nil
 }
 
@@ -512,7 +513,7 @@ func childMulti(ctx context.Context, o *childOptions) (*MultiResult, error) {
 		insts = append(insts, bi)
 	}
 	res := &MultiResult{Instances: o.instances, Services: o.services}
-	res.Memory.ObjectsRSSMB = rssMB("VmRSS")
+	res.Memory.ObjectsRSSMB = rssMB()
 	var wg sync.WaitGroup
 	errs := make([]error, len(insts))
 	each := make([]float64, len(insts))
@@ -572,24 +573,23 @@ func resetPeakRSS() error {
 	return nil
 }
 
-func rssMB(field string) float64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(b)) {
-		if rest, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
+// rssMB is this process's resident set (VmRSS) in MB; 0 when /proc cannot be read.
+func rssMB() float64 {
+	m, _ := measure.ReadMemory(0)
+	return float64(m.RSS) / (1 << 20)
+}
+
+// peakRSSMB is this process's peak resident set (VmHWM) in MB; 0 when /proc cannot be
+// read.
+func peakRSSMB() float64 {
+	m, _ := measure.ReadMemory(0)
+	return float64(m.PeakRSS) / (1 << 20)
 }
 
 // fill records the memory right after a full sync.
 func (m *Memory) fill() {
-	m.RSSMB = rssMB("VmRSS")
-	m.PeakRSSMB = rssMB("VmHWM")
+	m.RSSMB = rssMB()
+	m.PeakRSSMB = peakRSSMB()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // Options configure one fleet measurement against an existing API server.
@@ -291,7 +292,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		lat = append(lat, got...)
 	}
 	slices.Sort(lat)
-	res.ProgrammingP50, res.ProgrammingP99 = Percentile(lat, 50), Percentile(lat, 99)
+	res.ProgrammingP50, res.ProgrammingP99 = measure.Percentile(lat, 50), measure.Percentile(lat, 99)
 	if len(lat) > 0 {
 		res.ProgrammingMax = lat[len(lat)-1]
 	}

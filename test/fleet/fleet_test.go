@@ -78,44 +78,6 @@ etcd_requests_total{operation="create",type="/registry/services/specs"} 4
 	}
 }
 
-func TestParseProc(t *testing.T) {
-	stat := "4242 (kube apiserver) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0 20 0 12 0 100 1000 200"
-	status := "Name:\tkube-apiserver\nVmHWM:\t  204800 kB\nVmRSS:\t  100000 kB\n"
-	ps, err := parseProc(stat, status)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ps.CPU != 2*time.Second || ps.PeakRSS != 200<<20 || ps.RSS != 100000<<10 {
-		t.Errorf("got %+v, want 2s, 200 MiB peak and 100,000 kB", ps)
-	}
-}
-
-func TestParsePss(t *testing.T) {
-	rollup := "55d0c0000000-7ffd2b1f3000 ---p 00000000 00:00 0   [rollup]\nRss:               70248 kB\nPss:               21337 kB\nPss_Dirty:         15000 kB\n"
-	if kb, err := parsePss(rollup); err != nil || kb != 21337 {
-		t.Errorf("got %d, %v; want 21337 (Pss, not Pss_Dirty or Rss)", kb, err)
-	}
-	if _, err := parsePss("Rss: 1 kB\n"); err == nil {
-		t.Error("no Pss line: no error")
-	}
-}
-
-func TestPercentile(t *testing.T) {
-	var d []time.Duration
-	for i := 1; i <= 100; i++ {
-		d = append(d, time.Duration(i)*time.Millisecond)
-	}
-	if p := Percentile(d, 50); p != 50*time.Millisecond {
-		t.Errorf("p50 %v", p)
-	}
-	if p := Percentile(d, 99); p != 99*time.Millisecond {
-		t.Errorf("p99 %v", p)
-	}
-	if p := Percentile(d[:1], 99); p != time.Millisecond {
-		t.Errorf("p99 of one %v", p)
-	}
-}
-
 // TestTinyFleet runs three hollow nodes against a fake clientset: each programs the
 // Services, publishes its own status ConfigMap and programs a new Service.
 func TestTinyFleet(t *testing.T) {

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/controlplane"
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // KubemarkOptions say how to run kubemark's hollow kube-proxy, the fleet's anchor.
@@ -61,27 +60,13 @@ func (f *kubemarkFleet) exited() error {
 func (f *kubemarkFleet) pss() (int64, error) {
 	var sum int64
 	for _, c := range f.procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", c.Pid()))
-		if err != nil {
-			return 0, fmt.Errorf("reading kubemark process %d: %w", c.Pid(), err)
-		}
-		kb, err := parsePss(string(b))
+		pss, err := measure.ReadPss(c.Pid())
 		if err != nil {
 			return 0, fmt.Errorf("kubemark process %d: %w", c.Pid(), err)
 		}
-		sum += kb << 10
+		sum += pss
 	}
 	return sum, nil
-}
-
-// parsePss reads the Pss line of /proc/<pid>/smaps_rollup (kB).
-func parsePss(rollup string) (int64, error) {
-	for line := range strings.SplitSeq(rollup, "\n") {
-		if rest, ok := strings.CutPrefix(line, "Pss:"); ok {
-			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-		}
-	}
-	return 0, errors.New("smaps_rollup has no Pss line")
 }
 
 func (f *kubemarkFleet) stop() error {

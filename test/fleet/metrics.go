@@ -5,15 +5,15 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // Counts are counters by a key ("verb resource", "resource", ...).
@@ -130,52 +130,15 @@ type ProcStat struct {
 
 // ReadProc reads /proc/<pid>/stat and /proc/<pid>/status.
 func ReadProc(pid int) (ProcStat, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := measure.ReadStat(pid)
 	if err != nil {
 		return ProcStat{}, err
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	m, err := measure.ReadMemory(pid)
 	if err != nil {
 		return ProcStat{}, err
 	}
-	return parseProc(string(stat), string(status))
-}
-
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports here.
-const clockTicks = 100
-
-func parseProc(stat, status string) (ProcStat, error) {
-	// The command may hold spaces and parentheses: the fields start after the last ')'.
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return ProcStat{}, fmt.Errorf("/proc stat %q: no command", stat)
-	}
-	f := strings.Fields(stat[i+1:])
-	if len(f) < 13 {
-		return ProcStat{}, fmt.Errorf("/proc stat: %d fields", len(f))
-	}
-	// f[0] is field 3 (state): utime and stime are fields 14 and 15.
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return ProcStat{}, fmt.Errorf("/proc stat: utime %q stime %q", f[11], f[12])
-	}
-	ps := ProcStat{CPU: time.Duration(utime+stime) * time.Second / clockTicks}
-	for line := range strings.SplitSeq(status, "\n") {
-		for _, f := range []struct {
-			prefix string
-			to     *int64
-		}{{"VmHWM:", &ps.PeakRSS}, {"VmRSS:", &ps.RSS}} {
-			if rest, ok := strings.CutPrefix(line, f.prefix); ok {
-				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-				if err != nil {
-					return ProcStat{}, fmt.Errorf("/proc status %s %q: %w", f.prefix, rest, err)
-				}
-				*f.to = kb << 10
-			}
-		}
-	}
-	return ps, nil
+	return ProcStat{CPU: st.CPU, RSS: m.RSS, PeakRSS: m.PeakRSS}, nil
 }
 
 // RequestCounter counts a client's requests by "verb resource", the way the
@@ -253,14 +216,4 @@ func Classify(req *http.Request) (verb, resource string) {
 		verb = strings.ToLower(req.Method)
 	}
 	return verb, resource
-}
-
-// Percentile returns the p-th percentile (0-100, nearest rank) of sorted durations.
-func Percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	rank := int(p/100*float64(len(sorted))+0.5) - 1
-	rank = max(0, min(rank, len(sorted)-1))
-	return sorted[rank]
 }

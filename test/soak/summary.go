@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // checkpointResult is one checkpoint's outcome.
@@ -105,24 +104,11 @@ func (r *resources) now(ctx context.Context, e *env.Env) (rss int64, goroutines 
 	if pid == 0 {
 		return 0, 0
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	mem, err := measure.ReadMemory(pid)
 	if err != nil {
 		return 0, 0
 	}
-	var hwm int64
-	for _, line := range strings.Split(string(status), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb * 1024
-		case "VmHWM:":
-			hwm = kb * 1024
-		}
-	}
+	rss, hwm := mem.RSS, mem.PeakRSS
 	if m, err := e.Metrics(ctx); err == nil {
 		goroutines = int(m.Value("go_goroutines"))
 	}

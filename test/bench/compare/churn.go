@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // ChurnResult is what one proxy spent under a steady stream of endpoint changes
@@ -82,10 +82,6 @@ func (m *measurer) churn(ctx context.Context, d *daemon) (ChurnResult, error) {
 	return res, nil
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times: 100 on every Linux
-// architecture Go supports.
-const clockTicks = 100
-
 // cpuSeconds reads the CPU time (user + system) of a process and its children: its
 // own threads', its reaped children's (cutime, cstime) and its live children's. The
 // children count because kube-proxy does its nftables work in `nft` child processes,
@@ -96,64 +92,23 @@ func cpuSeconds(pid int) (float64, error) {
 	if pid == 0 {
 		return 0, fmt.Errorf("process not running")
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := measure.ReadStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	st, err := parseStat(string(data))
-	if err != nil {
-		return 0, err
-	}
-	total := st.self + st.children
+	total := st.CPU + st.ChildrenCPU
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, err
 	}
 	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // exited meanwhile
-		}
-		if child, err := parseStat(string(data)); err == nil && child.ppid == pid {
-			total += child.self
+		if cs, err := measure.ReadStat(child); err == nil && cs.PPid == pid { // an error: it exited meanwhile
+			total += cs.CPU
 		}
 	}
-	return total, nil
-}
-
-// procStat is what cpuSeconds reads of a /proc/<pid>/stat line.
-type procStat struct {
-	ppid int
-	// self is utime + stime, children cutime + cstime, in seconds.
-	self, children float64
-}
-
-// parseStat parses a /proc/<pid>/stat line. The command name (field 2) may hold spaces
-// and parentheses, so fields are counted after its last ')'.
-func parseStat(stat string) (procStat, error) {
-	var st procStat
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return st, fmt.Errorf("malformed stat %q", stat)
-	}
-	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14 to 17.
-	if len(f) < 15 {
-		return st, fmt.Errorf("stat has %d fields after the command, want at least 15", len(f))
-	}
-	var v [5]float64
-	for k, idx := range []int{1, 11, 12, 13, 14} {
-		n, err := strconv.ParseInt(f[idx], 10, 64)
-		if err != nil {
-			return st, fmt.Errorf("stat field %d %q: %w", idx+3, f[idx], err)
-		}
-		v[k] = float64(n)
-	}
-	st.ppid = int(v[0])
-	st.self = (v[1] + v[2]) / clockTicks
-	st.children = (v[3] + v[4]) / clockTicks
-	return st, nil
+	return total.Seconds(), nil
 }

@@ -10,30 +10,6 @@ import (
 	"time"
 )
 
-func TestParseStat(t *testing.T) {
-	for _, tc := range []struct {
-		name, stat string
-		want       procStat
-		wantErr    bool
-	}{
-		{"plain", "4242 (shardproxy) S 1 4242 4242 0 -1 4194560 1200 0 0 0 250 75 10 5 20 0", procStat{ppid: 1, self: 3.25, children: 0.15}, false},
-		{"a command with spaces and parentheses", "7 (kube (proxy) x) R 3 7 7 0 -1 0 0 0 0 0 100 100 0 0", procStat{ppid: 3, self: 2}, false},
-		{"truncated", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 1 1", procStat{}, true},
-		{"no command", "7 p R", procStat{}, true},
-		{"not a number", "7 (p) R 1 7 7 0 -1 0 0 0 0 0 x 1 0 0", procStat{}, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStat(tc.stat)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
-			}
-			if err == nil && got != tc.want {
-				t.Errorf("got %+v, want %+v", got, tc.want)
-			}
-		})
-	}
-}
-
 // TestCPUSecondsCountsChildren: a child's CPU counts while it runs and after it was
 // reaped, as kube-proxy's nft does.
 func TestCPUSecondsCountsChildren(t *testing.T) {

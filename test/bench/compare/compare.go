@@ -711,17 +711,6 @@ feed:
 	return context.Cause(ctx)
 }
 
-// percentile returns the p-th percentile of v by the nearest-rank method (0 when
-// empty).
-func percentile(v []float64, p int) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(v))
-	rank := (p*len(s) + 99) / 100 // ceil(p/100 · n), 1-based
-	return s[max(rank, 1)-1]
-}
-
 // median returns the median of v (0 when empty).
 func median(v []float64) float64 {
 	if len(v) == 0 {

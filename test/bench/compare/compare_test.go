@@ -147,20 +147,6 @@ func TestRetried(t *testing.T) {
 	}
 }
 
-// TestPercentile: the nearest rank, whatever the order of the samples.
-func TestPercentile(t *testing.T) {
-	ten := []float64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1}
-	for _, tc := range []struct {
-		in   []float64
-		p    int
-		want float64
-	}{{nil, 90, 0}, {[]float64{7}, 90, 7}, {ten, 90, 9}, {ten, 50, 5}, {ten, 100, 10}, {ten, 1, 1}, {ten, 0, 1}} {
-		if got := percentile(tc.in, tc.p); got != tc.want {
-			t.Errorf("percentile(%v, %d) = %v, want %v", tc.in, tc.p, got, tc.want)
-		}
-	}
-}
-
 // TestFamilies: a cluster's changes are read in their Service's family, and the first
 // full sync waits for the families the cluster has.
 func TestFamilies(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/shardproxy/shardproxy/test/bench"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/measure"
 )
 
 // The values of the ip_family label.
@@ -134,9 +134,9 @@ func (m *measurer) measure(ctx context.Context, d *daemon) (ProxyResult, error) 
 		m.r.logf("%s: sample %d (%s): partial sync %.1fms, network programming %.1fms", d.name, i, m.family(svc), partial.Mean()*1e3, prog.Mean()*1e3)
 	}
 	res.PartialSyncMedianSeconds = median(res.PartialSyncSeconds)
-	res.PartialSyncP90Seconds = percentile(res.PartialSyncSeconds, 90)
+	res.PartialSyncP90Seconds = measure.Percentile(res.PartialSyncSeconds, 90)
 	res.ProgrammingMedianSeconds = median(res.ProgrammingSeconds)
-	res.ProgrammingP90Seconds = percentile(res.ProgrammingSeconds, 90)
+	res.ProgrammingP90Seconds = measure.Percentile(res.ProgrammingSeconds, 90)
 	if m.r.o.ChurnDuration > 0 {
 		c, err := m.churn(ctx, d)
 		if err != nil {
@@ -268,20 +268,11 @@ func peakRSSMB(pid int) (float64, error) {
 	if pid == 0 {
 		return 0, fmt.Errorf("process not running")
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	m, err := measure.ReadMemory(pid)
 	if err != nil {
 		return 0, err
 	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			if err != nil {
-				return 0, fmt.Errorf("VmHWM %q: %w", rest, err)
-			}
-			return kb / 1024, nil
-		}
-	}
-	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+	return float64(m.PeakRSS) / (1 << 20), nil
 }
 
 // heapProfile saves d's heap profile into Options.HeapProfileDir (when both are set).
