@@ -6,8 +6,10 @@
 #   ${SHARDPROXY_CACHE:-$HOME/.cache/shardproxy}/bin/<name>-<version>-<key>
 #
 # The key is a hash of every input of the build besides the module cache, which go.sum
-# pins: this script (the build commands, their flags and ldflags), the Go toolchain and the
-# go env settings that change its output, and the module the binary is built from:
+# pins: the recipe (build_binary and kube_ldflags below, as bash prints them: the build
+# commands, their flags and ldflags, not comments, usage or plumbing, hack/lib/cache.sh),
+# the Go toolchain and the go env settings that change its output, and the module the
+# binary is built from:
 # hack/tools' go.mod (with its replaces), go.sum and *.go for Kubernetes' binaries,
 # hack/tools/coredns's (its main.go holds CoreDNS's plugin list) for CoreDNS. A binary whose
 # key is there is not rebuilt; a change to any input makes a new key, so a binary built
@@ -34,6 +36,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=hack/lib/cache.sh
+source "${root}/hack/lib/cache.sh"
 tools="${root}/hack/tools"
 cache="${SHARDPROXY_CACHE:-${HOME}/.cache/shardproxy}"
 bindir="${cache}/bin"
@@ -84,19 +88,70 @@ sources_of() {
 	if [[ "$1" == coredns ]]; then echo "${tools}/coredns"; else echo "${tools}"; fi
 }
 
-# module_key DIR hashes what the build reads besides the module cache: this script, the
+# kube_ldflags VERSION prints the ldflags of Kubernetes' binaries: the variables
+# upstream's hack/lib/version.sh sets, so that /version and the compatibility version
+# report v1.X.Y instead of v0.0.0-master.
+kube_ldflags() {
+	local version="$1" minor major ldflags pkg
+	minor="${version#v*.}"
+	minor="${minor%%.*}"
+	major="${version#v}"
+	major="${major%%.*}"
+	ldflags="-s -w"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X ${pkg}.gitVersion=${version}"
+		ldflags+=" -X ${pkg}.gitMajor=${major}"
+		ldflags+=" -X ${pkg}.gitMinor=${minor}"
+		ldflags+=" -X ${pkg}.gitTreeState=clean"
+	done
+	echo "${ldflags}"
+}
+
+# build_binary NAME OUT builds NAME into OUT, in hack/tools (CoreDNS in its own module).
+build_binary() {
+	local name="$1" out="$2" ldflags
+	ldflags="$(kube_ldflags "${version}")"
+	cd "${tools}"
+	echo "build-apiserver: downloading modules"
+	go mod download
+	case "${name}" in
+	coredns)
+		cd coredns
+		echo "build-apiserver: compiling CoreDNS (hack/tools/coredns)"
+		go mod download
+		CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "${out}" .
+		;;
+	e2e.test)
+		# Upstream's end-to-end suite is the test binary of test/e2e.
+		echo "build-apiserver: compiling the tests of k8s.io/kubernetes/test/e2e"
+		CGO_ENABLED=0 go test -c -trimpath -ldflags="${ldflags}" -o "${out}" \
+			k8s.io/kubernetes/test/e2e
+		;;
+	agnhost)
+		echo "build-apiserver: compiling k8s.io/kubernetes/test/images/agnhost"
+		CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${out}" \
+			k8s.io/kubernetes/test/images/agnhost
+		;;
+	*)
+		echo "build-apiserver: compiling k8s.io/kubernetes/cmd/${name}"
+		CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${out}" \
+			"k8s.io/kubernetes/cmd/${name}"
+		;;
+	esac
+}
+
+# module_key DIR hashes what the build reads besides the module cache: the recipe, the
 # toolchain the module selects and the go env that changes its output, and the module's
 # go.mod, go.sum and *.go (contents only, so that every checkout shares the cache).
 module_key() {
 	local dir="$1" f
 	{
-		cat "${BASH_SOURCE[0]}"
-		(cd "${dir}" && go env GOVERSION GOOS GOARCH GOAMD64 GOARM64 GOFLAGS GOEXPERIMENT)
+		(cd "${dir}" && cache_recipe_hash build_binary kube_ldflags)
 		for f in "${dir}"/go.mod "${dir}"/go.sum "${dir}"/*.go; do
 			echo "--- ${f##*/}"
 			cat "${f}"
 		done
-	} | sha256sum | cut -c1-16
+	} | cache_key
 }
 
 # out_of[NAME] is where NAME's binary is cached. The name is part of the path, so one key
@@ -117,44 +172,18 @@ if ${print_path}; then
 	exit 0
 fi
 
-mkdir -p "${bindir}"
-
 # Nothing to do when every binary is there: return without waiting for another build's
 # lock (a long e2e.test build must not hold up a test that only needs the cached kubelet).
 # A used binary is touched, so that pruning (below) sees it as in use.
-all_there=true
+paths=()
 for name in "${names[@]}"; do
-	if [[ -x "${out_of[${name}]}" ]]; then
-		touch -c "${out_of[${name}]}"
-	else
-		all_there=false
-	fi
+	paths+=("${out_of[${name}]}")
 done
-if ${all_there}; then
+if cache_all_there "${paths[@]}"; then
 	exit 0
 fi
 
-# Serialize builds: tests in several packages may ask for the binary at the same time, and
-# the second one should wait and then find it, not build it again.
-exec 9>"${bindir}/.build.lock"
-if ! flock -n 9; then
-	echo "build-apiserver: another build is running, waiting for it"
-	flock 9
-fi
-
-# The same variables upstream's hack/lib/version.sh sets, so that /version and the
-# compatibility version report v1.X.Y instead of v0.0.0-master.
-minor="${version#v*.}"
-minor="${minor%%.*}"
-major="${version#v}"
-major="${major%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X ${pkg}.gitVersion=${version}"
-	ldflags+=" -X ${pkg}.gitMajor=${major}"
-	ldflags+=" -X ${pkg}.gitMinor=${minor}"
-	ldflags+=" -X ${pkg}.gitTreeState=clean"
-done
+cache_lock build-apiserver "${bindir}"
 
 for name in "${names[@]}"; do
 	out="${out_of[${name}]}"
@@ -168,42 +197,12 @@ for name in "${names[@]}"; do
 	# truncated binary where the next run would take it as done.
 	tmp="${out}.tmp.$$"
 	trap 'rm -f "${tmp}"' EXIT
-	(
-		cd "${tools}"
-		echo "build-apiserver: downloading modules"
-		go mod download
-		case "${name}" in
-		coredns)
-			cd coredns
-			echo "build-apiserver: compiling CoreDNS (hack/tools/coredns)"
-			go mod download
-			CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "${tmp}" .
-			;;
-		e2e.test)
-			# Upstream's end-to-end suite is the test binary of test/e2e.
-			echo "build-apiserver: compiling the tests of k8s.io/kubernetes/test/e2e"
-			CGO_ENABLED=0 go test -c -trimpath -ldflags="${ldflags}" -o "${tmp}" \
-				k8s.io/kubernetes/test/e2e
-			;;
-		agnhost)
-			echo "build-apiserver: compiling k8s.io/kubernetes/test/images/agnhost"
-			CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${tmp}" \
-				k8s.io/kubernetes/test/images/agnhost
-			;;
-		*)
-			echo "build-apiserver: compiling k8s.io/kubernetes/cmd/${name}"
-			CGO_ENABLED=0 go build -trimpath -ldflags="${ldflags}" -o "${tmp}" \
-				"k8s.io/kubernetes/cmd/${name}"
-			;;
-		esac
-	)
+	(build_binary "${name}" "${tmp}")
 	mv -f "${tmp}" "${out}"
 	trap - EXIT
 	size="$(du -h "${out}" | cut -f1)"
 	echo "build-apiserver: built ${out} (${size}) in $((SECONDS - start))s"
 
 	# Binaries of other keys (inputs that changed) that nobody used for a week go.
-	find "${bindir}" -maxdepth 1 -regextype posix-extended -type f ! -path "${out}" -mtime +6 \
-		-regex ".*/${name//./\\.}-v[^/-]+-[0-9a-f]{16}" -print -delete |
-		sed 's/^/build-apiserver: removed unused /'
+	cache_prune build-apiserver "${bindir}" "${out}" "${name}"
 done

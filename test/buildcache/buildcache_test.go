@@ -81,7 +81,9 @@ echo "setcap $*" >>"${FAKE_LOG}"
 var repoFiles = []string{
 	"VERSION",
 	"hack/build-apiserver.sh",
+	"hack/build-helm.sh",
 	"hack/build-image.sh",
+	"hack/lib/cache.sh",
 	"hack/tools/go.mod",
 	"hack/tools/go.sum",
 	"hack/tools/tools.go",
@@ -232,6 +234,14 @@ func TestBinaryKeyFollowsInputs(t *testing.T) {
 				s.edit(t, "hack/tools/coredns/go.sum", "h1:", "h1:A")
 			},
 			rebuilt: []string{"coredns"},
+		},
+		{
+			name: "comments, usage and the shared cache plumbing rebuild nothing",
+			change: func(t *testing.T, s *sandbox) {
+				s.edit(t, "hack/build-apiserver.sh", "# kube_ldflags VERSION prints", "# kube_ldflags VERSION writes")
+				s.edit(t, "hack/build-apiserver.sh", "build kube-apiserver and kube-proxy", "build both kube-apiserver and kube-proxy")
+				s.edit(t, "hack/lib/cache.sh", "another build is running, waiting for it", "a build is running: waiting")
+			},
 		},
 		{
 			name: "the ldflags in the script rebuild both",
@@ -494,6 +504,22 @@ func TestHelmKeyFollowsInputs(t *testing.T) {
 		{
 			name:    "another Go version rebuilds it",
 			change:  func(t *testing.T, _ *sandbox) { t.Setenv("FAKE_GOVERSION", "go1.99.0") },
+			rebuilt: true,
+			version: "v3.21.4",
+		},
+		{
+			name: "comments and the shared cache plumbing rebuild nothing",
+			change: func(t *testing.T, s *sandbox) {
+				s.edit(t, "hack/build-helm.sh", "names it, and the Kubernetes version", "names it, and the Kubernetes minor version")
+				s.edit(t, "hack/lib/cache.sh", "another build is running, waiting for it", "a build is running: waiting")
+			},
+			version: "v3.21.4",
+		},
+		{
+			name: "a command in the recipe rebuilds it",
+			change: func(t *testing.T, s *sandbox) {
+				s.edit(t, "hack/build-helm.sh", `CGO_ENABLED=0 GOBIN="${gobin}" go install -trimpath`, `CGO_ENABLED=0 GOBIN="${gobin}" go install`)
+			},
 			rebuilt: true,
 			version: "v3.21.4",
 		},
