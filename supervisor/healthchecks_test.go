@@ -49,12 +49,7 @@ func TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily(t *testing.T) {
 	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "lb", Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
-			HealthCheckNodePort: 30777, ClusterIP: "10.96.0.77", ClusterIPs: []string{"10.96.0.77"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
-	}
+	svc := localLoadBalancer()
 	if _, err := f.client.CoreV1().Services("a").Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -72,5 +67,16 @@ func TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("opened %v, want %v: the Node's InternalIPs of each Service's families only", got, want)
+	}
+}
+
+// localLoadBalancer is team-a's IPv4 LoadBalancer Service a/lb with
+// externalTrafficPolicy Local: its health-check node port is 30777, its NodePort 30080.
+func localLoadBalancer() *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "lb", Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			HealthCheckNodePort: 30777, ClusterIP: "10.96.0.77", ClusterIPs: []string{"10.96.0.77"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
 	}
 }

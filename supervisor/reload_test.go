@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -353,14 +352,7 @@ func TestLiveConfigFailedRescopeChangesNothing(t *testing.T) {
 	scope, teamA := f.sup.watches.Scope(), f.sup.Instance("team-a")
 
 	// team-c added and team-a restarted (another sync period) in one change.
-	changedA := strings.Replace(alongsideYAML, "  syncPeriod: 30s\n", "  syncPeriod: 40s\n", 1)
-	if changedA == alongsideYAML {
-		t.Fatal("the test's configuration edit did not apply")
-	}
-	f.writeConfig(changedA + teamC)
-	testutil.Eventually(t, 2*waitTimeout, "the change refused", func() bool {
-		return strings.Contains(f.rec.all(), "ConfigRefused: Applying the changed configuration failed")
-	})
+	changedA := f.writeRefusedConfig("  syncPeriod: 30s\n", "  syncPeriod: 40s\n")
 	if f.sup.Instance("team-c") != nil || f.tables.exists("ip shardproxy-team-c") {
 		t.Error("team-c runs after its change was refused")
 	}
@@ -408,26 +400,13 @@ func TestLiveConfigRefusedChangeMovesNoHealthCheck(t *testing.T) {
 		{Type: corev1.NodeInternalIP, Address: "192.168.100.1"}, {Type: corev1.NodeExternalIP, Address: "192.168.200.1"}}}}
 	f := startSupervisorWith(t, fixtureOptions{liveConfig: true, configYAML: alongsideYAML, serviceCIDRs: []string{"10.96.0.0/16"},
 		node: node, hcListener: rec, interfaceAddrs: []netip.Addr{netip.MustParseAddr("192.168.100.1"), netip.MustParseAddr("192.168.200.1")}, reactors: []k8stesting.Reactor{refuseListing("team-c", &refuse)}})
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "lb", Labels: map[string]string{selector.LabelServiceProxyName: "team-a"}},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
-			HealthCheckNodePort: 30777, ClusterIP: "10.96.0.77", ClusterIPs: []string{"10.96.0.77"}, IPFamilies: []corev1.IPFamily{corev1.IPv4Protocol},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, NodePort: 30080}}},
-	}
-	if _, err := f.client.CoreV1().Services("a").Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+	if _, err := f.client.CoreV1().Services("a").Create(context.Background(), localLoadBalancer(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	const before, after = "192.168.100.1:30777", "192.168.200.1:30777"
 	testutil.Eventually(t, waitTimeout, "the health check opens on the InternalIP", func() bool { return slices.Contains(rec.get(), before) })
 
-	moved := strings.Replace(alongsideYAML, "  syncPeriod: 30s\n", "  syncPeriod: 30s\n  nodePortAddresses: [192.168.200.0/24]\n", 1)
-	if moved == alongsideYAML {
-		t.Fatal("the test's configuration edit did not apply")
-	}
-	f.writeConfig(moved + teamC)
-	testutil.Eventually(t, 2*waitTimeout, "the change refused", func() bool {
-		return strings.Contains(f.rec.all(), "ConfigRefused: Applying the changed configuration failed")
-	})
+	moved := f.writeRefusedConfig("  syncPeriod: 30s\n", "  syncPeriod: 30s\n  nodePortAddresses: [192.168.200.0/24]\n")
 	if got := rec.get(); slices.Contains(got, after) {
 		t.Errorf("a refused change opened team-a's health check on %s (opened %v)", after, got)
 	}
@@ -435,4 +414,20 @@ func TestLiveConfigRefusedChangeMovesNoHealthCheck(t *testing.T) {
 	refuse.Store(false)
 	f.writeConfig(moved + teamC + "  fullSyncPeriod: 1h\n")
 	testutil.Eventually(t, waitTimeout, "the applied change opens the health check on the new address", func() bool { return slices.Contains(rec.get(), after) })
+}
+
+// writeRefusedConfig writes alongsideYAML with old replaced by new in team-a's part and
+// team-c added, waits until the supervisor refuses it (team-c's lists fail: see
+// refuseListing), and returns the edited team-a configuration.
+func (f *fixture) writeRefusedConfig(old, new string) string {
+	f.t.Helper()
+	edited := strings.Replace(alongsideYAML, old, new, 1)
+	if edited == alongsideYAML {
+		f.t.Fatal("the test's configuration edit did not apply")
+	}
+	f.writeConfig(edited + teamC)
+	testutil.Eventually(f.t, 2*waitTimeout, "the change refused", func() bool {
+		return strings.Contains(f.rec.all(), "ConfigRefused: Applying the changed configuration failed")
+	})
+	return edited
 }
