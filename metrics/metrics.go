@@ -46,6 +46,7 @@ const (
 	labelGuard         = "guard"
 	labelHash          = "hash"
 	labelResult        = "result"
+	labelConfigMap     = "configmap"
 
 	kindFull    = "full"
 	kindPartial = "partial"
@@ -108,6 +109,10 @@ type Metrics struct {
 	configInfo        *prometheus.GaugeVec
 	configApplied     prometheus.Gauge
 	configReloads     *prometheus.CounterVec
+	// nodeAddressesUp and nodeAddressesNodes: the published node address list, where
+	// otherNodeAddresses is "published" (no series otherwise).
+	nodeAddressesUp    *prometheus.GaugeVec
+	nodeAddressesNodes *prometheus.GaugeVec
 
 	// rest counts and times the API client's requests (restclient.go).
 	rest restClientMetrics
@@ -356,6 +361,16 @@ func (m *Metrics) addInfoSeries() {
 		Help:      "When the configuration in force was applied (at start, or by a live change), in seconds since the epoch",
 	})
 	m.registry.MustRegister(m.configApplied)
+	m.nodeAddressesUp = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "published_node_addresses_up",
+		Help:      "1 when the published node address list (otherNodeAddresses: published) was read and is valid, 0 while it is absent or unreadable (the last list read stays reserved)",
+	}, []string{labelConfigMap}))
+	m.nodeAddressesNodes = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "published_node_addresses_nodes",
+		Help:      "Nodes in the published node address list in use (otherNodeAddresses: published)",
+	}, []string{labelConfigMap}))
 	m.configReloads = nodeWide(m, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: shardproxyNamespace,
 		Name:      "config_reloads_total",
@@ -463,6 +478,18 @@ func (m *Metrics) SetConfig(hash string, applied time.Time) {
 	m.configInfo.Reset()
 	m.configInfo.WithLabelValues(hash).Set(1)
 	m.configApplied.Set(float64(applied.UnixNano()) / 1e9)
+}
+
+// SetPublishedNodeAddresses records the state of the published node address list
+// (namespace/name): whether it was read and is valid, and how many Nodes the list in use
+// names.
+func (m *Metrics) SetPublishedNodeAddresses(configMap string, up bool, nodes int) {
+	v := 0.0
+	if up {
+		v = 1
+	}
+	m.nodeAddressesUp.WithLabelValues(configMap).Set(v)
+	m.nodeAddressesNodes.WithLabelValues(configMap).Set(float64(nodes))
 }
 
 // ConfigReloaded counts a changed configuration file by its result (Reload*).

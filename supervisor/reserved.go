@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 )
 
 // reservedAddresses are the addresses no Service's user addresses may take on this node:
@@ -54,6 +55,11 @@ func otherNodeIPs(nodes []*corev1.Node, self string) []selector.NodeIP {
 			}
 		}
 	}
+	return sortNodeIPs(out)
+}
+
+// sortNodeIPs sorts by address, then node name, and keeps the first of each address.
+func sortNodeIPs(out []selector.NodeIP) []selector.NodeIP {
 	slices.SortFunc(out, func(a, b selector.NodeIP) int {
 		if c := a.Addr.Compare(b.Addr); c != 0 {
 			return c
@@ -117,4 +123,18 @@ func apiServerIPs(epSlices []*discoveryv1.EndpointSlice) []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
+}
+
+// nodeIPs is otherNodeIPs of a published list (nodeaddrs.Node).
+func nodeIPs(nodes []nodeaddrs.Node, self string) []selector.NodeIP {
+	var out []selector.NodeIP
+	for _, n := range nodes {
+		if n.Name == self {
+			continue
+		}
+		for _, a := range n.Addrs {
+			out = append(out, selector.NodeIP{Addr: a.Unmap(), Node: n.Name})
+		}
+	}
+	return sortNodeIPs(out)
 }

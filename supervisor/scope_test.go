@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/flowcontrol"
@@ -42,6 +43,8 @@ func TestWatchSelectors(t *testing.T) {
 		instances    []config.Instance
 		serviceCIDRs bool
 		otherNodes   bool
+		// published reads the other Nodes' addresses from the published list.
+		published bool
 		// want maps resources to label selectors, nodes to field selectors.
 		want map[string][]string
 	}{{
@@ -66,10 +69,23 @@ func TestWatchSelectors(t *testing.T) {
 		otherNodes:   true,
 		want: map[string][]string{"services": {named, shadow},
 			"endpointslices": {noHead + "," + named, noHead + "," + shadow, apiServer}, "servicecidrs": {all}, "nodes": {all}},
+	}, {
+		name:         "reserving other nodes' addresses from the published list: this Node, and the list alone",
+		instances:    teams,
+		serviceCIDRs: true,
+		otherNodes:   true,
+		published:    true,
+		want: map[string][]string{"services": {named, shadow},
+			"endpointslices": {noHead + "," + named, noHead + "," + shadow, apiServer}, "servicecidrs": {all}, "nodes": {node},
+			"configmaps": {"metadata.name=shardproxy-nodeaddresses"}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-			w, err := NewWatches(client, "node-1", watchScope(tc.instances, tc.serviceCIDRs), WatchOptions{ServiceCIDRs: tc.serviceCIDRs, OtherNodes: tc.otherNodes})
+			opts := WatchOptions{ServiceCIDRs: tc.serviceCIDRs, OtherNodes: tc.otherNodes}
+			if tc.published {
+				opts.PublishedNodeAddresses = &types.NamespacedName{Namespace: "shardproxy-system", Name: "shardproxy-nodeaddresses"}
+			}
+			w, err := NewWatches(client, "node-1", watchScope(tc.instances, tc.serviceCIDRs), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -82,7 +98,7 @@ func TestWatchSelectors(t *testing.T) {
 				}
 				res := a.GetResource().Resource
 				f := wa.GetWatchRestrictions().Fields.String()
-				if res == "nodes" {
+				if res == "nodes" || res == "configmaps" {
 					got[res] = append(got[res], f)
 					continue
 				}

@@ -32,6 +32,7 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/conntrack"
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
+	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 	"github.com/shardproxy/shardproxy/tables"
 	"github.com/shardproxy/shardproxy/tables/servicecidr"
 )
@@ -146,6 +147,9 @@ type Supervisor struct {
 	// otherNodes holds a pending "another Node's addresses changed" (capacity 1), so a
 	// burst of them (the initial list of every Node) costs one updateReserved.
 	otherNodes chan struct{}
+	// nodeAddrsState is the published node address list's state last reported
+	// (reportNodeAddresses); guarded by reservedMu.
+	nodeAddrsState string
 }
 
 // withDefaults fills in the real system behind every seam a test leaves unset.
@@ -357,6 +361,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.logger.Info("API caches filled; starting instances", "instances", len(s.instanceSpecs()))
 	// Every Node's addresses are known: verdicts are final before any instance syncs.
 	s.updateReserved()
+	s.reportNodeAddresses()
 	s.startLoops(ctx, &wg, w, cidrDrop)
 	<-ctx.Done()
 	stop()
@@ -370,8 +375,11 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 	if !serviceCIDRs {
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
 	}
-	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs),
-		WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: s.cfg.WatchesOtherNodes()})
+	opts := WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: s.cfg.WatchesOtherNodes()}
+	if s.cfg.PublishedNodeAddresses() {
+		opts.PublishedNodeAddresses = &types.NamespacedName{Namespace: s.cfg.StatusNamespace, Name: nodeaddrs.DefaultName}
+	}
+	w, err := NewWatches(s.deps.Client, s.cfg.NodeName, watchScope(s.cfg.Instances, serviceCIDRs), opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -706,7 +714,36 @@ func (s *Supervisor) runOtherNodes(ctx context.Context) {
 			return
 		case <-s.otherNodes:
 			s.updateReserved()
+			s.reportNodeAddresses()
 		}
+	}
+}
+
+// reportNodeAddresses puts the published node address list's state (when the node reads
+// one) in /status and the metrics, and logs each change of state once: an absent or
+// unreadable list leaves the last one read in force, so a Node added meanwhile has its
+// addresses unreserved here until the list is back.
+func (s *Supervisor) reportNodeAddresses() {
+	st, ok := s.watches.PublishedNodeAddresses()
+	if !ok {
+		return
+	}
+	s.health.SetNodeAddresses(st)
+	s.metrics.SetPublishedNodeAddresses(st.ConfigMap, st.State == publishedOK, st.Nodes)
+	s.reservedMu.Lock()
+	last := s.nodeAddrsState
+	s.nodeAddrsState = st.State
+	s.reservedMu.Unlock()
+	if st.State == last {
+		return
+	}
+	switch st.State {
+	case publishedOK:
+		s.logger.Info("Reading the other Nodes' addresses from the published list", "configMap", st.ConfigMap, "nodes", st.Nodes)
+	default:
+		s.logger.Error(errors.New(st.Error), "The published node address list is "+st.State+
+			"; the last list read stays reserved, and Nodes added since are not (is `shardproxy node-addresses` running?)",
+			"configMap", st.ConfigMap, "nodes", st.Nodes)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
 // labelHeadless marks EndpointSlices of headless Services: no proxy rules come from them.
@@ -47,8 +48,13 @@ type WatchOptions struct {
 	// ServiceCIDRs is false when the apiserver does not serve networking.k8s.io/v1
 	// ServiceCIDRs.
 	ServiceCIDRs bool
-	// OtherNodes watches every Node, not only this one, for their addresses.
+	// OtherNodes watches every Node, not only this one, for their addresses, or the
+	// published list of them when PublishedNodeAddresses is set.
 	OtherNodes bool
+	// PublishedNodeAddresses is the ConfigMap of the published node address list
+	// (nodeaddrs) to read the other Nodes' addresses from, with OtherNodes, instead of
+	// a watch of every Node (otherNodeAddresses: published).
+	PublishedNodeAddresses *types.NamespacedName
 }
 
 // Watches are the node's API watches: one informer per resource and label selector of
@@ -57,8 +63,11 @@ type Watches struct {
 	client   kubernetes.Interface
 	nodeName string
 	shared   *endpointValues
-	// otherNodes: the Node watch holds every Node, not only this one.
+	// otherNodes: the other Nodes' addresses are watched: every Node (the Node watch
+	// holds them all) or, with published, the published list.
 	otherNodes bool
+	// published is the watch of the published node address list; nil: none.
+	published *publishedList
 	// mu guards scoped, which Rescope changes while the others read it.
 	mu sync.RWMutex
 	// scoped are the Service and EndpointSlice watches, one pair per selector of the
@@ -143,7 +152,12 @@ func NewWatches(client kubernetes.Interface, nodeName string, scope []string, op
 	for _, sel := range scope {
 		w.scoped = append(w.scoped, w.newScopedWatch(sel))
 	}
-	w.nodeFactory = newNodeFactory(client, nodeName, opts.OtherNodes)
+	allNodes := opts.OtherNodes
+	if opts.OtherNodes && opts.PublishedNodeAddresses != nil {
+		allNodes = false
+		w.published = newPublishedList(client, *opts.PublishedNodeAddresses, nodeName)
+	}
+	w.nodeFactory = newNodeFactory(client, nodeName, allNodes)
 	w.node = w.nodeFactory.Core().V1().Nodes().Informer()
 	// One small object in one namespace: the API server's endpoints.
 	apiServer := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
@@ -187,8 +201,12 @@ func newNodeFactory(client kubernetes.Interface, nodeName string, otherNodes boo
 
 // OtherNodeIPs lists the addresses of the Nodes other than this one (none unless
 // WatchOptions.OtherNodes), sorted by address; an address two Nodes list is named
-// after the first by name.
+// after the first by name. From the published list, they are those of the last list
+// read validly.
 func (w *Watches) OtherNodeIPs() []selector.NodeIP {
+	if w.published != nil {
+		return w.published.otherNodeIPs()
+	}
 	var nodes []*corev1.Node
 	for _, o := range w.node.GetStore().List() {
 		if n, ok := o.(*corev1.Node); ok {
@@ -461,8 +479,18 @@ func (w *Watches) Scope() []string {
 	return out
 }
 
-// WatchesOtherNodes tells whether the Node watch holds every Node (WatchOptions.OtherNodes).
+// WatchesOtherNodes tells whether the other Nodes' addresses are watched
+// (WatchOptions.OtherNodes), from every Node or from the published list.
 func (w *Watches) WatchesOtherNodes() bool { return w.otherNodes }
+
+// PublishedNodeAddresses is the published node address list's state, and false when
+// the node does not read one.
+func (w *Watches) PublishedNodeAddresses() (healthcheck.NodeAddressesStatus, bool) {
+	if w.published == nil {
+		return healthcheck.NodeAddressesStatus{}, false
+	}
+	return w.published.current(), true
+}
 
 // ServiceCIDRsServed tells whether the API server serves ServiceCIDRs (WatchOptions).
 func (w *Watches) ServiceCIDRsServed() bool { return w.serviceCIDR != nil }
@@ -528,6 +556,9 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 			UpdateFunc: func(any, any) { onAPIServer() },
 			DeleteFunc: func(any) { onAPIServer() },
 		}},
+	}
+	if w.published != nil {
+		all = append(all, handler{"the published node addresses", w.published.informer, w.published.handlers(onOtherNodes)})
 	}
 	for i, sw := range w.scoped {
 		all = append(all, handler{"Services", sw.services, services[i]}, handler{"EndpointSlices", sw.slices, slices[i]})
@@ -604,6 +635,9 @@ func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 		f.Start(ctx.Done())
 	}
 	w.nodeFactory.Start(ctx.Done())
+	if w.published != nil {
+		w.published.factory.Start(ctx.Done())
+	}
 	syncCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	synced := []cache.InformerSynced{w.node.HasSynced}
@@ -616,6 +650,9 @@ func (w *Watches) Start(ctx context.Context, timeout time.Duration) error {
 	}
 	if w.serviceCIDR != nil {
 		synced = append(synced, w.serviceCIDR.HasSynced)
+	}
+	if w.published != nil {
+		synced = append(synced, w.published.informer.HasSynced)
 	}
 	if !cache.WaitForCacheSync(syncCtx.Done(), synced...) {
 		return fmt.Errorf("API caches did not fill within %s", timeout)
@@ -633,6 +670,9 @@ func (w *Watches) Wait() {
 		sw.shutdown()
 	}
 	w.nodeFactory.Shutdown()
+	if w.published != nil {
+		w.published.factory.Shutdown()
+	}
 	w.readers.Wait()
 }
 

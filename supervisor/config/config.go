@@ -56,6 +56,12 @@ const (
 	DefaultMasqueradeBitAlongside = 13
 )
 
+// The values of otherNodeAddresses.
+const (
+	OtherNodeAddressesWatch     = "watch"
+	OtherNodeAddressesPublished = "published"
+)
+
 // NodePortAddressesPrimary is the nodePortAddresses entry meaning "the node's
 // InternalIPs". It must be the only entry when used; it is the default.
 const NodePortAddressesPrimary = "primary"
@@ -120,6 +126,16 @@ type Config struct {
 	// (tenant.externalIPCIDRs or loadBalancerCIDRs); no instance serves any without them.
 	// A pointer so that an explicit false survives Default. Default true.
 	ReserveOtherNodeAddresses *bool `yaml:"reserveOtherNodeAddresses"`
+	// OtherNodeAddresses is where reserveOtherNodeAddresses learns the other Nodes'
+	// addresses. "watch" (the default): a watch of every Node, whose events (every
+	// Node's status updates, at least one per Node every 5 minutes) grow with the square
+	// of the nodes cluster-wide. "published": a watch of one ConfigMap,
+	// "shardproxy-nodeaddresses" in statusNamespace, which `shardproxy node-addresses`
+	// (one writer, leader-elected) rewrites only when an address changes: events grow
+	// with the nodes. While that ConfigMap is absent or unreadable the node reserves the
+	// last list it read (none at start) and says so in /status and
+	// shardproxy_published_node_addresses_up. Needs statusNamespace.
+	OtherNodeAddresses string `yaml:"otherNodeAddresses"`
 	// SharedTenants lets instances list the same namespaces and overlapping address
 	// ranges: one team with several instances, or a namespace whose Services move
 	// between named instances by label. Off (the default), validation refuses both: a
@@ -295,6 +311,9 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	if c.ReserveOtherNodeAddresses == nil {
 		c.ReserveOtherNodeAddresses = ptr(true)
 	}
+	if c.OtherNodeAddresses == "" {
+		c.OtherNodeAddresses = OtherNodeAddressesWatch
+	}
 
 	ct := &c.Conntrack
 	if ct.MaxPerCore == nil {
@@ -321,9 +340,10 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 	}
 }
 
-// WatchesOtherNodes tells whether the supervisor watches every Node for its
-// addresses: ReserveOtherNodeAddresses is on and an instance serves user addresses
-// (externalIPs or load-balancer IPs: its tenant lists ranges for them).
+// WatchesOtherNodes tells whether the supervisor reserves the other Nodes' addresses,
+// watching every Node or the published list (OtherNodeAddresses): ReserveOtherNodeAddresses
+// is on and an instance serves user addresses (externalIPs or load-balancer IPs: its
+// tenant lists ranges for them).
 func (c *Config) WatchesOtherNodes() bool {
 	if c.ReserveOtherNodeAddresses == nil || !*c.ReserveOtherNodeAddresses {
 		return false
@@ -334,6 +354,12 @@ func (c *Config) WatchesOtherNodes() bool {
 		}
 	}
 	return false
+}
+
+// PublishedNodeAddresses tells whether the supervisor reads the other Nodes' addresses
+// from the published list rather than a watch of every Node.
+func (c *Config) PublishedNodeAddresses() bool {
+	return c.WatchesOtherNodes() && c.OtherNodeAddresses == OtherNodeAddressesPublished
 }
 
 // hasDefaultInstance reports whether an instance serves the unlabeled Services. When

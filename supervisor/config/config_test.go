@@ -104,6 +104,18 @@ func TestDecodeDefaultValidate(t *testing.T) {
 			wantErr: []string{`reservedCIDRs[1]: "bogus" is not a CIDR`, `reservedCIDRs[2]: "10.0.0.1/8" has host bits set`, `reservedCIDRs[3]: "192.168.0.0/16" is listed twice`},
 		},
 		{name: "reservedCIDRs of both families", yaml: minimal + "reservedCIDRs: [192.168.0.0/16, fd00::/64]\n"},
+		{name: "otherNodeAddresses watch", yaml: minimal + "otherNodeAddresses: watch\n"},
+		{name: "otherNodeAddresses published", yaml: minimal + "otherNodeAddresses: published\n"},
+		{
+			name:    "otherNodeAddresses of another value",
+			yaml:    minimal + "otherNodeAddresses: nodes\n",
+			wantErr: []string{`otherNodeAddresses: "nodes" is not one of "watch", "published"`},
+		},
+		{
+			name:    "otherNodeAddresses published needs the status namespace",
+			yaml:    minimal + "otherNodeAddresses: published\nstatusNamespace: \"-\"\n",
+			wantErr: []string{`otherNodeAddresses: "published" needs statusNamespace`},
+		},
 		{
 			name:    "clientConnection burst below qps",
 			yaml:    minimal + "clientConnection:\n  qps: 20\n  burst: 5\n",
@@ -673,6 +685,7 @@ conntrack:
 				StatusNamespace:           "shardproxy-system",
 				ServiceCIDRDrop:           ptr(true),
 				ReserveOtherNodeAddresses: ptr(true),
+				OtherNodeAddresses:        OtherNodeAddressesWatch,
 				Conntrack: Conntrack{
 					MaxPerCore:            ptr[int32](32768),
 					Min:                   ptr[int32](131072),

@@ -60,17 +60,24 @@ func TestFixedChanges(t *testing.T) {
 func TestWatchesOtherNodes(t *testing.T) {
 	withRanges := strings.Replace(liveBase, "tenant: {namespaces: [a]}", "tenant: {namespaces: [a], loadBalancerCIDRs: [192.0.2.0/24]}", 1)
 	for _, tc := range []struct {
-		name, yaml string
-		want       bool
+		name, yaml      string
+		want, published bool
 	}{
-		{"no instance serves user addresses", liveBase, false},
-		{"an instance serves load-balancer IPs", withRanges, true},
-		{"an instance serves external IPs", strings.Replace(liveBase, "tenant: {namespaces: [a]}", "tenant: {namespaces: [a], externalIPCIDRs: [192.0.2.0/24]}", 1), true},
-		{"turned off", withRanges + "reserveOtherNodeAddresses: false\n", false},
+		{"no instance serves user addresses", liveBase, false, false},
+		{"an instance serves load-balancer IPs", withRanges, true, false},
+		{"an instance serves external IPs", strings.Replace(liveBase, "tenant: {namespaces: [a]}", "tenant: {namespaces: [a], externalIPCIDRs: [192.0.2.0/24]}", 1), true, false},
+		{"turned off", withRanges + "reserveOtherNodeAddresses: false\n", false, false},
+		{"from the published list", withRanges + "otherNodeAddresses: published\n", true, true},
+		{"published, but no instance serves user addresses", liveBase + "otherNodeAddresses: published\n", false, false},
+		{"published, turned off", withRanges + "otherNodeAddresses: published\nreserveOtherNodeAddresses: false\n", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := mustParse(t, tc.yaml).WatchesOtherNodes(); got != tc.want {
+			c := mustParse(t, tc.yaml)
+			if got := c.WatchesOtherNodes(); got != tc.want {
 				t.Errorf("WatchesOtherNodes = %v, want %v", got, tc.want)
+			}
+			if got := c.PublishedNodeAddresses(); got != tc.published {
+				t.Errorf("PublishedNodeAddresses = %v, want %v", got, tc.published)
 			}
 		})
 	}

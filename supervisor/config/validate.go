@@ -46,6 +46,15 @@ func (c *Config) Validate() error {
 			p.add("statusNamespace", "%q is not a namespace name (or \"-\" for none): %s", c.StatusNamespace, strings.Join(msgs, "; "))
 		}
 	}
+	switch c.OtherNodeAddresses {
+	case OtherNodeAddressesWatch, "":
+	case OtherNodeAddressesPublished:
+		if c.StatusNamespace == StatusDisabled {
+			p.add("otherNodeAddresses", "%q needs statusNamespace, the namespace of the published list, not %q", c.OtherNodeAddresses, StatusDisabled)
+		}
+	default:
+		p.add("otherNodeAddresses", "%q is not one of %q, %q", c.OtherNodeAddresses, OtherNodeAddressesWatch, OtherNodeAddressesPublished)
+	}
 	prefixOK := true
 	switch {
 	case c.TablePrefix == "":

@@ -82,6 +82,32 @@ type ProxyHealth struct {
 	listenErrors map[string]string
 	// config is the configuration in force, for /status.
 	config *ConfigStatus
+	// nodeAddresses is the published node address list's state, for /status.
+	nodeAddresses *NodeAddressesStatus
+}
+
+// NodeAddressesStatus is the state of the published node address list the node reads
+// the other Nodes' addresses from (otherNodeAddresses: published), as /status reports it.
+type NodeAddressesStatus struct {
+	// ConfigMap is the list's namespace/name.
+	ConfigMap string `json:"configMap"`
+	// State is "ok" (read and valid), "absent" (not there, or deleted) or "invalid"
+	// (unreadable); in the last two the list read last (if any) stays reserved.
+	State string `json:"state"`
+	// Error says what is wrong when State is not ok.
+	Error string `json:"error,omitempty"`
+	// Nodes is how many Nodes the list in use names; ResourceVersion and Read are the
+	// ConfigMap's version and when this node read it.
+	Nodes           int       `json:"nodes"`
+	ResourceVersion string    `json:"resourceVersion,omitempty"`
+	Read            time.Time `json:"read,omitzero"`
+}
+
+// SetNodeAddresses records the published node address list's state.
+func (h *ProxyHealth) SetNodeAddresses(st NodeAddressesStatus) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.nodeAddresses = &st
 }
 
 // ConfigStatus is the configuration file in force, as /status reports it.
@@ -450,6 +476,9 @@ type StatusResponse struct {
 	ListenErrors map[string]string `json:"listenErrors,omitempty"`
 	// Config is the configuration file in force; nil when the supervisor was given none.
 	Config *ConfigStatus `json:"config,omitempty"`
+	// NodeAddresses is the published node address list's state; nil unless the node
+	// reads one (otherNodeAddresses: published).
+	NodeAddresses *NodeAddressesStatus `json:"nodeAddresses,omitempty"`
 }
 
 // InstanceStatus is the state of one instance as /status reports it: its health plus the
@@ -476,6 +505,7 @@ type snapshot struct {
 	nodeDeleting bool
 	listenErrors map[string]string
 	config       *ConfigStatus
+	nodeAddrs    *NodeAddressesStatus
 	instances    map[string]InstanceStatus
 	// live is each instance's /livez verdict.
 	live map[string]bool
@@ -491,6 +521,7 @@ func (h *ProxyHealth) snapshot() snapshot {
 		nodeDeleting: h.nodeDeleting,
 		listenErrors: maps.Clone(h.listenErrors),
 		config:       h.config,
+		nodeAddrs:    h.nodeAddresses,
 		instances:    make(map[string]InstanceStatus, len(h.instances)),
 		live:         make(map[string]bool, len(h.instances)),
 		families:     make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
@@ -587,11 +618,12 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 func (h *ProxyHealth) Status() StatusResponse {
 	s := h.snapshot()
 	return StatusResponse{
-		CurrentTime:  s.now,
-		NodeDeleting: s.nodeDeleting,
-		Instances:    s.instances,
-		ListenErrors: s.listenErrors,
-		Config:       s.config,
+		CurrentTime:   s.now,
+		NodeDeleting:  s.nodeDeleting,
+		Instances:     s.instances,
+		ListenErrors:  s.listenErrors,
+		Config:        s.config,
+		NodeAddresses: s.nodeAddrs,
 	}
 }
 

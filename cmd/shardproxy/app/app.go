@@ -124,6 +124,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			configCommand(),
 			completionCommand(),
 			statusCommand(),
+			nodeAddressesCommand(),
 			{
 				Name:  "version",
 				Usage: "print the version",
