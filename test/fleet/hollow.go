@@ -45,6 +45,9 @@ type HollowOptions struct {
 	// ReserveOtherNodeAddresses is the configuration's reserveOtherNodeAddresses: with it
 	// on, every node watches every Node.
 	ReserveOtherNodeAddresses bool
+	// OtherNodeAddresses is the configuration's otherNodeAddresses: "watch" (every Node,
+	// the default) or "published" (the list `shardproxy node-addresses` writes).
+	OtherNodeAddresses string
 	// Logger receives the supervisor's log lines; default: discarded.
 	Logger logr.Logger
 	// FullFake keeps every rule and element in knftables' Fake (its Dump is then the
@@ -73,17 +76,22 @@ type HollowNode struct {
 // IPs from anywhere, as kube-proxy does (so reserveOtherNodeAddresses has its Node watch
 // to make), servers on free loopback ports (set after validation).
 func hollowConfig(opts HollowOptions) (*config.Config, error) {
+	otherNodeAddresses := opts.OtherNodeAddresses
+	if otherNodeAddresses == "" {
+		otherNodeAddresses = config.OtherNodeAddressesWatch
+	}
 	yaml := fmt.Sprintf(`apiVersion: shardproxy.io/v1alpha1
 kind: SupervisorConfig
 nodeName: %s
 statusNamespace: %q
 reserveOtherNodeAddresses: %t
+otherNodeAddresses: %q
 instances:
 - name: %s
   default: true
   slot: 0
   tenant: {externalIPCIDRs: [0.0.0.0/0, "::/0"], loadBalancerCIDRs: [0.0.0.0/0, "::/0"]}
-`, opts.Name, opts.StatusNamespace, opts.ReserveOtherNodeAddresses, DefaultInstance)
+`, opts.Name, opts.StatusNamespace, opts.ReserveOtherNodeAddresses, otherNodeAddresses, DefaultInstance)
 	if opts.MigrationTarget != "" {
 		yaml += fmt.Sprintf(`- name: %[1]s
   proxyNames: [%[1]s]
