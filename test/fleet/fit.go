@@ -36,7 +36,7 @@ func group(results []*Result) []series {
 	for _, r := range results {
 		label := string(r.Proxy)
 		if !r.Proxy.Kubemark() {
-			label = fmt.Sprintf("%s reserve %t", r.Proxy, r.ReserveOtherNodeAddresses)
+			label = fmt.Sprintf("%s reserve %s", r.Proxy, r.Reserve())
 		}
 		i := slices.IndexFunc(out, func(s series) bool { return s.label == label })
 		if i < 0 {

@@ -24,8 +24,10 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/measure"
 )
@@ -38,6 +40,10 @@ type Options struct {
 	Nodes int
 	// ReserveOtherNodeAddresses is every node's reserveOtherNodeAddresses.
 	ReserveOtherNodeAddresses bool
+	// OtherNodeAddresses is every node's otherNodeAddresses (default watch). With
+	// "published", one node address writer runs in this process for the fleet, as
+	// the Deployment beside the DaemonSet would, its requests counted with the nodes'.
+	OtherNodeAddresses string
 	// Settle is how long after the first syncs the steady state starts.
 	Settle time.Duration
 	// Steady is how long the steady state is measured.
@@ -85,6 +91,7 @@ type Result struct {
 	Proxy                     Proxy
 	Nodes                     int
 	ReserveOtherNodeAddresses bool
+	OtherNodeAddresses        string
 	Services                  int
 	// Ready is how long every node took to start and program every Service.
 	Ready time.Duration
@@ -200,7 +207,8 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	if opts.Proxy == "" {
 		opts.Proxy = Shardproxy
 	}
-	res := &Result{Proxy: opts.Proxy, Nodes: opts.Nodes, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, Services: services}
+	res := &Result{Proxy: opts.Proxy, Nodes: opts.Nodes, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses,
+		OtherNodeAddresses: opts.OtherNodeAddresses, Services: services}
 	// The watches open before the fleet starts: after it stops, the next fleet waits for
 	// the apiserver to be back to them, so that one's watches still closing are not
 	// counted as the next one's (kubemark's readiness counts open watches).
@@ -233,7 +241,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		return nil, errors.Join(fmt.Errorf("waiting for the first syncs: %w", err), fl.stop())
 	}
 	res.Ready = time.Since(start)
-	opts.Logf("%d %s nodes (reserveOtherNodeAddresses %t) hold %d Services after %v", opts.Nodes, opts.Proxy, opts.ReserveOtherNodeAddresses, services, res.Ready.Round(time.Millisecond))
+	opts.Logf("%d %s nodes (reserve %s) hold %d Services after %v", opts.Nodes, opts.Proxy, res.Reserve(), services, res.Ready.Round(time.Millisecond))
 
 	// The nodes' first status writes (and kube-proxy's start events) are start-up, not
 	// steady state.
@@ -280,7 +288,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		if opts.Proxy != Shardproxy {
 			break
 		}
-		name := fmt.Sprintf("fleet-probe-%d-%t-%d", opts.Nodes, opts.ReserveOtherNodeAddresses, k)
+		name := fmt.Sprintf("fleet-probe-%d-%s-%d", opts.Nodes, res.Reserve(), k)
 		t0 := time.Now()
 		if err := createProbe(ctx, env.Admin, name); err != nil {
 			return nil, errors.Join(err, fl.stop())
@@ -393,6 +401,8 @@ type shardproxyFleet struct {
 	nodes []*HollowNode
 	// baseRSS is this process's resident set before the nodes started.
 	baseRSS int64
+	// stopWriter stops the node address writer (OtherNodeAddresses published); nil: none.
+	stopWriter func() error
 }
 
 func startShardproxy(ctx context.Context, env Env, opts Options, counter *RequestCounter) (*shardproxyFleet, error) {
@@ -402,6 +412,11 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 		return nil, err
 	}
 	f := &shardproxyFleet{baseRSS: self.RSS}
+	if opts.ReserveOtherNodeAddresses && opts.OtherNodeAddresses == config.OtherNodeAddressesPublished {
+		if f.stopWriter, err = startNodeAddressWriter(ctx, env, counter); err != nil {
+			return nil, err
+		}
+	}
 	target := ""
 	if opts.Migrate > 0 {
 		target = MigrationTarget
@@ -427,13 +442,64 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 			}
 		}
 		h, err := StartHollow(ctx, HollowOptions{Name: NodeName(i), Addr: NodeAddr(i), Client: client,
-			StatusNamespace: StatusNamespace, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses, MigrationTarget: target})
+			StatusNamespace: StatusNamespace, ReserveOtherNodeAddresses: opts.ReserveOtherNodeAddresses,
+			OtherNodeAddresses: opts.OtherNodeAddresses, MigrationTarget: target})
 		if err != nil {
 			return nil, errors.Join(err, f.stop())
 		}
 		f.nodes = append(f.nodes, h)
 	}
 	return f, nil
+}
+
+// startNodeAddressWriter runs the node address writer, as its Deployment would (one
+// leader; its requests counted with the nodes'), and waits for its first list.
+func startNodeAddressWriter(ctx context.Context, env Env, counter *RequestCounter) (func() error, error) {
+	client := env.NodeClient
+	if client == nil {
+		rc := rest.CopyConfig(env.NodeConfig())
+		rc.QPS, rc.Burst = 5, 10
+		rc.ContentType = config.ContentTypeProtobuf
+		rc.AcceptContentTypes = config.ContentTypeProtobuf + "," + config.ContentTypeJSON
+		rc.UserAgent = "shardproxy-node-addresses"
+		rc.Dial = newDialer()
+		rc.WrapTransport = counter.Wrap
+		var err error
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return nil, err
+		}
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	w := &nodeaddrs.Writer{Client: client, Namespace: StatusNamespace, Logger: klog.Background().WithValues("writer", "fleet")}
+	go func() { done <- nodeaddrs.RunElected(wctx, w, nodeaddrs.Election{Identity: "fleet"}) }()
+	stop := func() error {
+		cancel()
+		return <-done
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := env.Admin.CoreV1().ConfigMaps(StatusNamespace).Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+		if err == nil {
+			return stop, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, errors.Join(fmt.Errorf("the node address writer published no list within a minute: %w", err), stop())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Reserve is the row's reserve setting: "published" (from the published list), "true"
+// (a watch of every Node) or "false".
+func (r *Result) Reserve() string {
+	if r.ReserveOtherNodeAddresses && r.OtherNodeAddresses == config.OtherNodeAddressesPublished {
+		return config.OtherNodeAddressesPublished
+	}
+	return fmt.Sprint(r.ReserveOtherNodeAddresses)
 }
 
 // waitReady waits for every node's first full sync, which programs every Service at
@@ -455,6 +521,9 @@ func (f *shardproxyFleet) stop() error {
 	var errs []error
 	for _, h := range f.nodes {
 		errs = append(errs, h.Stop())
+	}
+	if f.stopWriter != nil {
+		errs = append(errs, f.stopWriter())
 	}
 	return errors.Join(errs...)
 }
@@ -687,7 +756,7 @@ func Table(results []*Result) string {
 		"prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
 	for _, r := range results {
 		s := r.Steady
-		reserve, p50, p99, pmax := fmt.Sprint(r.ReserveOtherNodeAddresses), "n/a", "n/a", "n/a"
+		reserve, p50, p99, pmax := r.Reserve(), "n/a", "n/a", "n/a"
 		if r.Proxy.Kubemark() {
 			reserve = "-"
 		} else {

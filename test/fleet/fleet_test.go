@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
 
@@ -78,37 +80,50 @@ etcd_requests_total{operation="create",type="/registry/services/specs"} 4
 	}
 }
 
-// TestTinyFleet runs three hollow nodes against a fake clientset: each programs the
-// Services, publishes its own status ConfigMap and programs a new Service.
+// TestTinyFleet runs three hollow nodes against a fake clientset, watching every Node
+// or reading the published list (a writer in the process): each programs the Services,
+// publishes its own status ConfigMap and programs a new Service.
 func TestTinyFleet(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	client := fake.NewClientset()
-	c := gen.Generate(20, 3)
-	if err := Prepare(ctx, client, 3, c, 2); err != nil {
-		t.Fatal(err)
+	for _, source := range []string{config.OtherNodeAddressesWatch, config.OtherNodeAddressesPublished} {
+		t.Run(source, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			client := fake.NewClientset()
+			c := gen.Generate(20, 3)
+			if err := Prepare(ctx, client, 3, c, 2); err != nil {
+				t.Fatal(err)
+			}
+			res, err := Measure(ctx, Env{Admin: client, NodeClient: client}, Options{
+				Nodes: 3, ReserveOtherNodeAddresses: true, OtherNodeAddresses: source, Steady: 300 * time.Millisecond, StatusPeriod: 100 * time.Millisecond,
+				Changes: 2, ReadyTimeout: 30 * time.Second, Logf: t.Logf}, len(c.Services))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ProgrammingMax <= 0 || res.ProgrammingP50 > res.ProgrammingMax {
+				t.Errorf("programming: p50 %v max %v", res.ProgrammingP50, res.ProgrammingMax)
+			}
+			if res.StatusWrites == 0 {
+				t.Errorf("no Node heartbeats written")
+			}
+			for i := range 3 {
+				name := "shardproxy-node-" + NodeName(i)
+				if _, err := client.CoreV1().ConfigMaps(StatusNamespace).Get(ctx, name, metav1.GetOptions{}); err != nil {
+					t.Errorf("node %d's status: %v", i, err)
+				}
+				n, err := client.CoreV1().Nodes().Get(ctx, NodeName(i), metav1.GetOptions{})
+				if err != nil || n.Status.Conditions[0].Type != corev1.NodeReady {
+					t.Errorf("Node %d: %v %v", i, n, err)
+				}
+			}
+			_, err = client.CoreV1().ConfigMaps(StatusNamespace).Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+			if published := source == config.OtherNodeAddressesPublished; published != (err == nil) {
+				t.Errorf("the published node address list: %v (published %v)", err, published)
+			}
+			if want := map[string]string{config.OtherNodeAddressesWatch: "true"}[source]; want != "" && res.Reserve() != want ||
+				want == "" && res.Reserve() != config.OtherNodeAddressesPublished {
+				t.Errorf("the row's reserve %q", res.Reserve())
+			}
+			t.Log("\n" + Table([]*Result{res}))
+		})
 	}
-	res, err := Measure(ctx, Env{Admin: client, NodeClient: client}, Options{
-		Nodes: 3, ReserveOtherNodeAddresses: true, Steady: 300 * time.Millisecond, StatusPeriod: 100 * time.Millisecond,
-		Changes: 2, ReadyTimeout: 30 * time.Second, Logf: t.Logf}, len(c.Services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.ProgrammingMax <= 0 || res.ProgrammingP50 > res.ProgrammingMax {
-		t.Errorf("programming: p50 %v max %v", res.ProgrammingP50, res.ProgrammingMax)
-	}
-	if res.StatusWrites == 0 {
-		t.Errorf("no Node heartbeats written")
-	}
-	for i := range 3 {
-		name := "shardproxy-node-" + NodeName(i)
-		if _, err := client.CoreV1().ConfigMaps(StatusNamespace).Get(ctx, name, metav1.GetOptions{}); err != nil {
-			t.Errorf("node %d's status: %v", i, err)
-		}
-		n, err := client.CoreV1().Nodes().Get(ctx, NodeName(i), metav1.GetOptions{})
-		if err != nil || n.Status.Conditions[0].Type != corev1.NodeReady {
-			t.Errorf("Node %d: %v %v", i, n, err)
-		}
-	}
-	t.Log("\n" + Table([]*Result{res}))
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/selector"
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 )
 
@@ -338,7 +339,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // MigrationTable formats the migrate steps of results, a row each.
 func MigrationTable(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-10s %-6s %-7s %-13s %-5s %-8s %-7s %-9s %-8s %-9s %-8s %-9s %-8s %-8s %s\n",
+	fmt.Fprintf(&b, "%-10s %-6s %-9s %-13s %-5s %-8s %-7s %-9s %-8s %-9s %-8s %-9s %-8s %-8s %s\n",
 		"proxy", "nodes", "reserve", "step", "svcs", "took", "batches", "confirmed", "moverReq", "moverW", "nodeReq", "nodeW",
 		"etcdW", "apiCPU", "watch events; mover requests; node requests / named")
 	for _, r := range results {
@@ -351,8 +352,8 @@ func MigrationTable(results []*Result) string {
 			if s.Err != "" {
 				last = fmt.Sprintf("%s stopped, named %s; %s", m.Stopped, strings.Join(m.Named, ","), last)
 			}
-			fmt.Fprintf(&b, "%-10s %-6d %-7t %-13s %-5d %-8s %-7d %-9d %-8.0f %-9.0f %-8.0f %-9.0f %-8.0f %-8s %s\n",
-				r.Proxy, r.Nodes, r.ReserveOtherNodeAddresses, s.Name, m.Services, s.Took.Round(10*time.Millisecond), s.Report.Batches,
+			fmt.Fprintf(&b, "%-10s %-6d %-9s %-13s %-5d %-8s %-7d %-9d %-8.0f %-9.0f %-8.0f %-9.0f %-8.0f %-8s %s\n",
+				r.Proxy, r.Nodes, r.Reserve(), s.Name, m.Services, s.Took.Round(10*time.Millisecond), s.Report.Batches,
 				s.Confirmed, s.Mover.Total(), s.Mover.Writes(), s.Nodes.Total(), s.Nodes.Writes(), s.Server.EtcdWrites.Total(),
 				s.APIServerCPU.Round(10*time.Millisecond), last)
 		}
@@ -405,10 +406,10 @@ func MigrationFit(results []*Result) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "\nmigrate step, fit over the measured N: growth per added node; extrapolated to %d nodes\n", FitNodes)
 	fmt.Fprintf(&b, "%-26s %-16s %-12s %s\n", "setting, step", "figure", "per node", "line")
-	for _, reserve := range []bool{true, false} {
+	for _, reserve := range []string{"true", "false", config.OtherNodeAddressesPublished} {
 		var rs []*Result
 		for _, r := range results {
-			if r.Migration != nil && r.ReserveOtherNodeAddresses == reserve {
+			if r.Migration != nil && r.Reserve() == reserve {
 				rs = append(rs, r)
 			}
 		}
@@ -430,7 +431,7 @@ func MigrationFit(results []*Result) string {
 					ys[i] = f.of(s)
 				}
 				a, slope := line(ns, ys)
-				fmt.Fprintf(&b, "%-26s %-16s %-12.4g %.4g\n", fmt.Sprintf("reserve %t, %s", reserve, step), f.name, slope, a+slope*FitNodes)
+				fmt.Fprintf(&b, "%-26s %-16s %-12.4g %.4g\n", fmt.Sprintf("reserve %s, %s", reserve, step), f.name, slope, a+slope*FitNodes)
 			}
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 	"github.com/shardproxy/shardproxy/test/fleet"
@@ -52,7 +53,7 @@ func run() int {
 	fs.DurationVar(&o.steady, "steady", time.Minute, "steady-state window per run")
 	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
 	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
-	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy)")
+	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy): on (a watch of every Node), off, published (on, from the list one node address writer in this process publishes, as its Deployment would)")
 	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
@@ -74,6 +75,12 @@ func run() int {
 			return 2
 		}
 		o.nodes = append(o.nodes, n)
+	}
+	for r := range strings.SplitSeq(o.reserve, ",") {
+		if r != "on" && r != "off" && r != "published" {
+			fmt.Fprintf(os.Stderr, "-reserve %q: want on, off, published\n", o.reserve)
+			return 2
+		}
 	}
 	for p := range strings.SplitSeq(*proxies, ",") {
 		switch p := fleet.Proxy(strings.TrimSpace(p)); p {
@@ -162,7 +169,7 @@ func measure(ctx context.Context, o options) error {
 			}
 			for _, r := range reserves {
 				res, err := fleet.Measure(ctx, env, fleet.Options{
-					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on", Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
+					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on" || r == "published", OtherNodeAddresses: otherNodeAddresses(r), Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
 					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
 					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO,
 				}, o.services)
@@ -203,4 +210,12 @@ func loadavg() string {
 		return err.Error()
 	}
 	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// otherNodeAddresses is the otherNodeAddresses of a -reserve setting.
+func otherNodeAddresses(reserve string) string {
+	if reserve == "published" {
+		return config.OtherNodeAddressesPublished
+	}
+	return config.OtherNodeAddressesWatch
 }
