@@ -21,9 +21,9 @@ func TestConformancePlan(t *testing.T) {
 		timeout          time.Duration
 		wantErr          string
 	}{
-		{name: "CI runs shardproxy alone against the record", want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesConformanceSkip, suiteTimeout: 14 * time.Minute}, timeout: 24 * time.Minute},
-		{name: "CI's focus with the baseline", baseline: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesConformanceSkip, suiteTimeout: 14 * time.Minute, baseline: true}, timeout: 38 * time.Minute},
-		{name: "recording runs the baseline", record: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesConformanceSkip, suiteTimeout: 14 * time.Minute, baseline: true, record: true}, timeout: 38 * time.Minute},
+		{name: "CI runs shardproxy alone against the record", want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesSkip, suiteTimeout: 14 * time.Minute}, timeout: 24 * time.Minute},
+		{name: "CI's focus with the baseline", baseline: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesSkip, suiteTimeout: 14 * time.Minute, baseline: true}, timeout: 38 * time.Minute},
+		{name: "recording runs the baseline", record: true, want: conformancePlan{name: "ci", focus: ServicesConformanceFocus, skip: ServicesSkip, suiteTimeout: 14 * time.Minute, baseline: true, record: true}, timeout: 38 * time.Minute},
 		{name: "make conformance always runs the baseline", mode: "full", want: conformancePlan{name: "full", focus: ServicesFocus, skip: ServicesSkip, suiteTimeout: 45 * time.Minute, baseline: true}, timeout: 100 * time.Minute},
 		{name: "a focus of one's own has no record", mode: "hairpin", want: conformancePlan{focus: "hairpin", skip: ServicesSkip, suiteTimeout: 14 * time.Minute}, timeout: 24 * time.Minute},
 		{name: "a focus of one's own cannot be recorded", mode: "hairpin", record: true, wantErr: "has no record to write"},
@@ -65,7 +65,7 @@ func TestConformanceRecord(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", plan.recordPath(), err)
 	}
-	want := e2ereport.Selection{Version: controlplane.KubernetesVersion, Focus: ServicesConformanceFocus, Skip: ServicesConformanceSkip}
+	want := e2ereport.Selection{Version: controlplane.KubernetesVersion, Focus: ServicesConformanceFocus, Skip: ServicesSkip}
 	if rec.Selection != want {
 		t.Errorf("%s is of %+v, TestConformance runs %+v: rewrite it ($%s=1)", plan.recordPath(), rec.Selection, want, recordEnv)
 	}
