@@ -107,3 +107,13 @@ func (p *publishedList) current() healthcheck.NodeAddressesStatus {
 	defer p.mu.Unlock()
 	return p.status
 }
+
+// OtherNodeIPs lists the other Nodes' addresses this node reserves now (from every
+// Node's watch or the published list; none before Run has made the watches, or when it
+// reserves none).
+func (s *Supervisor) OtherNodeIPs() []selector.NodeIP {
+	if s.watches == nil {
+		return nil
+	}
+	return s.watches.OtherNodeIPs()
+}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 	"github.com/shardproxy/shardproxy/tables"
@@ -125,7 +127,20 @@ func TestPublishedNodeAddresses(t *testing.T) {
 		}
 	}
 	const x, y = "10.200.0.1", "10.200.0.2"
+	added := time.Now()
 	addNode("joined-1", x)
+	// The delay a new Node's address has before every node reserves it: the writer's
+	// Node watch, its debounce (200 ms here, 1 s by default), one write, each node's
+	// ConfigMap watch.
+	testutil.Eventually(t, time.Minute, "both nodes reserve "+x, func() bool {
+		for _, h := range fleet {
+			if !slices.ContainsFunc(h.sup.OtherNodeIPs(), func(n selector.NodeIP) bool { return n.Addr.String() == x }) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("a new Node's address reserved on every node %v after its status was written (debounce 200 ms)", time.Since(added).Round(time.Millisecond))
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "takes-node-ips", Namespace: gen.Namespace},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
 			ExternalIPs: []string{x, free}}}
