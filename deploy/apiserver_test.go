@@ -157,6 +157,9 @@ func TestServerDryRun(t *testing.T) {
 			{"update", "", "configmaps", "shardproxy-system", true},
 			// supervisor.seedHoldings: one page of the node statuses.
 			{"list", "", "configmaps", "shardproxy-system", true},
+			// supervisor/published.go: the published node address list (otherNodeAddresses: published).
+			{"watch", "", "configmaps", "shardproxy-system", true},
+			{"watch", "", "configmaps", "kube-system", false},
 			{"update", "", "configmaps", "kube-system", false},
 			{"create", "", "configmaps", "kube-system", false},
 			{"delete", "", "configmaps", "shardproxy-system", false},
