@@ -35,25 +35,7 @@ func TestServerDryRun(t *testing.T) {
 	}
 	cp := controlplane.Start(t)
 	ctx := t.Context()
-
-	dyn, err := dynamic.NewForConfig(cp.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cp.Client().Discovery()))
-	var create createFunc = func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
-		gvk := obj.GroupVersionKind()
-		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			return err
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
-		}
-		_, err = ri.Create(ctx, obj, opts)
-		return err
-	}
+	create := newCreateFunc(t, cp)
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
 
 	// A dry run cannot create a namespace that later objects of the same dry run live in
@@ -202,3 +184,27 @@ func TestServerDryRun(t *testing.T) {
 
 // createFunc creates an object of any kind, as `kubectl create` would.
 type createFunc func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error
+
+// newCreateFunc returns a createFunc against cp (a dynamic client and a discovery
+// mapper).
+func newCreateFunc(t *testing.T, cp *controlplane.ControlPlane) createFunc {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cp.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(cp.Client().Discovery()))
+	return func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
+		gvk := obj.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return err
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+		}
+		_, err = ri.Create(ctx, obj, opts)
+		return err
+	}
+}

@@ -19,7 +19,7 @@ import (
 )
 
 // pinnedDirs are the kustomizations of deploy/ a release ships, with what they reach.
-var pinnedDirs = []string{"base", "overlays", "cleanup", "monitoring"}
+var pinnedDirs = []string{"base", "overlays", "cleanup", "monitoring", "node-addresses"}
 
 // pinOverlays copies deploy/'s kustomizations to out with every images: entry of the
 // release's image pinned to digest (kustomize's digest field, in place of newTag), the

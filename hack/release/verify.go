@@ -180,14 +180,14 @@ func verifySBOM(path string) error {
 func verifyPinned(deploy, image string) error {
 	var errs []error
 	checked := 0
-	for _, dir := range []string{"overlays/alongside-kube-proxy", "overlays/replace-kube-proxy", "cleanup", "monitoring/example"} {
+	for _, dir := range []string{"overlays/alongside-kube-proxy", "overlays/replace-kube-proxy", "cleanup", "monitoring/example", "node-addresses/example"} {
 		res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join(deploy, dir))
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		for _, r := range res.Resources() {
-			if r.GetKind() != "DaemonSet" {
+			if r.GetKind() != "DaemonSet" && r.GetKind() != "Deployment" {
 				continue
 			}
 			for _, field := range []string{"initContainers", "containers"} {
