@@ -65,6 +65,10 @@ type Options struct {
 	// MigrateTimeout is the Mover's Timeout for the move and the rollback (default 2m,
 	// the CLI's); BlockTimeout the blocked move's (default 30s).
 	MigrateTimeout, BlockTimeout time.Duration
+	// MoverQPS and MoverBurst, when set, replace the mover's client limits (default
+	// client-go's, QPS 5 and burst 10, as the CLI's).
+	MoverQPS   float32
+	MoverBurst int
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
 }

@@ -133,7 +133,7 @@ func runMigration(ctx context.Context, env Env, opts Options, nodes []*HollowNod
 	sel := migrate.Selection{Namespace: gen.Namespace, LabelSelector: LabelMigrate + "=true"}
 	timeout := orDefault(opts.MigrateTimeout, 2*time.Minute)
 
-	m.Move, err = migrationStep(ctx, env, counter, "move", timeout, func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
+	m.Move, err = migrationStep(ctx, env, opts, counter, "move", timeout, func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
 		return mv.Move(ctx, sel, MigrationTarget)
 	})
 	if err != nil {
@@ -145,7 +145,7 @@ func runMigration(ctx context.Context, env Env, opts Options, nodes []*HollowNod
 		return m, fmt.Errorf("after the move: %w", err)
 	}
 
-	m.Rollback, err = migrationStep(ctx, env, counter, "rollback", timeout, func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
+	m.Rollback, err = migrationStep(ctx, env, opts, counter, "rollback", timeout, func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
 		return mv.Rollback(ctx, sel, MigrationTarget, "")
 	})
 	if err != nil {
@@ -162,7 +162,7 @@ func runMigration(ctx context.Context, env Env, opts Options, nodes []*HollowNod
 	if err := stopped.Stop(); err != nil {
 		return m, fmt.Errorf("stopping %s: %w", stopped.Name, err)
 	}
-	m.Blocked, err = migrationStep(ctx, env, counter, "blocked move", orDefault(opts.BlockTimeout, 30*time.Second),
+	m.Blocked, err = migrationStep(ctx, env, opts, counter, "blocked move", orDefault(opts.BlockTimeout, 30*time.Second),
 		func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
 			return mv.Move(ctx, sel, MigrationTarget)
 		})
@@ -186,7 +186,7 @@ func runMigration(ctx context.Context, env Env, opts Options, nodes []*HollowNod
 
 // migrationStep runs one Mover as `shardproxy migrate` builds it (newMover, exclusive)
 // and counts what it and the nodes asked of the API server meanwhile.
-func migrationStep(ctx context.Context, env Env, nodeCounter *RequestCounter, name string, timeout time.Duration,
+func migrationStep(ctx context.Context, env Env, opts Options, nodeCounter *RequestCounter, name string, timeout time.Duration,
 	run func(context.Context, *migrate.Mover) (migrate.Report, error)) (MigrationStep, error) {
 	step := MigrationStep{Name: name}
 	counter := NewRequestCounter()
@@ -195,6 +195,9 @@ func migrationStep(ctx context.Context, env Env, nodeCounter *RequestCounter, na
 	// A connection of its own, as the CLI on an operator's machine has.
 	rc.Dial = newDialer()
 	rc.WrapTransport = counter.Wrap
+	if opts.MoverQPS > 0 {
+		rc.QPS, rc.Burst = opts.MoverQPS, opts.MoverBurst
+	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return step, err

@@ -40,6 +40,8 @@ type options struct {
 	migrate      int
 	migrateTO    time.Duration
 	blockTO      time.Duration
+	moverQPS     float64
+	moverBurst   int
 }
 
 func run() int {
@@ -56,6 +58,8 @@ func run() int {
 	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy): on (a watch of every Node), off, published (on, from the list one node address writer in this process publishes, as its Deployment would)")
 	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
+	fs.Float64Var(&o.moverQPS, "mover-qps", 0, "the mover's client QPS (0: client-go's default 5, as the CLI's)")
+	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst, with -mover-qps")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
 	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -171,7 +175,7 @@ func measure(ctx context.Context, o options) error {
 				res, err := fleet.Measure(ctx, env, fleet.Options{
 					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on" || r == "published", OtherNodeAddresses: otherNodeAddresses(r), Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
 					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
-					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO,
+					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO, MoverQPS: float32(o.moverQPS), MoverBurst: o.moverBurst,
 				}, o.services)
 				if err != nil {
 					if res != nil {
@@ -193,8 +197,12 @@ func measure(ctx context.Context, o options) error {
 	fmt.Print(fleet.Table(results))
 	fmt.Print(fleet.Fit(results))
 	if o.migrate > 0 && slices.Contains(o.proxies, fleet.Shardproxy) {
-		fmt.Printf("\nmigrate step: %d Services moved to %s across every node (mover: the CLI's Mover and Lease, client-go's default QPS 5, burst 10; --timeout %v), rolled back, moved again with the last node stopped (--timeout %v)\n",
-			o.migrate, fleet.MigrationTarget, o.migrateTO, o.blockTO)
+		limits := "client-go's default QPS 5, burst 10"
+		if o.moverQPS > 0 {
+			limits = fmt.Sprintf("QPS %g, burst %d", o.moverQPS, o.moverBurst)
+		}
+		fmt.Printf("\nmigrate step: %d Services moved to %s across every node (mover: the CLI's Mover and Lease, %s; --timeout %v), rolled back, moved again with the last node stopped (--timeout %v)\n",
+			o.migrate, fleet.MigrationTarget, limits, o.migrateTO, o.blockTO)
 		fmt.Print(fleet.MigrationTable(results))
 		fmt.Print(fleet.MigrationFit(results))
 	}
