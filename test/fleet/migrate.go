@@ -3,17 +3,22 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -61,6 +66,9 @@ type MigrationStep struct {
 	Mover Counts
 	// Nodes are the hollow nodes' requests over the step.
 	Nodes Counts
+	// StatusWrites are the nodes' status writes over the step by what each changed
+	// (statusWatch): "shadow", "handedBack", "health", "holdings", "heartbeat".
+	StatusWrites Counts
 	// Server are the apiserver's counters over the step (zero without its metrics);
 	// APIServerCPU its CPU time over the step (0 without its pid).
 	Server       APIServerCounters
@@ -212,15 +220,21 @@ func migrationStep(ctx context.Context, env Env, opts Options, nodeCounter *Requ
 	if err != nil {
 		return step, err
 	}
+	statuses, err := watchStatuses(ctx, env.Admin)
+	if err != nil {
+		return step, err
+	}
 	start := time.Now()
 	lock := &migrate.Lock{Client: client, Namespace: StatusNamespace, Clock: clock, Holder: "shardproxy-fleet " + name}
 	lctx, release, err := lock.Acquire(ctx)
 	if err != nil {
+		statuses.Stop()
 		return step, fmt.Errorf("migrate %s: %w", name, err)
 	}
 	step.Report, err = run(lctx, mv)
 	release()
 	step.Took = time.Since(start)
+	step.StatusWrites = statuses.Stop()
 	afterProc, afterServer, afterNodes, cerr := readCounters(ctx, env, nodeCounter)
 	if cerr != nil {
 		return step, errors.Join(err, cerr)
@@ -344,14 +358,15 @@ func MigrationTable(results []*Result) string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%-10s %-6s %-9s %-13s %-5s %-8s %-7s %-9s %-8s %-9s %-8s %-9s %-8s %-8s %s\n",
 		"proxy", "nodes", "reserve", "step", "svcs", "took", "batches", "confirmed", "moverReq", "moverW", "nodeReq", "nodeW",
-		"etcdW", "apiCPU", "watch events; mover requests; node requests / named")
+		"etcdW", "apiCPU", "watch events; mover requests; node requests; status writes by change / named")
 	for _, r := range results {
 		m := r.Migration
 		if m == nil {
 			continue
 		}
 		for _, s := range []MigrationStep{m.Move, m.Rollback, m.Blocked} {
-			last := fmt.Sprintf("%s; %s; %s", counts(s.Server.WatchEvents), counts(s.Mover), counts(s.Nodes))
+			last := fmt.Sprintf("%s; %s; %s; status writes by change: %s", counts(s.Server.WatchEvents), counts(s.Mover), counts(s.Nodes),
+				counts(s.StatusWrites))
 			if s.Err != "" {
 				last = fmt.Sprintf("%s stopped, named %s; %s", m.Stopped, strings.Join(m.Named, ","), last)
 			}
@@ -439,4 +454,103 @@ func MigrationFit(results []*Result) string {
 		}
 	}
 	return b.String()
+}
+
+// statusWatch classifies the node status writes made while it runs by what changed
+// from each node's previous status: "shadow" (an instance's programmed shadows),
+// "handedBack", "health" (Failing or LastSync), "holdings", "heartbeat" (nothing but
+// the heartbeat: a migrating node's rewrite every HeartbeatInterval) or "created". A
+// write that changes several counts under the first of these that it changes.
+type statusWatch struct {
+	mu     sync.Mutex
+	last   map[string]migrate.NodeStatus
+	counts Counts
+	stop   func()
+	done   chan struct{}
+}
+
+// watchStatuses lists the node statuses and watches them from there, with the admin's
+// client (one watch: the driver's, not the mover's or the nodes').
+func watchStatuses(ctx context.Context, admin kubernetes.Interface) (*statusWatch, error) {
+	sel := metav1.ListOptions{LabelSelector: migrate.LabelComponent + "=" + migrate.ComponentNodeStatus}
+	list, err := admin.CoreV1().ConfigMaps(StatusNamespace).List(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("listing node statuses: %w", err)
+	}
+	w := &statusWatch{last: map[string]migrate.NodeStatus{}, counts: Counts{}, done: make(chan struct{})}
+	for i := range list.Items {
+		if node, st, ok := decodeStatus(&list.Items[i]); ok {
+			w.last[node] = st
+		}
+	}
+	sel.ResourceVersion = list.ResourceVersion
+	watcher, err := admin.CoreV1().ConfigMaps(StatusNamespace).Watch(ctx, sel)
+	if err != nil {
+		return nil, fmt.Errorf("watching node statuses: %w", err)
+	}
+	w.stop = watcher.Stop
+	go func() {
+		defer close(w.done)
+		for ev := range watcher.ResultChan() {
+			cm, ok := ev.Object.(*corev1.ConfigMap)
+			if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
+				continue
+			}
+			node, st, ok := decodeStatus(cm)
+			if !ok {
+				continue
+			}
+			w.mu.Lock()
+			prev, seen := w.last[node]
+			w.counts[statusChange(prev, st, seen)]++
+			w.last[node] = st
+			w.mu.Unlock()
+		}
+	}()
+	return w, nil
+}
+
+// Stop ends the watch and returns the writes by cause.
+func (w *statusWatch) Stop() Counts {
+	w.stop()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.counts
+}
+
+func decodeStatus(cm *corev1.ConfigMap) (string, migrate.NodeStatus, bool) {
+	node, ok := strings.CutPrefix(cm.Name, migrate.ConfigMapPrefix)
+	var st migrate.NodeStatus
+	if !ok || json.Unmarshal([]byte(cm.Data[migrate.StatusKey]), &st) != nil {
+		return "", st, false
+	}
+	return node, st, true
+}
+
+// statusChange names what changed from prev to cur (statusWatch).
+func statusChange(prev, cur migrate.NodeStatus, seen bool) string {
+	if !seen {
+		return "created"
+	}
+	changed := func(f func(migrate.InstanceStatus) any) bool {
+		for name, is := range cur.Instances {
+			if !reflect.DeepEqual(f(is), f(prev.Instances[name])) {
+				return true
+			}
+		}
+		return len(cur.Instances) != len(prev.Instances)
+	}
+	switch {
+	case changed(func(is migrate.InstanceStatus) any { return is.Shadow }):
+		return "shadow"
+	case changed(func(is migrate.InstanceStatus) any { return is.HandedBack }):
+		return "handedBack"
+	case changed(func(is migrate.InstanceStatus) any { return [2]any{is.Failing, is.LastSync} }):
+		return "health"
+	case !reflect.DeepEqual(prev.Holdings, cur.Holdings):
+		return "holdings"
+	default:
+		return "heartbeat"
+	}
 }

@@ -3,12 +3,16 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/shardproxy/shardproxy/migrate"
+	"github.com/shardproxy/shardproxy/selector"
 	"k8s.io/client-go/rest"
 
 	"github.com/shardproxy/shardproxy/test/bench/gen"
@@ -62,6 +66,10 @@ func TestMigrateAcrossFleet(t *testing.T) {
 		if s.Nodes["update configmaps"] < nodes {
 			t.Errorf("%s: the nodes updated their statuses %v times, want at least one each (%d)", s.Name, s.Nodes["update configmaps"], nodes)
 		}
+		if s.StatusWrites["shadow"] < nodes || s.StatusWrites.Total() > s.Nodes["update configmaps"]+s.Nodes["create configmaps"] {
+			t.Errorf("%s: status writes by change %v, want a shadow change from each node at least, and no more than the nodes' %v writes",
+				s.Name, s.StatusWrites, s.Nodes)
+		}
 		if s.Server.WatchEvents["services"] < 2*moved*nodes {
 			t.Errorf("%s: %v Service watch events, want at least %d (each patch to each node)", s.Name, s.Server.WatchEvents["services"], 2*moved*nodes)
 		}
@@ -74,6 +82,44 @@ func TestMigrateAcrossFleet(t *testing.T) {
 	}
 	if m.Blocked.Took < block || m.Blocked.Took > block+30*time.Second {
 		t.Errorf("blocked move took %v, want its timeout (%v) and a little more", m.Blocked.Took, block)
+	}
+}
+
+func TestStatusChange(t *testing.T) {
+	base := migrate.NodeStatus{Instances: map[string]migrate.InstanceStatus{"default": {Default: true}, "team-a": {ProxyNames: []string{"team-a"}}}}
+	with := func(f func(*migrate.NodeStatus)) migrate.NodeStatus {
+		st := base
+		st.Instances = maps.Clone(base.Instances)
+		f(&st)
+		return st
+	}
+	for _, tc := range []struct {
+		name string
+		cur  migrate.NodeStatus
+		seen bool
+		want string
+	}{
+		{"first status seen", base, false, "created"},
+		{"a shadow programmed", with(func(st *migrate.NodeStatus) {
+			st.Instances["team-a"] = migrate.InstanceStatus{ProxyNames: []string{"team-a"}, Shadow: []string{"bench/a"}}
+		}), true, "shadow"},
+		{"handed back", with(func(st *migrate.NodeStatus) {
+			st.Instances["default"] = migrate.InstanceStatus{Default: true, HandedBack: []string{"bench/a"}}
+		}), true, "handedBack"},
+		{"failing", with(func(st *migrate.NodeStatus) {
+			st.Instances["default"] = migrate.InstanceStatus{Default: true, Failing: "sync failed"}
+		}), true, "health"},
+		{"last sync moved", with(func(st *migrate.NodeStatus) {
+			st.Instances["default"] = migrate.InstanceStatus{Default: true, LastSync: time.Unix(300, 0)}
+		}), true, "health"},
+		{"holdings", with(func(st *migrate.NodeStatus) { st.Holdings = []selector.Holding{{Port: 80}} }), true, "holdings"},
+		{"heartbeat only", with(func(st *migrate.NodeStatus) { st.Heartbeat = time.Unix(30, 0) }), true, "heartbeat"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := statusChange(base, tc.cur, tc.seen); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 
