@@ -69,6 +69,10 @@ type Options struct {
 	// client-go's, QPS 5 and burst 10, as the CLI's).
 	MoverQPS   float32
 	MoverBurst int
+	// MigrateIdle leaves the fleet idle this long before the move, so that node statuses,
+	// written only when they change, are as old as in a cluster at rest (a status older
+	// than the mover's StaleAfter, 90 s, makes it read that node's Node); 0: none.
+	MigrateIdle time.Duration
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
 }

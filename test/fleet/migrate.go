@@ -141,6 +141,14 @@ func runMigration(ctx context.Context, env Env, opts Options, nodes []*HollowNod
 	sel := migrate.Selection{Namespace: gen.Namespace, LabelSelector: LabelMigrate + "=true"}
 	timeout := orDefault(opts.MigrateTimeout, 2*time.Minute)
 
+	if opts.MigrateIdle > 0 {
+		opts.Logf("%d nodes: idle for %v before the move", len(nodes), opts.MigrateIdle)
+		select {
+		case <-ctx.Done():
+			return m, ctx.Err()
+		case <-time.After(opts.MigrateIdle):
+		}
+	}
 	m.Move, err = migrationStep(ctx, env, opts, counter, "move", timeout, func(ctx context.Context, mv *migrate.Mover) (migrate.Report, error) {
 		return mv.Move(ctx, sel, MigrationTarget)
 	})

@@ -42,6 +42,7 @@ type options struct {
 	blockTO      time.Duration
 	moverQPS     float64
 	moverBurst   int
+	migrateIdle  time.Duration
 }
 
 func run() int {
@@ -60,6 +61,7 @@ func run() int {
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
 	fs.Float64Var(&o.moverQPS, "mover-qps", 0, "the mover's client QPS (0: client-go's default 5, as the CLI's)")
 	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst, with -mover-qps")
+	fs.DurationVar(&o.migrateIdle, "migrate-idle", 0, "leave the fleet idle this long before the move, so that node statuses are as old as at rest (>90s: the mover reads each such node's Node)")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
 	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -176,6 +178,7 @@ func measure(ctx context.Context, o options) error {
 					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on" || r == "published", OtherNodeAddresses: otherNodeAddresses(r), Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
 					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
 					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO, MoverQPS: float32(o.moverQPS), MoverBurst: o.moverBurst,
+					MigrateIdle: o.migrateIdle,
 				}, o.services)
 				if err != nil {
 					if res != nil {
