@@ -759,7 +759,7 @@ func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
 // programming figures (kubemark's proxier discards every change).
 func Table(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-15s %-6s %-7s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
+	fmt.Fprintf(&b, "%-15s %-6s %-9s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
 		"proxy", "nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiRSS", "apiPeak", "watchEv/s", "proxyReq/s", "etcdW/s", "mem/node",
 		"prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
 	for _, r := range results {
@@ -771,7 +771,7 @@ func Table(results []*Result) string {
 			p50, p99, pmax = r.ProgrammingP50.Round(time.Millisecond).String(), r.ProgrammingP99.Round(time.Millisecond).String(),
 				r.ProgrammingMax.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "%-15s %-6d %-7s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
+		fmt.Fprintf(&b, "%-15s %-6d %-9s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
 			r.Proxy, r.Nodes, reserve, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
 			fmt.Sprintf("%d MiB", r.APIServerRSS>>20), fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
 			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(), fmt.Sprintf("%.1f MiB", float64(r.ProxyMemory)/float64(max(1, r.Nodes))/(1<<20)),
