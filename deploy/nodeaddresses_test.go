@@ -10,12 +10,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
@@ -114,20 +111,8 @@ func TestNodeAddressWriterRights(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	token := func(saNamespace, sa string, bound *authenticationv1.BoundObjectReference) kubernetes.Interface {
-		t.Helper()
-		tr, err := admin.CoreV1().ServiceAccounts(saNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo[int64](600), BoundObjectRef: bound},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("TokenRequest for %s/%s: %v", saNamespace, sa, err)
-		}
-		cfg := rest.AnonymousClientConfig(cp.RESTConfig())
-		cfg.BearerToken = tr.Status.Token
-		return kubernetes.NewForConfigOrDie(cfg)
-	}
 	dep := only[appsv1.Deployment](t, objs, "Deployment")
-	writer := token(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName, nil)
+	writer := saClient(t, cp, dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName, nil)
 
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -153,15 +138,7 @@ func TestNodeAddressWriterRights(t *testing.T) {
 	}
 
 	// A supervisor's token, bound to its pod on node-1, may not rewrite the list.
-	pod, err := admin.CoreV1().Pods("kube-system").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "shardproxy-node-1", Namespace: "kube-system"},
-		Spec: corev1.PodSpec{ServiceAccountName: "shardproxy", NodeName: "node-1",
-			Containers: []corev1.Container{{Name: "shardproxy", Image: "shardproxy"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supervisor := token("kube-system", "shardproxy", &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	supervisor := saClient(t, cp, "kube-system", "shardproxy", supervisorPodOn(t, admin, "node-1"))
 	forged := list.DeepCopy()
 	forged.Data[nodeaddrs.DataKey] = nodeaddrs.Encode(nil)
 	// The policy is enforced once the API server has loaded it: wait for its refusal.

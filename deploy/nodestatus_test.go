@@ -49,28 +49,8 @@ func testNodeStatusPolicy(t *testing.T, cp *controlplane.ControlPlane, create cr
 			t.Fatal(err)
 		}
 	}
-	pod, err := admin.CoreV1().Pods("kube-system").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "shardproxy-node-1", Namespace: "kube-system"},
-		Spec: corev1.PodSpec{ServiceAccountName: "shardproxy", NodeName: "node-1",
-			Containers: []corev1.Container{{Name: "shardproxy", Image: "shardproxy"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := func(bound *authenticationv1.BoundObjectReference) kubernetes.Interface {
-		t.Helper()
-		tr, err := admin.CoreV1().ServiceAccounts("kube-system").CreateToken(ctx, "shardproxy", &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo[int64](600), BoundObjectRef: bound},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("TokenRequest: %v", err)
-		}
-		cfg := rest.AnonymousClientConfig(cp.RESTConfig())
-		cfg.BearerToken = tr.Status.Token
-		return kubernetes.NewForConfigOrDie(cfg)
-	}
-	onNode1 := token(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
-	unbound := token(nil)
+	onNode1 := saClient(t, cp, "kube-system", "shardproxy", supervisorPodOn(t, admin, "node-1"))
+	unbound := saClient(t, cp, "kube-system", "shardproxy", nil)
 
 	// The API server derives the node from the pod-bound token: what the policy matches.
 	review, err := onNode1.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
@@ -188,3 +168,34 @@ func testNodeStatusPolicy(t *testing.T, cp *controlplane.ControlPlane, create cr
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// supervisorPodOn creates a pod of the shardproxy ServiceAccount on node, as the
+// DaemonSet's would be (nothing runs it), and returns the reference that binds a token
+// to it.
+func supervisorPodOn(t *testing.T, admin kubernetes.Interface, node string) *authenticationv1.BoundObjectReference {
+	t.Helper()
+	pod, err := admin.CoreV1().Pods("kube-system").Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "shardproxy-" + node, Namespace: "kube-system"},
+		Spec: corev1.PodSpec{ServiceAccountName: "shardproxy", NodeName: node,
+			Containers: []corev1.Container{{Name: "shardproxy", Image: "shardproxy"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+}
+
+// saClient is a client of cp with a token (TokenRequest, 10 minutes) of the
+// ServiceAccount namespace/name, bound to bound (nil: to no object).
+func saClient(t *testing.T, cp *controlplane.ControlPlane, namespace, name string, bound *authenticationv1.BoundObjectReference) kubernetes.Interface {
+	t.Helper()
+	tr, err := cp.Client().CoreV1().ServiceAccounts(namespace).CreateToken(t.Context(), name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptrTo[int64](600), BoundObjectRef: bound},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("TokenRequest for %s/%s: %v", namespace, name, err)
+	}
+	cfg := rest.AnonymousClientConfig(cp.RESTConfig())
+	cfg.BearerToken = tr.Status.Token
+	return kubernetes.NewForConfigOrDie(cfg)
+}

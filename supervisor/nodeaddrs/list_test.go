@@ -3,6 +3,7 @@ package nodeaddrs
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,21 +83,9 @@ func TestFromNode(t *testing.T) {
 	}}}
 	got := FromNode(n)
 	want := Node{"n", addrs("10.0.0.1", "203.0.113.1")}
-	if got.Name != want.Name || !slicesEqual(got.Addrs, want.Addrs) {
+	if got.Name != want.Name || !slices.Equal(got.Addrs, want.Addrs) {
 		t.Errorf("FromNode = %v, want %v (a hostname is no address; a mapped IPv4 is the IPv4)", got, want)
 	}
-}
-
-func slicesEqual(a, b []netip.Addr) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestSizeAt5000Nodes: 5,000 Nodes with three addresses each (two IPv4, one IPv6 of the
