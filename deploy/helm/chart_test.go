@@ -25,6 +25,10 @@ import (
 // namespace is where the overlays put everything, and where the chart is installed.
 const namespace = "kube-system"
 
+// nodeAddressesExample is deploy/'s overlay with the node address writer's Component
+// (deploy/node-addresses/component) on the alongside overlay.
+const nodeAddressesExample = "node-addresses/example"
+
 // helmOnlyLabels and helmOnlyAnnotations are what the chart adds that kustomize does not:
 // Helm's bookkeeping, not the proxy's settings.
 var (
@@ -172,8 +176,9 @@ func canonical(t *testing.T, v any) map[string]any {
 }
 
 // valuesFromConfig are the chart values that carry an overlay's config.yaml: its
-// instances, and every other field as config.
-func valuesFromConfig(t *testing.T, path string) map[string]any {
+// instances, and every other field as config but those of leave (the fields a value of
+// the chart sets itself, which the comparison then checks).
+func valuesFromConfig(t *testing.T, path string, leave ...string) map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -184,7 +189,7 @@ func valuesFromConfig(t *testing.T, path string) map[string]any {
 		t.Fatal(err)
 	}
 	instances := cfg["instances"]
-	for _, k := range []string{"apiVersion", "kind", "instances"} {
+	for _, k := range append([]string{"apiVersion", "kind", "instances"}, leave...) {
 		delete(cfg, k)
 	}
 	return map[string]any{"instances": instances, "config": cfg}
@@ -224,6 +229,12 @@ func TestChartMatchesOverlays(t *testing.T) {
 			name: "monitoring on the alongside overlay", dir: "../monitoring/example",
 			values: merge(noCleanup, map[string]any{"mode": "alongside", "monitoring": map[string]any{"enabled": true}},
 				valuesFromConfig(t, "../monitoring/example/config.yaml")),
+		},
+		{
+			// The example's otherNodeAddresses: published is left to nodeAddresses.enabled.
+			name: "the node address writer on the alongside overlay", dir: "../" + nodeAddressesExample,
+			values: merge(noCleanup, map[string]any{"mode": "alongside", "nodeAddresses": map[string]any{"enabled": true}},
+				valuesFromConfig(t, "../"+nodeAddressesExample+"/config.yaml", "otherNodeAddresses")),
 		},
 		{
 			name: "the uninstall's cleanup", dir: "../cleanup",
@@ -285,6 +296,55 @@ func container(t *testing.T, ds *unstructured.Unstructured, field, name string) 
 		}
 	}
 	return nil
+}
+
+// configOf is the supervisor configuration the chart renders, decoded.
+func configOf(t *testing.T, objs []*unstructured.Unstructured) map[string]any {
+	t.Helper()
+	text, _, _ := unstructured.NestedString(find(objs, "ConfigMap", configPrefix).Object, "data", "config.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
+		t.Fatalf("config.yaml: %v\n%s", err, text)
+	}
+	return cfg
+}
+
+// componentKeys are the keys of the objects deploy/node-addresses/component adds: those
+// of its example overlay that the alongside overlay under it does not render.
+func componentKeys(t *testing.T) []string {
+	t.Helper()
+	base := map[string]bool{}
+	for _, o := range renderKustomize(t, "../overlays/alongside-kube-proxy") {
+		base[key(o)] = true
+	}
+	var keys []string
+	for _, o := range renderKustomize(t, "../"+nodeAddressesExample) {
+		if !base[key(o)] {
+			keys = append(keys, key(o))
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatalf("%s adds no object to the alongside overlay", nodeAddressesExample)
+	}
+	return keys
+}
+
+// checkNoNodeAddressWriter fails if the chart rendered any object of the writer's
+// Component, or a configuration that reads the published list.
+func checkNoNodeAddressWriter(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	rendered := map[string]bool{}
+	for _, o := range objs {
+		rendered[key(o)] = true
+	}
+	for _, k := range componentKeys(t) {
+		if rendered[k] {
+			t.Errorf("the chart renders %s without nodeAddresses.enabled", k)
+		}
+	}
+	if v, ok := configOf(t, objs)["otherNodeAddresses"]; ok {
+		t.Errorf("the configuration sets otherNodeAddresses: %v without the writer", v)
+	}
 }
 
 // TestChartValues: what each value changes in the rendered objects, and the values the
@@ -365,6 +425,76 @@ func TestChartValues(t *testing.T) {
 			},
 		},
 		{
+			name: "the node address writer is off by default", values: map[string]any{},
+			check: checkNoNodeAddressWriter,
+		},
+		{
+			// helm upgrade --reuse-values keeps an older release's values, not the chart's defaults.
+			name: "values without nodeAddresses, an older chart's, render no writer", values: map[string]any{"nodeAddresses": nil},
+			check: checkNoNodeAddressWriter,
+		},
+		{
+			name: "the node address writer follows the image, the verbosity and statusNamespace",
+			values: map[string]any{
+				"nodeAddresses": map[string]any{"enabled": true},
+				"image":         map[string]any{"repository": "registry.example/sp", "tag": "v9", "pullPolicy": "Always"},
+				"logVerbosity":  4,
+				"config":        map[string]any{"statusNamespace": "proxy-status"},
+			},
+			check: func(t *testing.T, objs []*unstructured.Unstructured) {
+				const ns = "proxy-status"
+				if find(objs, "Namespace", ns) == nil {
+					t.Errorf("no Namespace %s", ns)
+				}
+				dep := find(objs, "Deployment", "shardproxy-node-addresses")
+				if dep == nil {
+					t.Fatal("no writer Deployment")
+				}
+				c := container(t, dep, "containers", "node-addresses")
+				if c["image"] != "registry.example/sp:v9" || c["imagePullPolicy"] != "Always" {
+					t.Errorf("the writer runs %v, pulled %v", c["image"], c["imagePullPolicy"])
+				}
+				if got := fmt.Sprint(c["args"]); got != "[node-addresses --namespace "+ns+" --v 4]" {
+					t.Errorf("the writer's args %s", got)
+				}
+				for _, kind := range []string{"Deployment", "ServiceAccount", "Role", "RoleBinding"} {
+					if o := find(objs, kind, "shardproxy-node-addresses"); o == nil || o.GetNamespace() != ns {
+						t.Errorf("the writer's %s is not in %s: %v", kind, ns, o)
+					}
+				}
+				for _, kind := range []string{"RoleBinding", "ClusterRoleBinding"} {
+					subjects, _, _ := unstructured.NestedSlice(find(objs, kind, "shardproxy-node-addresses").Object, "subjects")
+					if len(subjects) != 1 || subjects[0].(map[string]any)["namespace"] != ns {
+						t.Errorf("the %s binds %v, want the ServiceAccount in %s", kind, subjects, ns)
+					}
+				}
+				cfg := configOf(t, objs)
+				if cfg["otherNodeAddresses"] != "published" || cfg["statusNamespace"] != ns {
+					t.Errorf("the configuration reads otherNodeAddresses %v from statusNamespace %v, want published from %s",
+						cfg["otherNodeAddresses"], cfg["statusNamespace"], ns)
+				}
+			},
+		},
+		{
+			name: "the configuration's otherNodeAddresses wins over the writer's", values: map[string]any{
+				"nodeAddresses": map[string]any{"enabled": true},
+				"config":        map[string]any{"otherNodeAddresses": "watch"},
+			},
+			check: func(t *testing.T, objs []*unstructured.Unstructured) {
+				if find(objs, "Deployment", "shardproxy-node-addresses") == nil {
+					t.Error("no writer Deployment")
+				}
+				if v := configOf(t, objs)["otherNodeAddresses"]; v != "watch" {
+					t.Errorf("otherNodeAddresses %v, want the configuration's watch", v)
+				}
+			},
+		},
+		{
+			name:    "the node address writer without node statuses is refused",
+			values:  map[string]any{"nodeAddresses": map[string]any{"enabled": true}, "config": map[string]any{"statusNamespace": "-"}},
+			wantErr: "nodeAddresses.enabled needs config.statusNamespace",
+		},
+		{
 			name: "the dashboard is deploy/grafana's", values: map[string]any{"monitoring": map[string]any{"enabled": true, "dashboard": true}},
 			check: func(t *testing.T, objs []*unstructured.Unstructured) {
 				want, err := os.ReadFile("../grafana/shardproxy.json")
@@ -411,14 +541,24 @@ func TestChartValues(t *testing.T) {
 }
 
 // TestChartConfigurationIsValid: the configuration the chart writes by default, in each
-// mode, is one the supervisor accepts.
+// mode, with and without the node address writer, is one the supervisor accepts, and
+// reads the other Nodes' addresses from the published list exactly when the writer runs.
 func TestChartConfigurationIsValid(t *testing.T) {
-	for _, values := range []map[string]any{
-		{"mode": "alongside"},
-		{"mode": "replace", "apiServer": map[string]any{"host": "10.0.0.10"}},
+	writer := map[string]any{"enabled": true}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		// want is the configuration's otherNodeAddresses once defaulted.
+		want string
+	}{
+		{"alongside", map[string]any{"mode": "alongside"}, config.OtherNodeAddressesWatch},
+		{"replace", map[string]any{"mode": "replace", "apiServer": map[string]any{"host": "10.0.0.10"}}, config.OtherNodeAddressesWatch},
+		{"alongside with the node address writer", map[string]any{"mode": "alongside", "nodeAddresses": writer}, config.OtherNodeAddressesPublished},
+		{"replace with the node address writer", map[string]any{"mode": "replace", "apiServer": map[string]any{"host": "10.0.0.10"}, "nodeAddresses": writer},
+			config.OtherNodeAddressesPublished},
 	} {
-		t.Run(fmt.Sprint(values["mode"]), func(t *testing.T) {
-			objs, err := renderChart(t, values)
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := renderChart(t, tc.values)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -430,6 +570,9 @@ func TestChartConfigurationIsValid(t *testing.T) {
 			cfg.DefaultWith(func(string) string { return "node-1" }, nil)
 			if err := cfg.Validate(); err != nil {
 				t.Errorf("%v\n%s", err, text)
+			}
+			if cfg.OtherNodeAddresses != tc.want {
+				t.Errorf("otherNodeAddresses %q, want %q", cfg.OtherNodeAddresses, tc.want)
 			}
 		})
 	}

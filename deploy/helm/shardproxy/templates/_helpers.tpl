@@ -37,8 +37,9 @@ true
 
 {{/*
 shardproxy.configMap: the supervisor configuration as a dict: the mode's node-wide
-settings (those of the overlay's config.yaml), .Values.config over them, and the
-instances (the mode's one when .Values.instances is empty).
+settings (those of the overlay's config.yaml), otherNodeAddresses: published when the
+chart runs the node address writer, .Values.config over them, and the instances (the
+mode's one when .Values.instances is empty).
 */}}
 {{- define "shardproxy.configMap" -}}
 {{- $c := dict "apiVersion" "shardproxy.io/v1alpha1" "kind" "SupervisorConfig" -}}
@@ -59,6 +60,9 @@ instances (the mode's one when .Values.instances is empty).
 {{- $instances = list (dict "name" "migration" "proxyNames" (list "shardproxy") "slot" 0 "tenant" (dict "namespaces" (list "default")) "detectLocal" (dict "mode" "NodeCIDR")) -}}
 {{- end -}}
 {{- end -}}
+{{- if include "shardproxy.nodeAddresses" . -}}
+{{- $_ := set $c "otherNodeAddresses" "published" -}}
+{{- end -}}
 {{- $c = mergeOverwrite $c (deepCopy .Values.config) -}}
 {{- $_ := set $c "instances" $instances -}}
 {{- toYaml $c -}}
@@ -78,4 +82,24 @@ shardproxy-config-{{ include "shardproxy.configMap" . | sha256sum | trunc 10 }}
 {{- define "shardproxy.statusNamespace" -}}
 {{- $ns := .Values.config.statusNamespace | default "shardproxy-system" -}}
 {{- if ne $ns "-" -}}{{ $ns }}{{- end -}}
+{{- end -}}
+
+{{/*
+shardproxy.nodeAddresses: "true" when the chart runs the node address writer. The values
+of a release installed by an older chart lack nodeAddresses (`helm upgrade
+--reuse-values` keeps them, not this chart's defaults): off.
+*/}}
+{{- define "shardproxy.nodeAddresses" -}}
+{{- if (.Values.nodeAddresses | default dict).enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* shardproxy.nodeAddressesNamespace: where the node address writer runs and writes the list: the statusNamespace ("" when the writer is off; fails when the node statuses are turned off). */}}
+{{- define "shardproxy.nodeAddressesNamespace" -}}
+{{- if include "shardproxy.nodeAddresses" . -}}
+{{- $ns := include "shardproxy.statusNamespace" . -}}
+{{- if not $ns -}}
+{{- fail "nodeAddresses.enabled needs config.statusNamespace: the writer publishes the list there and the supervisors read it there (not \"-\")" -}}
+{{- end -}}
+{{- $ns -}}
+{{- end -}}
 {{- end -}}
