@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/releaseutil"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	sigsyaml "sigs.k8s.io/yaml"
@@ -208,7 +209,9 @@ func verifyPinned(deploy, image string) error {
 	return errors.Join(errs...)
 }
 
-// verifyChart: the packaged chart has the release's version and runs the image by digest.
+// verifyChart: the packaged chart has the release's version and runs the image by digest,
+// in the DaemonSet and in the node address writer's Deployment (rendered with
+// nodeAddresses.enabled, which the default leaves off).
 func verifyChart(path, version, image string) error {
 	ch, err := loader.Load(path)
 	if err != nil {
@@ -217,7 +220,8 @@ func verifyChart(path, version, image string) error {
 	if ch.Metadata.AppVersion != version || ch.Metadata.Version != strings.TrimPrefix(version, "v") {
 		return fmt.Errorf("%s: version %s appVersion %s", path, ch.Metadata.Version, ch.Metadata.AppVersion)
 	}
-	vals, err := chartutil.ToRenderValues(ch, nil, chartutil.ReleaseOptions{Name: "shardproxy", Namespace: "kube-system", IsInstall: true}, nil)
+	values := map[string]any{"nodeAddresses": map[string]any{"enabled": true}}
+	vals, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{Name: "shardproxy", Namespace: "kube-system", IsInstall: true}, nil)
 	if err != nil {
 		return err
 	}
@@ -225,20 +229,38 @@ func verifyChart(path, version, image string) error {
 	if err != nil {
 		return err
 	}
-	var ds struct {
+	type workload struct {
+		Kind string
 		Spec struct {
 			Template struct {
 				Spec struct{ Containers []struct{ Image string } }
 			}
 		}
 	}
-	if err := sigsyaml.Unmarshal([]byte(files["shardproxy/templates/daemonset.yaml"]), &ds); err != nil {
-		return err
+	var errs []error
+	for _, want := range []struct{ file, kind string }{
+		{"shardproxy/templates/daemonset.yaml", "DaemonSet"},
+		{"shardproxy/templates/node-addresses.yaml", "Deployment"},
+	} {
+		found := false
+		for _, doc := range releaseutil.SplitManifests(files[want.file]) {
+			var w workload
+			if err := sigsyaml.Unmarshal([]byte(doc), &w); err != nil {
+				return fmt.Errorf("%s: %s: %w", path, want.file, err)
+			}
+			if w.Kind != want.kind {
+				continue
+			}
+			found = true
+			if cs := w.Spec.Template.Spec.Containers; len(cs) == 0 || cs[0].Image != image {
+				errs = append(errs, fmt.Errorf("%s: the %s of %s runs %+v, not %s", path, want.kind, want.file, cs, image))
+			}
+		}
+		if !found {
+			errs = append(errs, fmt.Errorf("%s: %s renders no %s", path, want.file, want.kind))
+		}
 	}
-	if cs := ds.Spec.Template.Spec.Containers; len(cs) == 0 || cs[0].Image != image {
-		return fmt.Errorf("%s: the DaemonSet runs %+v, not %s", path, cs, image)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // verifySums: SHA256SUMS lists every other file, each with its sum.
