@@ -30,6 +30,17 @@ type Selection struct {
 	Names []string
 }
 
+// ClientQPS and ClientBurst are the limits of the CLI's Mover client (a kubeconfig sets
+// none): kubectl's (an operator's tool, as the CLI is), not client-go's 5
+// and 10. A batch's patches then reach the nodes within a second, so each node publishes
+// a batch's shadows in about one status write; at QPS 5 its 20 patches arrived over four
+// seconds and every node wrote a partial list after each sync (12–13 status writes per
+// node and batch in docs/fleet.md, against 2).
+const (
+	ClientQPS   = 50
+	ClientBurst = 300
+)
+
 // Mover moves Services between proxies through the shadow marker and the node statuses.
 // The marker is a label (selector.LabelShadow: a node running no default instance
 // selects its watch on it) and, for supervisors older than the label, the annotation

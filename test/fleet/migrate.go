@@ -211,9 +211,9 @@ func migrationStep(ctx context.Context, env Env, opts Options, nodeCounter *Requ
 	// A connection of its own, as the CLI on an operator's machine has.
 	rc.Dial = newDialer()
 	rc.WrapTransport = counter.Wrap
-	// The CLI's client has client-go's default limits (a kubeconfig sets none), not the
-	// admin configuration's.
-	rc.QPS, rc.Burst = 0, 0
+	// The CLI's client has its own default limits (a kubeconfig sets none: newMover), not
+	// the admin configuration's.
+	rc.QPS, rc.Burst = migrate.ClientQPS, migrate.ClientBurst
 	if opts.MoverQPS > 0 {
 		rc.QPS, rc.Burst = opts.MoverQPS, opts.MoverBurst
 	}

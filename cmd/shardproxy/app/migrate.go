@@ -154,6 +154,7 @@ func newMover(c *cli.Context) (*migrate.Mover, migrate.Selection, error) {
 	if err != nil {
 		return nil, migrate.Selection{}, err
 	}
+	rc.QPS, rc.Burst = migrate.ClientQPS, migrate.ClientBurst // a kubeconfig sets none
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, migrate.Selection{}, err

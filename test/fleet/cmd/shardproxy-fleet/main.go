@@ -59,7 +59,7 @@ func run() int {
 	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy): on (a watch of every Node), off, published (on, from the list one node address writer in this process publishes, as its Deployment would)")
 	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
-	fs.Float64Var(&o.moverQPS, "mover-qps", 0, "the mover's client QPS (0: client-go's default 5, as the CLI's)")
+	fs.Float64Var(&o.moverQPS, "mover-qps", 0, "the mover's client QPS (0: the CLI's, migrate.ClientQPS)")
 	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst, with -mover-qps")
 	fs.DurationVar(&o.migrateIdle, "migrate-idle", 0, "leave the fleet idle this long before the move, so that node statuses are as old as at rest (>90s: the mover reads each such node's Node)")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
