@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/controlplane"
@@ -200,7 +201,7 @@ func measure(ctx context.Context, o options) error {
 	fmt.Print(fleet.Table(results))
 	fmt.Print(fleet.Fit(results))
 	if o.migrate > 0 && slices.Contains(o.proxies, fleet.Shardproxy) {
-		limits := "client-go's default QPS 5, burst 10"
+		limits := fmt.Sprintf("the CLI's limits, QPS %d, burst %d", migrate.ClientQPS, migrate.ClientBurst)
 		if o.moverQPS > 0 {
 			limits = fmt.Sprintf("QPS %g, burst %d", o.moverQPS, o.moverBurst)
 		}
