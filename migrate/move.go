@@ -31,8 +31,8 @@ type Selection struct {
 }
 
 // ClientQPS and ClientBurst are the limits of the CLI's Mover client (a kubeconfig sets
-// none): kubectl's (an operator's tool, as the CLI is), not client-go's 5
-// and 10. A batch's patches then reach the nodes within a second, so each node publishes
+// none), this project's choice over client-go's 5 and 10 (the same numbers kubectl gives
+// its discovery client; its main client keeps 5 and 10). A batch's patches then reach the nodes within a second, so each node publishes
 // a batch's shadows in about one status write; at QPS 5 its 20 patches arrived over four
 // seconds and every node wrote a partial list after each sync (12–13 status writes per
 // node and batch in docs/fleet.md, against 2).

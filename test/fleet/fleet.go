@@ -65,8 +65,8 @@ type Options struct {
 	// MigrateTimeout is the Mover's Timeout for the move and the rollback (default 2m,
 	// the CLI's); BlockTimeout the blocked move's (default 30s).
 	MigrateTimeout, BlockTimeout time.Duration
-	// MoverQPS and MoverBurst, when set, replace the mover's client limits (default the
-	// CLI's, migrate.ClientQPS and ClientBurst).
+	// MoverQPS and MoverBurst, each when set, replace the mover's client limit (default
+	// the CLI's, migrate.ClientQPS and ClientBurst).
 	MoverQPS   float32
 	MoverBurst int
 	// MigrateIdle leaves the fleet idle this long before the move, so that node statuses,

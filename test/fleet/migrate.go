@@ -107,8 +107,8 @@ func (c Counts) Writes() float64 {
 // runMigration is the migrate step (Options.Migrate) of a running shardproxy fleet:
 // `migrate move` of the Services marked by MarkForMigration to MigrationTarget, then
 // `migrate rollback`, each with a Mover and a Lease built as the CLI builds them (its
-// own client from the admin's configuration, client-go's default limits, the API
-// server's clock) and waiting for every node's confirmation; then it stops the last
+// own client from the admin's configuration, the CLI's limits migrate.ClientQPS and
+// ClientBurst, the API server's clock) and waiting for every node's confirmation; then it stops the last
 // node's supervisor and moves again, which must fail naming that node (within
 // opts.BlockTimeout). After each step it checks what the nodes hold; the Services end
 // where they started.
@@ -215,7 +215,10 @@ func migrationStep(ctx context.Context, env Env, opts Options, nodeCounter *Requ
 	// the admin configuration's.
 	rc.QPS, rc.Burst = migrate.ClientQPS, migrate.ClientBurst
 	if opts.MoverQPS > 0 {
-		rc.QPS, rc.Burst = opts.MoverQPS, opts.MoverBurst
+		rc.QPS = opts.MoverQPS
+	}
+	if opts.MoverBurst > 0 {
+		rc.Burst = opts.MoverBurst
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {

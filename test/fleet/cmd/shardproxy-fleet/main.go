@@ -61,7 +61,7 @@ func run() int {
 	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
 	fs.Float64Var(&o.moverQPS, "mover-qps", 0, "the mover's client QPS (0: the CLI's, migrate.ClientQPS)")
-	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst, with -mover-qps")
+	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst (0: the CLI's, migrate.ClientBurst)")
 	fs.DurationVar(&o.migrateIdle, "migrate-idle", 0, "leave the fleet idle this long before the move, so that node statuses are as old as at rest (>90s: the mover reads each such node's Node)")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
 	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
@@ -202,8 +202,8 @@ func measure(ctx context.Context, o options) error {
 	fmt.Print(fleet.Fit(results))
 	if o.migrate > 0 && slices.Contains(o.proxies, fleet.Shardproxy) {
 		limits := fmt.Sprintf("the CLI's limits, QPS %d, burst %d", migrate.ClientQPS, migrate.ClientBurst)
-		if o.moverQPS > 0 {
-			limits = fmt.Sprintf("QPS %g, burst %d", o.moverQPS, o.moverBurst)
+		if o.moverQPS > 0 || o.moverBurst > 0 {
+			limits = fmt.Sprintf("QPS %g, burst %d (0: the CLI's)", o.moverQPS, o.moverBurst)
 		}
 		fmt.Printf("\nmigrate step: %d Services moved to %s across every node (mover: the CLI's Mover and Lease, %s; --timeout %v), rolled back, moved again with the last node stopped (--timeout %v)\n",
 			o.migrate, fleet.MigrationTarget, limits, o.migrateTO, o.blockTO)
