@@ -43,18 +43,31 @@ type Node struct {
 	Addrs []netip.Addr
 }
 
+// MaxAddrsPerNode bounds the addresses published for one Node: a kubelet writes its own
+// Node's status.addresses, and the API server sets no limit on them, so without a bound
+// one node could grow the list past MaxSize, and the writer would then publish nothing
+// for any Node. Kubelets report a few (InternalIP, ExternalIP, per family).
+const MaxAddrsPerNode = 8
+
 // FromNode takes a Node's name and the addresses of its status that are IP addresses
-// (a hostname address is not one), sorted and without repeats.
-func FromNode(n *corev1.Node) Node {
-	out := Node{Name: n.Name}
+// (a hostname address is not one), sorted and without repeats: the first
+// MaxAddrsPerNode distinct ones in the status's order (the kubelet lists its primary
+// addresses first). dropped counts the IP addresses past them.
+func FromNode(n *corev1.Node) (node Node, dropped int) {
+	node = Node{Name: n.Name}
 	for _, a := range n.Status.Addresses {
-		if ip, err := netip.ParseAddr(a.Address); err == nil {
-			out.Addrs = append(out.Addrs, ip.Unmap())
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil || slices.Contains(node.Addrs, ip.Unmap()) {
+			continue
 		}
+		if len(node.Addrs) == MaxAddrsPerNode {
+			dropped++
+			continue
+		}
+		node.Addrs = append(node.Addrs, ip.Unmap())
 	}
-	slices.SortFunc(out.Addrs, netip.Addr.Compare)
-	out.Addrs = slices.Compact(out.Addrs)
-	return out
+	slices.SortFunc(node.Addrs, netip.Addr.Compare)
+	return node, dropped
 }
 
 // Encode writes the list: the header, then one line per Node with an address, sorted by

@@ -81,10 +81,32 @@ func TestFromNode(t *testing.T) {
 		{Type: corev1.NodeInternalIP, Address: "::ffff:10.0.0.1"},
 		{Type: corev1.NodeInternalIP, Address: "10.0.0.1"},
 	}}}
-	got := FromNode(n)
+	got, dropped := FromNode(n)
 	want := Node{"n", addrs("10.0.0.1", "203.0.113.1")}
-	if got.Name != want.Name || !slices.Equal(got.Addrs, want.Addrs) {
-		t.Errorf("FromNode = %v, want %v (a hostname is no address; a mapped IPv4 is the IPv4)", got, want)
+	if got.Name != want.Name || !slices.Equal(got.Addrs, want.Addrs) || dropped != 0 {
+		t.Errorf("FromNode = %v, %d dropped, want %v, 0 (a hostname is no address; a mapped IPv4 is the IPv4)", got, dropped, want)
+	}
+}
+
+// TestFromNodeBoundsAddresses: a Node listing many addresses (its kubelet writes them)
+// publishes its first MaxAddrsPerNode, so that one node cannot grow the list past what
+// a ConfigMap holds.
+func TestFromNodeBoundsAddresses(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "greedy"}}
+	var first []string
+	for i := range 1000 {
+		a := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
+		n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: a})
+		if i < MaxAddrsPerNode {
+			first = append(first, a)
+		}
+	}
+	got, dropped := FromNode(n)
+	if want := addrs(first...); !slices.Equal(got.Addrs, want) || dropped != 1000-MaxAddrsPerNode {
+		t.Errorf("FromNode kept %v and dropped %d, want the first %d (%v) and %d dropped", got.Addrs, dropped, MaxAddrsPerNode, want, 1000-MaxAddrsPerNode)
+	}
+	if size := len(Encode([]Node{got})); size > 512 {
+		t.Errorf("one Node's line is %d bytes", size)
 	}
 }
 

@@ -103,7 +103,7 @@ func (w *Writer) Run(ctx context.Context) error {
 	backoff := writeBackoff()
 	retry := time.Duration(0)
 	for {
-		if err := p.publish(ctx, list(nodes.GetStore())); err != nil {
+		if err := p.publish(ctx, list(nodes.GetStore(), logger)); err != nil {
 			retry = backoff.Step()
 			logger.Error(err, "Publishing the Nodes' addresses failed; retrying", "backoff", retry)
 		} else {
@@ -138,12 +138,18 @@ func writeBackoff() *wait.Backoff {
 	return &wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Minute}
 }
 
-// list is the store's Nodes, each as FromNode takes it.
-func list(store cache.Store) []Node {
+// list is the store's Nodes, each as FromNode takes it; a Node with more addresses than
+// are published is logged.
+func list(store cache.Store, logger klog.Logger) []Node {
 	var out []Node
 	for _, o := range store.List() {
 		if n, ok := o.(*corev1.Node); ok {
-			out = append(out, FromNode(n))
+			node, dropped := FromNode(n)
+			if dropped > 0 {
+				logger.Info("Node lists more addresses than are published; the rest are not reserved", "node", n.Name,
+					"published", len(node.Addrs), "dropped", dropped)
+			}
+			out = append(out, node)
 		}
 	}
 	return out

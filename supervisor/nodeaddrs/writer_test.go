@@ -98,7 +98,8 @@ func TestWriterPublishesTheWholeListAtStart(t *testing.T) {
 }
 
 func TestWriterLeavesAnUpToDateListAlone(t *testing.T) {
-	text := Encode([]Node{FromNode(node("a", "10.0.0.1"))})
+	a, _ := FromNode(node("a", "10.0.0.1"))
+	text := Encode([]Node{a})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: DefaultName, Namespace: testNamespace}, Data: map[string]string{DataKey: text}}
 	h := startWriter(t, 50*time.Millisecond, node("a", "10.0.0.1"), cm)
 	// The first publish reads the list, finds it current and writes nothing; a new
