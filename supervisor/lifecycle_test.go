@@ -8,10 +8,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestWatchesWaitEndsEverything: once Start's context ends, Wait returns only after
@@ -30,7 +30,7 @@ func TestWatchesWaitEndsEverything(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+				client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 				w, err := NewWatches(client, "node-1", watchScope(tc.instances, true), WatchOptions{ServiceCIDRs: true})
 				if err != nil {
 					t.Fatal(err)

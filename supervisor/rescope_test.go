@@ -11,39 +11,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
-
-// selectingClientset is a fake clientset whose watches honour their label selector, as
-// the API server's do (the fake's own send every object of the resource).
-func selectingClientset(objects ...runtime.Object) *fake.Clientset {
-	client := fake.NewClientset(objects...)
-	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		wa, ok := action.(k8stesting.WatchActionImpl)
-		if !ok {
-			return false, nil, nil
-		}
-		sel := wa.WatchRestrictions.Labels
-		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), wa.ListOptions)
-		if err != nil {
-			return false, nil, err
-		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-			m, ok := e.Object.(metav1.Object)
-			return e, !ok || sel == nil || sel.Matches(labels.Set(m.GetLabels()))
-		}), nil
-	})
-	return client
-}
 
 // sinkLog is a selector.Sink per instance that logs what it is given.
 type sinkLog struct {
@@ -98,7 +71,7 @@ func TestRescope(t *testing.T) {
 	}
 	a, aSlice := labelled("a", "web", "team-a")
 	c, cSlice := labelled("c", "web", "team-c")
-	client := selectingClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, a, aSlice, c, cSlice)
+	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, a, aSlice, c, cSlice)
 	teamA := config.Instance{Name: "team-a", ProxyNames: []string{"team-a"}}
 	teamC := config.Instance{Name: "team-c", ProxyNames: []string{"team-c"}}
 	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{teamA}, true), WatchOptions{ServiceCIDRs: true})

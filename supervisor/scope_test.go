@@ -15,12 +15,12 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/shardproxy/shardproxy/selector"
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestWatchSelectors: the label selectors each node sends, per resource, for given
@@ -80,7 +80,7 @@ func TestWatchSelectors(t *testing.T) {
 			"configmaps": {"metadata.name=shardproxy-nodeaddresses"}},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+			client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 			opts := WatchOptions{ServiceCIDRs: tc.serviceCIDRs, OtherNodes: tc.otherNodes}
 			if tc.published {
 				opts.PublishedNodeAddresses = &types.NamespacedName{Namespace: "shardproxy-system", Name: "shardproxy-nodeaddresses"}
@@ -247,7 +247,7 @@ func TestMergerJoinsOverlappingWatches(t *testing.T) {
 // TestSlicesOfJoinsWatches: a slice two watches hold (its Service moving between the
 // shadow and the owner selection) is listed once, at the newer version.
 func TestSlicesOfJoinsWatches(t *testing.T) {
-	client := fake.NewClientset()
+	client := testutil.NewClientset()
 	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{{Name: "a", ProxyNames: []string{"team-a"}}}, true), WatchOptions{})
 	if err != nil {
 		t.Fatal(err)

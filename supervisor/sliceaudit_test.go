@@ -13,7 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestSliceAudit: a Service held without a slice past the grace (and this node's
@@ -170,7 +171,7 @@ func TestSliceAuditSpread(t *testing.T) {
 // TestHeldServices: a Service two watches hold is listed once, in the newer version;
 // Scoped tells a node watching some Services from one watching all.
 func TestHeldServices(t *testing.T) {
-	w, err := NewWatches(fake.NewClientset(), "node-1", []string{"a in (x)", "b in (x)"}, WatchOptions{})
+	w, err := NewWatches(testutil.NewClientset(), "node-1", []string{"a in (x)", "b in (x)"}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestHeldServices(t *testing.T) {
 	if want := map[string]string{"db": "9/new", "web": "3/x"}; !maps.Equal(got, want) {
 		t.Errorf("held %v, want %v", got, want)
 	}
-	all, err := NewWatches(fake.NewClientset(), "node-1", []string{""}, WatchOptions{})
+	all, err := NewWatches(testutil.NewClientset(), "node-1", []string{""}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,10 +23,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/knftables"
@@ -303,7 +301,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		objects = append(objects, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"},
 			Spec: networkingv1.ServiceCIDRSpec{CIDRs: opts.serviceCIDRs}})
 	}
-	f := &fixture{t: t, configPath: configPath, ports: ports, client: copyingClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
+	f := &fixture{t: t, configPath: configPath, ports: ports, client: testutil.NewClientset(objects...), tables: &fakeTables{fakes: map[string]*knftables.Fake{}, fail: failTable, hang: opts.hangTable},
 		rec: &fakeRecorder{panicOnce: opts.panicOnEvent}, ct: conntrack.NewFake()}
 	f.client.ReactionChain = append(slices.Clone(opts.reactors), f.client.ReactionChain...)
 	if opts.serviceCIDRs != nil {
@@ -674,41 +672,6 @@ func TestNodeAddressesAreReserved(t *testing.T) {
 	if got := metricValue(t, f.sup, `shardproxy_guard_refusals_total{proxy_instance="default",guard="address"}`); got != "1" && got != "2" {
 		t.Errorf("default's address guard refusals: %q, want 1 or 2", got)
 	}
-}
-
-// copyingClientset is a fake clientset whose watches hand out copies of the objects, as a
-// real client decodes a fresh object for every event: the informers trim what they
-// receive in place (trimForCache), as client-go allows, while the fake's watch events
-// carry its tracker's own objects, which a List in the test may be copying at that
-// moment (a data race under -race).
-func copyingClientset(objects ...runtime.Object) *fake.Clientset {
-	client := fake.NewClientset(objects...)
-	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		var sel labels.Selector
-		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts, sel = wa.ListOptions, wa.WatchRestrictions.Labels
-		}
-		w, err := client.Tracker().Watch(action.GetResource(), action.GetNamespace(), opts)
-		if err != nil {
-			return false, nil, err
-		}
-		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
-			// As the API server's watches: only the objects of the label selector; an
-			// object changed out of it is deleted from the watch.
-			if m, ok := e.Object.(metav1.Object); ok && sel != nil && !sel.Matches(labels.Set(m.GetLabels())) {
-				if e.Type != watch.Modified {
-					return e, e.Type == watch.Deleted
-				}
-				e.Type = watch.Deleted
-			}
-			if e.Object != nil {
-				e.Object = e.Object.DeepCopyObject()
-			}
-			return e, true
-		}), nil
-	})
-	return client
 }
 
 // TestHolderKeepsAddressAcrossInstances: the Service serving an address keeps it, node-

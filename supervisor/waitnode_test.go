@@ -10,18 +10,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestWaitForNodeRetriesWithBackoff: reading this Node at start is retried while the API
 // server refuses it, spaced by nodeBackoff (growing, with jitter), and the Node is
 // returned once it answers.
 func TestWaitForNodeRetriesWithBackoff(t *testing.T) {
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	var gets atomic.Int32
 	var times []time.Time
 	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {

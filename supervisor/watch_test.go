@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/shardproxy/shardproxy/selector"
@@ -63,7 +62,7 @@ func TestStartWaitsForHandlers(t *testing.T) {
 				Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4})
 	}
 	objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
-	client := fake.NewClientset(objs...)
+	client := testutil.NewClientset(objs...)
 	w, err := NewWatches(client, "node-1", []string{""}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +109,7 @@ func TestSlicesOfSharedBuckets(t *testing.T) {
 		objs = append(objs, slice("a", svc+"-1", svc), slice("a", svc+"-2", svc), slice("b", svc+"-1", svc))
 	}
 	objs = append(objs, slice("a", "unlabelled", ""))
-	w, err := NewWatches(fake.NewClientset(objs...), "node-1", []string{""}, WatchOptions{})
+	w, err := NewWatches(testutil.NewClientset(objs...), "node-1", []string{""}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +178,7 @@ func TestSliceIndexHeap(t *testing.T) {
 // slices' by-Service one (client-go's factories add a by-namespace index of every key,
 // which no one here reads), whatever the scope.
 func TestWatchIndexes(t *testing.T) {
-	w, err := NewWatches(fake.NewClientset(), "node-1", []string{"a=b", "c=d"}, WatchOptions{})
+	w, err := NewWatches(testutil.NewClientset(), "node-1", []string{"a=b", "c=d"}, WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

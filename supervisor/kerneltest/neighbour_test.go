@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	"github.com/shardproxy/shardproxy/test/netns"
@@ -140,7 +139,7 @@ func startNeighbours(t *testing.T, tp *netns.Topology, ns string) kubernetes.Int
 		yaml += fmt.Sprintf("- name: %s\n  proxyNames: [%s]\n  slot: %d\n  minSyncPeriod: 0s\n  syncPeriod: 30s\n  tenant:\n    namespaces: [%s]\n",
 			name, name, i, name)
 	}
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	runSupervisor(t, decodeConfig(t, yaml, "test.yaml"), nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(string, string) {}, funcr.Options{}))))
 	return client
 }

@@ -18,7 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/knftables"
 
 	"github.com/shardproxy/shardproxy/legacy"
@@ -117,7 +116,7 @@ func start(t *testing.T, tp *netns.Topology, ns string, port, firstSlot int, ins
 		defer r.mu.Unlock()
 		r.log.WriteString(prefix + " " + args + "\n")
 	}, funcr.Options{Verbosity: 2})
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	r.stop = runSupervisor(t, cfg, nodeDeps(tp, ns, client, logr.Logger(logger)))
 	return r
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/shardproxy/shardproxy/test/netns"
 	"github.com/shardproxy/shardproxy/test/testutil"
@@ -52,7 +51,7 @@ func TestLiveSlotChangeRehooksTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
 	createPlain(t, client, "alpha", "web", "10.96.0.10", "10.244.0.10")
 	createPlain(t, client, "beta", "web", "10.96.0.20", "10.244.0.20")
 	deps := nodeDeps(tp, ns, client, logr.Logger(funcr.New(func(prefix, args string) { t.Log(prefix, args) }, funcr.Options{})))

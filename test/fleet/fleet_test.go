@@ -9,11 +9,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 func TestClassify(t *testing.T) {
@@ -88,7 +88,7 @@ func TestTinyFleet(t *testing.T) {
 		t.Run(source, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			client := fake.NewClientset()
+			client := testutil.NewClientset()
 			c := gen.Generate(20, 3)
 			if err := Prepare(ctx, client, 3, c, 2); err != nil {
 				t.Fatal(err)

@@ -6,7 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // TestChurnReplays: the same seed makes the same changes, so SOAK_SEED replays a run;
@@ -14,7 +15,7 @@ import (
 func TestChurnReplays(t *testing.T) {
 	run := func(seed uint64) (any, map[string]int) {
 		t.Helper()
-		client := fake.NewClientset()
+		client := testutil.NewClientset()
 		c := newChurn(client, seed, 20, t.Logf)
 		ctx := context.Background()
 		for range 20 {
