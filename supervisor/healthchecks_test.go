@@ -16,23 +16,52 @@ import (
 )
 
 // addrRecorder is a healthcheck.Listener that serves on ephemeral loopback ports and
-// records the node addresses it was asked to listen on.
+// records the addresses it was asked to open and, as their listeners close, to close.
 type addrRecorder struct {
 	mu     sync.Mutex
 	opened []string
+	closed []string
 }
 
 func (r *addrRecorder) Listen(addr netip.Addr, port int) (net.Listener, error) {
+	at := netip.AddrPortFrom(addr, uint16(port)).String()
 	r.mu.Lock()
-	r.opened = append(r.opened, netip.AddrPortFrom(addr, uint16(port)).String())
+	r.opened = append(r.opened, at)
 	r.mu.Unlock()
-	return net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	return &recordedListener{Listener: l, at: at, r: r}, nil
 }
 
 func (r *addrRecorder) get() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.opened)
+}
+
+func (r *addrRecorder) getClosed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.closed)
+}
+
+// recordedListener records its first Close in its addrRecorder.
+type recordedListener struct {
+	net.Listener
+	at   string
+	r    *addrRecorder
+	once sync.Once
+}
+
+func (l *recordedListener) Close() error {
+	l.once.Do(func() {
+		l.r.mu.Lock()
+		l.r.closed = append(l.r.closed, l.at)
+		l.r.mu.Unlock()
+	})
+	return l.Listener.Close()
 }
 
 // TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily: the supervisor opens a

@@ -390,8 +390,8 @@ func refuseListing(proxyName string, refuse *atomic.Bool) k8stesting.Reactor {
 
 // TestLiveConfigRefusedChangeMovesNoHealthCheck: a change that restarts team-a on other
 // node port addresses and adds team-c is refused (team-c's lists fail): team-a's
-// health-check node port stays on the addresses it had and opens on the new ones only
-// once a change applies. Building the restarted instance must not move its listeners.
+// health-check node port stays open on the addresses it had (neither closed nor
+// reopened) and moves to the new ones only once a change applies. Building the restarted instance must not move its listeners.
 func TestLiveConfigRefusedChangeMovesNoHealthCheck(t *testing.T) {
 	var refuse atomic.Bool
 	refuse.Store(true)
@@ -410,10 +410,17 @@ func TestLiveConfigRefusedChangeMovesNoHealthCheck(t *testing.T) {
 	if got := rec.get(); slices.Contains(got, after) {
 		t.Errorf("a refused change opened team-a's health check on %s (opened %v)", after, got)
 	}
+	if got := rec.getClosed(); len(got) != 0 {
+		t.Errorf("a refused change closed team-a's health check on %v", got)
+	}
+	if got := rec.get(); len(got) != len(slices.DeleteFunc(slices.Clone(got), func(a string) bool { return a == before }))+1 {
+		t.Errorf("a refused change reopened team-a's health check on %s (opened %v)", before, got)
+	}
 
 	refuse.Store(false)
 	f.writeConfig(moved + teamC + "  fullSyncPeriod: 1h\n")
 	testutil.Eventually(t, waitTimeout, "the applied change opens the health check on the new address", func() bool { return slices.Contains(rec.get(), after) })
+	testutil.Eventually(t, waitTimeout, "the applied change closes the health check on the old address", func() bool { return slices.Contains(rec.getClosed(), before) })
 }
 
 // writeRefusedConfig writes alongsideYAML with old replaced by new in team-a's part and

@@ -6,6 +6,11 @@
 # dropped), so editing a script's comments, usage or plumbing rebuilds nothing either,
 # while any change to what a build runs does.
 
+# A key is computed inside command substitutions ($(...)), where bash drops `set -e`
+# unless told to keep it: without this, a failing `go env` would leave a key computed
+# without the toolchain instead of stopping the build.
+shopt -s inherit_errexit
+
 # cache_recipe_hash FUNC... prints the code of the named functions, the Go toolchain and
 # the go env settings that change a build's output, for a key's hash input. Run it in the
 # directory whose go.mod selects the toolchain.
