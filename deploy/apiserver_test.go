@@ -2,12 +2,14 @@ package deploy
 
 import (
 	"context"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -26,16 +28,8 @@ import (
 // Then it creates the base's RBAC for real and asks the authorizer what the
 // ServiceAccount may do.
 func TestServerDryRun(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testutil.Unavailable(t, "the control-plane tests run as root (CI is root)")
-	}
-	if _, err := exec.LookPath("etcd"); err != nil && !testing.Short() {
-		// controlplane.Start would skip; as root (CI) a missing etcd is a broken machine.
-		t.Fatalf("%v", controlplane.ErrEtcdNotFound)
-	}
-	cp := controlplane.Start(t)
+	cp, create := startControlPlane(t)
 	ctx := t.Context()
-	create := newCreateFunc(t, cp)
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
 
 	// A dry run cannot create a namespace that later objects of the same dry run live in
@@ -180,6 +174,55 @@ func TestServerDryRun(t *testing.T) {
 	t.Run("a node writes only its own status", func(t *testing.T) {
 		testNodeStatusPolicy(t, cp, create)
 	})
+}
+
+// startControlPlane starts a real kube-apiserver (controlplane.Start: with etcd, its
+// admission policies enforced, stopped when the test ends) and returns it with a
+// createFunc against it. The control-plane tests run as root (CI is root): not root,
+// the test is unavailable; as root, a missing etcd fails it (controlplane.Start would
+// skip, and a root machine without etcd is a broken one).
+func startControlPlane(t *testing.T) (*controlplane.ControlPlane, createFunc) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testutil.Unavailable(t, "the control-plane tests run as root (CI is root)")
+	}
+	if _, err := exec.LookPath("etcd"); err != nil && !testing.Short() {
+		t.Fatalf("%v", controlplane.ErrEtcdNotFound)
+	}
+	cp := controlplane.Start(t)
+	return cp, newCreateFunc(t, cp)
+}
+
+// createKinds creates the objects of objs of each of kinds, kind by kind in that order,
+// with opts and strict field validation; an object that already exists is left as it is.
+func createKinds(t *testing.T, create createFunc, objs []*unstructured.Unstructured, opts metav1.CreateOptions, kinds ...string) {
+	t.Helper()
+	opts.FieldValidation = metav1.FieldValidationStrict
+	for _, kind := range kinds {
+		for _, obj := range objectsOf(objs, kind) {
+			if err := create(t.Context(), obj, opts); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("creating %s %s/%s: %v", kind, obj.GetNamespace(), obj.GetName(), err)
+			}
+		}
+	}
+}
+
+// waitForPolicy waits until probe, an admission-checked write (a dry run), is refused
+// with an error containing want: a ValidatingAdmissionPolicy is enforced only once the
+// API server has loaded it (an informer), so nothing may count as allowed before. It
+// reports a policy that never refuses and returns, so that each check after it fails on
+// its own.
+func waitForPolicy(t *testing.T, what string, probe func() error, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = probe(); err != nil && strings.Contains(err.Error(), want) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("waited 30s for %s: the last answer was %v, want an error with %q", what, err, want)
 }
 
 // createFunc creates an object of any kind, as `kubectl create` would.

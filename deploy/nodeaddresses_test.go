@@ -2,22 +2,26 @@ package deploy
 
 import (
 	"context"
-	"os"
-	"os/exec"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
-	"github.com/shardproxy/shardproxy/test/controlplane"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -50,6 +54,29 @@ func TestNodeAddressesComponent(t *testing.T) {
 	if len(c.Args) < 3 || c.Args[0] != "node-addresses" || c.Args[1] != "--namespace" || c.Args[2] != cfg.StatusNamespace {
 		t.Errorf("the writer's args %v, want node-addresses --namespace %s (the supervisors' statusNamespace)", c.Args, cfg.StatusNamespace)
 	}
+	// The writer's admission policy (policy.yaml) names the default list and Lease.
+	for _, a := range c.Args {
+		if name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "="); slices.Contains([]string{"name", "lease-name"}, name) && strings.HasPrefix(a, "-") {
+			t.Errorf("the writer's args %v set --%s: its admission policy allows only %s and %s", c.Args, name, nodeaddrs.DefaultName, nodeaddrs.DefaultLeaseName)
+		}
+	}
+	var policy *unstructured.Unstructured
+	for _, o := range objectsOf(objs, "ValidatingAdmissionPolicy") {
+		if o.GetName() == "shardproxy-node-addresses" {
+			policy = o
+		}
+	}
+	if policy == nil {
+		t.Error("no admission policy shardproxy-node-addresses for the writer")
+	} else {
+		text := fmt.Sprint(policy.Object["spec"])
+		for _, want := range []string{"'system:serviceaccount:" + dep.Namespace + ":" + pod.ServiceAccountName + "'",
+			"'" + dep.Namespace + "'", "'" + nodeaddrs.DefaultName + "'", "'" + nodeaddrs.DefaultLeaseName + "'"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("the writer's admission policy does not name %s: %s", want, text)
+			}
+		}
+	}
 	if dep.Namespace != cfg.StatusNamespace {
 		t.Errorf("the Deployment is in %s, the list and the Lease in %s", dep.Namespace, cfg.StatusNamespace)
 	}
@@ -71,35 +98,21 @@ func TestNodeAddressesComponent(t *testing.T) {
 }
 
 // TestNodeAddressWriterRights creates node-addresses/example's RBAC, namespace and
-// admission policy on a real kube-apiserver, dry-runs its workloads, then runs the real
-// writer with a token of its ServiceAccount: it publishes the Nodes' addresses and takes
-// the Lease. A supervisor's token (bound to a pod on a node) may not write the list, and
-// the writer may not update another ConfigMap of the namespace (a node status).
+// admission policies on a real kube-apiserver, dry-runs its workloads, then runs the real
+// writer with a token of its ServiceAccount: under its policy it creates and updates the
+// list and takes and renews the Lease. A supervisor's token (bound to a pod on a node)
+// may not write the list. The writer may write no other ConfigMap or Lease: creating one
+// is refused by its policy (RBAC cannot narrow create by name), updating or deleting one
+// by its Role and, with its RBAC widened to every ConfigMap and Lease, by its policy.
 func TestNodeAddressWriterRights(t *testing.T) {
-	if os.Geteuid() != 0 {
-		testutil.Unavailable(t, "the control-plane tests run as root (CI is root)")
-	}
-	if _, err := exec.LookPath("etcd"); err != nil && !testing.Short() {
-		t.Fatalf("%v", controlplane.ErrEtcdNotFound)
-	}
-	cp := controlplane.Start(t)
+	cp, create := startControlPlane(t)
 	ctx := t.Context()
 	admin := cp.Client()
-	create := newCreateFunc(t, cp)
 	objs := render(t, nodeAddressesExample)
-	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict}
-	for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet", "Deployment"} {
-		for _, obj := range objectsOf(objs, kind) {
-			opts := metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}
-			if kind == "DaemonSet" || kind == "Deployment" {
-				opts = dryRun // nothing would run them
-			}
-			if err := create(ctx, obj, opts); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s %s/%s: %v", kind, obj.GetNamespace(), obj.GetName(), err)
-			}
-		}
-	}
+	createKinds(t, create, objs, metav1.CreateOptions{}, "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+		"Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ConfigMap")
+	// Nothing would run the workloads.
+	createKinds(t, create, objs, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}, "DaemonSet", "Deployment")
 	const ns = config.DefaultStatusNamespace
 	for _, n := range []string{"node-1", "node-2"} {
 		node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{})
@@ -113,7 +126,19 @@ func TestNodeAddressWriterRights(t *testing.T) {
 	}
 	dep := only[appsv1.Deployment](t, objs, "Deployment")
 	writer := saClient(t, cp, dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName, nil)
+	configMap := func(namespace, name string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Data: map[string]string{"forged": "yes"}}
+	}
+	dryRun := []string{metav1.DryRunAll}
+	// The writer's policy refuses in these words (the writer logs them).
+	const refusal = "the node address writer (ServiceAccount " + ns + "/shardproxy-node-addresses) may write only"
 
+	// Start the writer once its policy is in force, so that its first writes (the
+	// Lease's and the list's creation) pass the policy.
+	waitForPolicy(t, "the writer's policy to refuse it creating node-1's status", func() error {
+		_, err := writer.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, migrate.ConfigMapName("node-1")), metav1.CreateOptions{DryRun: dryRun})
+		return err
+	}, refusal)
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
@@ -133,19 +158,37 @@ func TestNodeAddressWriterRights(t *testing.T) {
 		return err == nil && strings.Contains(cm.Data[nodeaddrs.DataKey], "node-2 10.0.0.2\n")
 	})
 	lease, err := admin.CoordinationV1().Leases(ns).Get(ctx, nodeaddrs.DefaultLeaseName, metav1.GetOptions{})
-	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "writer-0" {
-		t.Errorf("the Lease: %v %v, want held by writer-0", lease, err)
+	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "writer-0" || lease.Spec.RenewTime == nil {
+		t.Fatalf("the Lease: %v %v, want held by writer-0", lease, err)
 	}
+	// It updates both under its policy: the list when an address changes, the Lease
+	// when it renews it (every RetryPeriod, 2 s).
+	node2, err := admin.CoreV1().Nodes().Get(ctx, "node-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node2.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.22"}}
+	if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, node2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, "the writer to update the list with node-2's new address", func() bool {
+		cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+		list = cm
+		return err == nil && strings.Contains(cm.Data[nodeaddrs.DataKey], "node-2 10.0.0.22\n")
+	})
+	testutil.Eventually(t, time.Minute, "the writer to renew its Lease", func() bool {
+		l, err := admin.CoordinationV1().Leases(ns).Get(ctx, nodeaddrs.DefaultLeaseName, metav1.GetOptions{})
+		return err == nil && l.Spec.RenewTime != nil && l.Spec.RenewTime.After(lease.Spec.RenewTime.Time)
+	})
 
 	// A supervisor's token, bound to its pod on node-1, may not rewrite the list.
 	supervisor := saClient(t, cp, "kube-system", "shardproxy", supervisorPodOn(t, admin, "node-1"))
 	forged := list.DeepCopy()
 	forged.Data[nodeaddrs.DataKey] = nodeaddrs.Encode(nil)
-	// The policy is enforced once the API server has loaded it: wait for its refusal.
-	testutil.Eventually(t, 30*time.Second, "the node-status policy to refuse node-1's supervisor writing the list", func() bool {
-		_, err := supervisor.CoreV1().ConfigMaps(ns).Update(ctx, forged, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil && strings.Contains(err.Error(), "may write only ConfigMap shardproxy-node-node-1")
-	})
+	waitForPolicy(t, "the node-status policy to refuse node-1's supervisor writing the list", func() error {
+		_, err := supervisor.CoreV1().ConfigMaps(ns).Update(ctx, forged, metav1.UpdateOptions{DryRun: dryRun})
+		return err
+	}, "may write only ConfigMap shardproxy-node-node-1")
 	if _, err := supervisor.CoreV1().ConfigMaps(ns).Update(ctx, forged, metav1.UpdateOptions{}); err == nil {
 		t.Error("node-1's supervisor rewrote the published list")
 	}
@@ -156,14 +199,139 @@ func TestNodeAddressWriterRights(t *testing.T) {
 	} else {
 		w.Stop()
 	}
-	// The writer may not update a node's status.
-	status, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "shardproxy-node-node-2", Namespace: ns}},
-		metav1.CreateOptions{})
-	if err != nil {
+
+	// What the writer may not write: node-2's status and another Lease exist (the
+	// admin's), node-1's status does not yet (a node that has not published one).
+	if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, migrate.ConfigMapName("node-2")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	status.Data = map[string]string{"forged": "yes"}
-	if _, err := writer.CoreV1().ConfigMaps(ns).Update(ctx, status, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the writer updating node-2's status: %v, want Forbidden", err)
+	otherLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-scheduler", Namespace: ns},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptrTo("scheduler-0")}}
+	if _, err := admin.CoordinationV1().Leases(ns).Create(ctx, otherLease, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	updateConfigMap := func(name string) error {
+		cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cm.Data = map[string]string{"forged": "yes"}
+		_, err = writer.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{DryRun: dryRun})
+		return err
+	}
+	updateLease := func(name string) error {
+		l, err := admin.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		l.Spec.HolderIdentity = ptrTo("forged")
+		_, err = writer.CoordinationV1().Leases(ns).Update(ctx, l, metav1.UpdateOptions{DryRun: dryRun})
+		return err
+	}
+	// Each write is a dry run: authorization and admission decide as for a real one, and
+	// a write wrongly allowed leaves nothing behind to change the next check's answer.
+	cases := []struct {
+		name  string
+		write func() error
+		// byRole: the Role refuses it (RBAC names the objects of get and update; the
+		// writer has no delete); else only the policy does.
+		byRole bool
+		// allowed: the writer's own objects, which it may write under either RBAC.
+		allowed bool
+	}{
+		{name: "create node-1's status", write: func() error {
+			_, err := writer.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, migrate.ConfigMapName("node-1")), metav1.CreateOptions{DryRun: dryRun})
+			return err
+		}},
+		{name: "create another ConfigMap", write: func() error {
+			_, err := writer.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, "kube-proxy"), metav1.CreateOptions{DryRun: dryRun})
+			return err
+		}},
+		{name: "create another Lease", write: func() error {
+			_, err := writer.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-controller-manager", Namespace: ns}},
+				metav1.CreateOptions{DryRun: dryRun})
+			return err
+		}},
+		{name: "create a Lease named as a ConfigMap it may write", write: func() error {
+			_, err := writer.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodeaddrs.DefaultName, Namespace: ns}},
+				metav1.CreateOptions{DryRun: dryRun})
+			return err
+		}},
+		{name: "create its list in kube-system", byRole: true, write: func() error {
+			_, err := writer.CoreV1().ConfigMaps("kube-system").Create(ctx, configMap("kube-system", nodeaddrs.DefaultName), metav1.CreateOptions{DryRun: dryRun})
+			return err
+		}},
+		{name: "update node-2's status", byRole: true, write: func() error { return updateConfigMap(migrate.ConfigMapName("node-2")) }},
+		{name: "update another Lease", byRole: true, write: func() error { return updateLease(otherLease.Name) }},
+		{name: "delete node-2's status", byRole: true, write: func() error {
+			return writer.CoreV1().ConfigMaps(ns).Delete(ctx, migrate.ConfigMapName("node-2"), metav1.DeleteOptions{DryRun: dryRun})
+		}},
+		{name: "delete another Lease", byRole: true, write: func() error {
+			return writer.CoordinationV1().Leases(ns).Delete(ctx, otherLease.Name, metav1.DeleteOptions{DryRun: dryRun})
+		}},
+		{name: "update its list", allowed: true, write: func() error { return updateConfigMap(nodeaddrs.DefaultName) }},
+		{name: "update its Lease", allowed: true, write: func() error {
+			// The writer renews it meanwhile: retry on a conflict.
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error { return updateLease(nodeaddrs.DefaultLeaseName) })
+		}},
+	}
+	check := func(t *testing.T, widened bool) {
+		for _, tc := range cases {
+			err := tc.write()
+			switch {
+			case tc.allowed && err != nil:
+				t.Errorf("%s: %v", tc.name, err)
+			case tc.allowed:
+			case err == nil:
+				t.Errorf("%s: allowed", tc.name)
+			case !apierrors.IsForbidden(err):
+				t.Errorf("%s: %v, want Forbidden", tc.name, err)
+			case (widened || !tc.byRole) && !strings.Contains(err.Error(), refusal):
+				t.Errorf("%s: %v, want the writer's policy's refusal", tc.name, err)
+			default:
+				t.Logf("%s: refused: %v", tc.name, err)
+			}
+		}
+	}
+	t.Run("with its Role", func(t *testing.T) { check(t, false) })
+
+	// An operator who widens the writer's RBAC (or an older Role) leaves its writes to the
+	// policy alone: it refuses the same writes.
+	widened := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "widened-node-addresses"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "create", "update", "delete"}},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update", "delete"}},
+		}}
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, widened, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: widened.Name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: widened.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: dep.Namespace, Name: dep.Spec.Template.Spec.ServiceAccountName}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The authorizer sees the binding once its informer has it.
+	testutil.Eventually(t, 30*time.Second, "the widened RBAC to reach the authorizer", func() bool {
+		for _, a := range []authorizationv1.ResourceAttributes{
+			{Verb: "create", Resource: "configmaps", Namespace: "kube-system"},
+			{Verb: "delete", Group: "coordination.k8s.io", Resource: "leases", Namespace: ns},
+		} {
+			r, err := writer.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx,
+				&authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &a}}, metav1.CreateOptions{})
+			if err != nil || !r.Status.Allowed {
+				return false
+			}
+		}
+		return true
+	})
+	t.Run("with RBAC widened to every ConfigMap and Lease", func(t *testing.T) { check(t, true) })
+
+	// Not only a dry run: a real create of node-1's status stores nothing.
+	if _, err := writer.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, migrate.ConfigMapName("node-1")), metav1.CreateOptions{}); err == nil {
+		t.Error("the writer created node-1's status")
+	}
+	if _, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, migrate.ConfigMapName("node-1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("node-1's status after the writer's refused create: %v, want NotFound", err)
 	}
 }

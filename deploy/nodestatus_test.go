@@ -32,16 +32,7 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 func testNodeStatusPolicy(t *testing.T, cp *controlplane.ControlPlane, create createFunc) {
 	ctx := t.Context()
 	admin := cp.Client()
-	for _, obj := range objectsOf(render(t, "base"), "ValidatingAdmissionPolicy") {
-		if err := create(ctx, obj, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
-			t.Fatalf("creating ValidatingAdmissionPolicy %s: %v", obj.GetName(), err)
-		}
-	}
-	for _, obj := range objectsOf(render(t, "base"), "ValidatingAdmissionPolicyBinding") {
-		if err := create(ctx, obj, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict}); err != nil {
-			t.Fatalf("creating ValidatingAdmissionPolicyBinding %s: %v", obj.GetName(), err)
-		}
-	}
+	createKinds(t, create, render(t, "base"), metav1.CreateOptions{}, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 	// A pod of the ServiceAccount on node-1, as the DaemonSet's would be (nothing runs it).
 	for _, n := range []string{"node-1", "node-2"} {
@@ -72,13 +63,10 @@ func testNodeStatusPolicy(t *testing.T, cp *controlplane.ControlPlane, create cr
 	cms := func(c kubernetes.Interface) func(string) (*corev1.ConfigMap, error) {
 		return func(name string) (*corev1.ConfigMap, error) { return createIn(c, name, metav1.CreateOptions{}) }
 	}
-	// The policy is enforced once the API server has loaded it (its informer): wait for
-	// the first refusal of a dry run (admission runs, nothing is stored) before counting
-	// anything as allowed.
-	testutil.Eventually(t, 30*time.Second, "the policy to refuse node-1 writing node-2's status", func() bool {
+	waitForPolicy(t, "the policy to refuse node-1 writing node-2's status", func() error {
 		_, err := createIn(onNode1, migrate.ConfigMapName("node-2"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil
-	})
+		return err
+	}, "shardproxy ServiceAccount")
 
 	// The admin writes node-2's status; node-1's supervisor may not touch it.
 	node2, err := cms(admin)(migrate.ConfigMapName("node-2"))

@@ -468,6 +468,20 @@ func TestChartValues(t *testing.T) {
 						t.Errorf("the %s binds %v, want the ServiceAccount in %s", kind, subjects, ns)
 					}
 				}
+				// The writer's admission policy names its ServiceAccount and namespace.
+				if vap := find(objs, "ValidatingAdmissionPolicy", "shardproxy-node-addresses"); vap == nil {
+					t.Error("no admission policy for the writer")
+				} else {
+					conds, _, _ := unstructured.NestedSlice(vap.Object, "spec", "matchConditions")
+					vals, _, _ := unstructured.NestedSlice(vap.Object, "spec", "validations")
+					wantUser := "request.userInfo.username == 'system:serviceaccount:" + ns + ":shardproxy-node-addresses'"
+					if len(conds) != 1 || conds[0].(map[string]any)["expression"] != wantUser {
+						t.Errorf("the writer's policy matches %v, want %s", conds, wantUser)
+					}
+					if len(vals) != 1 || !strings.Contains(fmt.Sprint(vals[0].(map[string]any)["expression"]), "request.namespace == '"+ns+"'") {
+						t.Errorf("the writer's policy validates %v, want the namespace %s", vals, ns)
+					}
+				}
 				cfg := configOf(t, objs)
 				if cfg["otherNodeAddresses"] != "published" || cfg["statusNamespace"] != ns {
 					t.Errorf("the configuration reads otherNodeAddresses %v from statusNamespace %v, want published from %s",
