@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
@@ -139,18 +141,7 @@ func TestNodeAddressWriterRights(t *testing.T) {
 		_, err := writer.CoreV1().ConfigMaps(ns).Create(ctx, configMap(ns, migrate.ConfigMapName("node-1")), metav1.CreateOptions{DryRun: dryRun})
 		return err
 	}, refusal)
-	wctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- nodeaddrs.RunElected(wctx, &nodeaddrs.Writer{Client: writer, Namespace: ns, Debounce: 100 * time.Millisecond,
-			Logger: klog.Background()}, nodeaddrs.Election{Identity: "writer-0"})
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("the writer: %v", err)
-		}
-	})
+	stopWriter0 := startElected(t, writer, "writer-0", 0)
 	var list *corev1.ConfigMap
 	testutil.Eventually(t, time.Minute, "the writer to publish both Nodes", func() bool {
 		cm, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
@@ -334,4 +325,123 @@ func TestNodeAddressWriterRights(t *testing.T) {
 	if _, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, migrate.ConfigMapName("node-1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("node-1's status after the writer's refused create: %v, want NotFound", err)
 	}
+
+	// The writer watches its list with its rights (list and watch, narrowed by name):
+	// deleted, the list is back; edited by hand, it is written back.
+	cms := admin.CoreV1().ConfigMaps(ns)
+	want := list.Data[nodeaddrs.DataKey]
+	current := func() bool {
+		cm, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+		return err == nil && cm.Data[nodeaddrs.DataKey] == want
+	}
+	if err := cms.Delete(ctx, nodeaddrs.DefaultName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	testutil.Eventually(t, 30*time.Second, "the writer to publish the deleted list again", current)
+	t.Logf("the deleted list was back after %v", time.Since(deleted).Round(time.Millisecond))
+	edited, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited.Data[nodeaddrs.DataKey] = nodeaddrs.Encode(nil)
+	if _, err := cms.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	editedAt := time.Now()
+	testutil.Eventually(t, 30*time.Second, "the writer to write the edited list back", current)
+	t.Logf("the edited list was written back after %v", time.Since(editedAt).Round(time.Millisecond))
+
+	// A writer whose token may not list the Nodes (bound to the writer's Role, not to its
+	// ClusterRole) takes the Lease: it fails its first sync within its bound, releases the
+	// Lease and returns an error, and the rightful writer takes over at once (its Lease
+	// lasts 2 minutes: only a release lets another lead within the test's 30 s) and
+	// publishes the Node added meanwhile.
+	stopWriter0()
+	const noNodes = "writer-without-nodes"
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: noNodes}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: noNodes},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: dep.Spec.Template.Spec.ServiceAccountName},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: noNodes, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const syncTimeout = 3 * time.Second
+	bad := &nodeaddrs.Writer{Client: saClient(t, cp, ns, noNodes, nil), Namespace: ns, SyncTimeout: syncTimeout,
+		Logger: klog.Background().WithValues("writer", noNodes)}
+	badDone := make(chan error, 1)
+	badStarted := time.Now()
+	go func() {
+		badDone <- nodeaddrs.RunElected(ctx, bad, nodeaddrs.Election{Identity: noNodes, LeaseDuration: 2 * time.Minute,
+			RenewDeadline: time.Minute, RetryPeriod: 200 * time.Millisecond})
+	}()
+	leases := admin.CoordinationV1().Leases(ns)
+	holder := func() string {
+		l, err := leases.Get(ctx, nodeaddrs.DefaultLeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *l.Spec.HolderIdentity
+	}
+	testutil.Eventually(t, 30*time.Second, noNodes+" to hold the Lease", func() bool { return holder() == noNodes })
+	startElected(t, writer, "writer-1", 2*time.Minute)
+	node3, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node3.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.3"}}
+	if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, node3, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-badDone:
+		took := time.Since(badStarted)
+		if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "not done within 3s") {
+			t.Errorf("the writer without node rights returned %v, want its first sync's bound exceeded, the Nodes forbidden", err)
+		}
+		t.Logf("the writer without node rights returned after %v: %v", took.Round(time.Millisecond), err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the writer without node rights still runs 30 s after it started (bound %v)", syncTimeout)
+	}
+	if h := holder(); h == noNodes {
+		t.Errorf("the Lease is still held by %s after it returned", noNodes)
+	}
+	released := time.Now()
+	testutil.Eventually(t, 30*time.Second, "writer-1 to hold the Lease", func() bool { return holder() == "writer-1" })
+	testutil.Eventually(t, 30*time.Second, "writer-1 to publish node-3", func() bool {
+		cm, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+		return err == nil && strings.Contains(cm.Data[nodeaddrs.DataKey], "node-3 10.0.0.3\n")
+	})
+	t.Logf("writer-1 led and published %v after the release", time.Since(released).Round(time.Millisecond))
+}
+
+// startElected runs a writer as identity with client under leader election (leaseDuration
+// 0: the usual 15 s) until the test ends or the returned func is called, and reports
+// its error.
+func startElected(t *testing.T, client kubernetes.Interface, identity string, leaseDuration time.Duration) func() {
+	t.Helper()
+	ctx, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	e := nodeaddrs.Election{Identity: identity}
+	if leaseDuration > 0 {
+		e = nodeaddrs.Election{Identity: identity, LeaseDuration: leaseDuration, RenewDeadline: leaseDuration / 2,
+			RetryPeriod: 200 * time.Millisecond}
+	}
+	go func() {
+		done <- nodeaddrs.RunElected(ctx, &nodeaddrs.Writer{Client: client, Namespace: config.DefaultStatusNamespace,
+			Debounce: 100 * time.Millisecond, Logger: klog.Background().WithValues("writer", identity)}, e)
+	}()
+	var once sync.Once
+	stopAndWait := func() {
+		once.Do(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("writer %s: %v", identity, err)
+			}
+		})
+	}
+	t.Cleanup(stopAndWait)
+	return stopAndWait
 }

@@ -741,9 +741,9 @@ func (s *Supervisor) reportNodeAddresses() {
 	case publishedOK:
 		s.logger.Info("Reading the other Nodes' addresses from the published list", "configMap", st.ConfigMap, "nodes", st.Nodes)
 	default:
-		s.logger.Error(errors.New(st.Error), "The published node address list is "+st.State+
-			"; the last list read stays reserved, and Nodes added since are not (is `shardproxy node-addresses` running?)",
-			"configMap", st.ConfigMap, "nodes", st.Nodes)
+		s.logger.Error(errors.New(st.Error), "The published node address list is not usable; the last list read stays reserved, "+
+			"and Nodes added since are not (is `shardproxy node-addresses` running?)",
+			"state", st.State, "configMap", st.ConfigMap, "nodes", st.Nodes)
 	}
 }
 

@@ -2,11 +2,13 @@ package nodeaddrs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 // DefaultLeaseName is the Lease the writers elect their leader with, in the ConfigMap's
@@ -28,9 +30,14 @@ type Election struct {
 // stands by again. The Lease is released when ctx ends, so that a stopped leader's
 // successor takes over at once rather than after LeaseDuration. On becoming leader a
 // writer publishes the whole list (Run).
+//
+// A writer that stops while it leads (Run returns: its first lists not in within
+// SyncTimeout, say) releases the Lease, so that a standby takes over, and RunElected
+// returns an error: the process exits and its Deployment restarts it. It returns nil
+// only when ctx ends.
 func RunElected(ctx context.Context, w *Writer, e Election) error {
 	if e.Identity == "" {
-		return fmt.Errorf("nodeaddrs: leader election needs an identity")
+		return errors.New("running the node address writer: leader election needs an identity")
 	}
 	if w.Namespace == "" {
 		return errNoNamespace
@@ -47,14 +54,22 @@ func RunElected(ctx context.Context, w *Writer, e Election) error {
 	if e.RetryPeriod <= 0 {
 		e.RetryPeriod = 2 * time.Second
 	}
-	logger := w.Logger.WithValues("lease", w.Namespace+"/"+e.LeaseName, "identity", e.Identity)
+	if w.Logger.GetSink() == nil {
+		w.Logger = klog.Background()
+	}
+	lease := w.Namespace + "/" + e.LeaseName
+	logger := w.Logger.WithValues("lease", lease, "identity", e.Identity)
 	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, w.Namespace, e.LeaseName,
 		w.Client.CoreV1(), w.Client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: e.Identity})
 	if err != nil {
-		return fmt.Errorf("nodeaddrs: the Lease lock: %w", err)
+		return fmt.Errorf("creating the lock of Lease %s: %w", lease, err)
 	}
 	for {
-		// The writer's result; sent once, by the callback Run starts on its own goroutine.
+		// electCtx ends with ctx, or when the writer stops while leading: the elector
+		// then stops renewing and releases the Lease (ReleaseOnCancel).
+		electCtx, stopElecting := context.WithCancel(ctx)
+		// The writer's result; sent once, by the callback Run starts on its own
+		// goroutine, when the writer returns.
 		result := make(chan error, 1)
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, LeaseDuration: e.LeaseDuration, RenewDeadline: e.RenewDeadline, RetryPeriod: e.RetryPeriod,
@@ -62,7 +77,18 @@ func RunElected(ctx context.Context, w *Writer, e Election) error {
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(lctx context.Context) {
 					logger.Info("Leading: publishing the Nodes' addresses")
-					result <- w.Run(lctx)
+					w.setLeading(true)
+					err := w.Run(lctx)
+					w.setLeading(false)
+					if lctx.Err() == nil {
+						// Stopped while leading: nothing publishes, so hand the Lease on.
+						if err == nil {
+							err = errors.New("the writer returned")
+						}
+						err = fmt.Errorf("the node address writer stopped while leading; Lease %s released: %w", lease, err)
+						stopElecting()
+					}
+					result <- err
 				},
 				OnStoppedLeading: func() {},
 				OnNewLeader: func(id string) {
@@ -73,17 +99,20 @@ func RunElected(ctx context.Context, w *Writer, e Election) error {
 			},
 		})
 		if err != nil {
-			return fmt.Errorf("nodeaddrs: leader election: %w", err)
+			stopElecting()
+			return fmt.Errorf("starting the leader election on Lease %s: %w", lease, err)
 		}
-		le.Run(ctx)
+		le.Run(electCtx)
+		stopElecting()
 		if ctx.Err() != nil {
 			// Stopped: a writer started returns at once (its context is ctx's), and
 			// writes nothing more.
 			return nil
 		}
-		// Run returned with ctx alive: it had the Lease (it returns early only when ctx
-		// ends) and lost it. Wait until the writer has stopped, so that it writes
-		// nothing while another leads.
+		// Run returned with ctx alive: it had the Lease (it returns early only when its
+		// context ends, which before it leads only ctx's end does) and lost it, or the
+		// writer stopped. Wait until the writer has stopped, so that it writes nothing
+		// while another leads.
 		if err := <-result; err != nil {
 			return err
 		}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -27,8 +31,14 @@ const (
 	ComponentValue = "node-addresses"
 )
 
+// DefaultSyncTimeout bounds the writer's first list of the Nodes and of its ConfigMap: a
+// writer that cannot read them (no right to, no API server) fails rather than hold the
+// Lease and publish nothing.
+const DefaultSyncTimeout = time.Minute
+
 // Writer watches every Node and keeps the ConfigMap Namespace/Name holding their
-// addresses (Encode), writing it only when the list's text changes. Only one writer may
+// addresses (Encode), writing it only when the list's text changes. It watches that
+// ConfigMap too, so a list deleted or edited by hand is written back. Only one writer may
 // run at a time (RunElected elects it).
 type Writer struct {
 	Client    kubernetes.Interface
@@ -37,17 +47,105 @@ type Writer struct {
 	Name string
 	// Debounce is the wait after a change before the write; default DefaultDebounce.
 	Debounce time.Duration
+	// SyncTimeout bounds the first list of the Nodes and of the ConfigMap; default
+	// DefaultSyncTimeout.
+	SyncTimeout time.Duration
 	// Logger; default klog's.
 	Logger klog.Logger
-	// Written, when set, hears of each list written (tests, metrics): its Node count and
-	// size.
+	// Written, when set, hears of each list written (tests): its Node count and size.
 	Written func(nodes, bytes int)
+	// Recorder, when set, hears of the writer's state (metrics).
+	Recorder Recorder
+
+	// state is what Healthy reports.
+	state state
 }
 
-// Run watches the Nodes until ctx ends: once their first list is in, it writes the
-// whole list (it may have changed while no writer ran), then each change after the
-// debounce. Failed writes are retried with backoff. It returns nil when ctx ends, an
-// error only if the Nodes cannot be watched.
+// Recorder hears of a writer's state; metrics.NodeAddressWriter is one.
+type Recorder interface {
+	// SetLeader records whether this writer holds the Lease.
+	SetLeader(bool)
+	// Published records that the ConfigMap holds the list of nodes Nodes (written now,
+	// or found current).
+	Published(nodes int, at time.Time)
+	// PublishFailed counts a failed publish.
+	PublishFailed()
+}
+
+// state is the writer's health: whether it leads and whether its last publish worked.
+type state struct {
+	mu        sync.Mutex
+	leading   bool
+	since     time.Time // when it started leading
+	published time.Time // the last publish that worked, since it started leading
+	err       error     // the last publish's error; nil after one that worked
+	failing   time.Time // when the failures in err began
+}
+
+// setLeading records that the writer started or stopped leading.
+func (w *Writer) setLeading(leading bool) {
+	w.state.mu.Lock()
+	w.state.leading, w.state.since, w.state.published, w.state.err = leading, time.Now(), time.Time{}, nil
+	w.state.mu.Unlock()
+	if w.Recorder != nil {
+		w.Recorder.SetLeader(leading)
+	}
+}
+
+// published records a publish's result.
+func (w *Writer) published(nodes int, err error) {
+	now := time.Now()
+	w.state.mu.Lock()
+	if err != nil {
+		if w.state.err == nil {
+			w.state.failing = now
+		}
+		w.state.err = err
+	} else {
+		w.state.published, w.state.err = now, nil
+	}
+	w.state.mu.Unlock()
+	if w.Recorder == nil {
+		return
+	}
+	if err != nil {
+		w.Recorder.PublishFailed()
+	} else {
+		w.Recorder.Published(nodes, now)
+	}
+}
+
+// Healthy is nil unless the writer leads and cannot publish: its last publish failed,
+// or none has worked within the first sync's bound since it started leading. A writer
+// standing by is healthy.
+func (w *Writer) Healthy() error {
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	st := &w.state
+	switch {
+	case !st.leading:
+		return nil
+	case st.err != nil:
+		return fmt.Errorf("leading, and publishing has failed since %s: %w", st.failing.UTC().Format(time.RFC3339), st.err)
+	case st.published.IsZero() && time.Since(st.since) > w.syncTimeout():
+		return fmt.Errorf("leading since %s, and nothing published yet", st.since.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+func (w *Writer) syncTimeout() time.Duration {
+	if w.SyncTimeout > 0 {
+		return w.SyncTimeout
+	}
+	return DefaultSyncTimeout
+}
+
+// Run watches the Nodes and the ConfigMap until ctx ends: once their first lists are
+// in, it writes the whole list (it may have changed while no writer ran), then after
+// the debounce each change of a Node's addresses, and each change of the ConfigMap's
+// text by anyone else (or its deletion). Failed writes are retried with backoff. It
+// returns nil when ctx ends, and an error when it cannot start: no namespace, or the
+// first lists not in within SyncTimeout (the error names what the lists failed on).
 func (w *Writer) Run(ctx context.Context) error {
 	if w.Namespace == "" {
 		return errNoNamespace
@@ -69,9 +167,24 @@ func (w *Writer) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.Client, 0, informers.WithTransform(trimNode))
-	nodes := factory.Core().V1().Nodes().Informer()
-	reg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	p := &publisher{w: w, logger: logger}
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(w.Client, 0, informers.WithTransform(trimNode))
+	cmFactory := informers.NewSharedInformerFactoryWithOptions(w.Client, 0, informers.WithNamespace(w.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.Name).String()
+		}))
+	nodes := nodeFactory.Core().V1().Nodes().Informer()
+	cms := cmFactory.Core().V1().ConfigMaps().Informer()
+	listErrs := &listErrors{logger: logger}
+	for _, inf := range []struct {
+		what string
+		inf  cache.SharedIndexInformer
+	}{{"Nodes", nodes}, {"ConfigMap " + w.Namespace + "/" + w.Name, cms}} {
+		if err := inf.inf.SetWatchErrorHandlerWithContext(listErrs.handler(inf.what)); err != nil {
+			return fmt.Errorf("watching %s: %w", inf.what, err)
+		}
+	}
+	nodeReg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) { notify() },
 		UpdateFunc: func(old, obj any) {
 			o, ok1 := old.(*corev1.Node)
@@ -85,25 +198,63 @@ func (w *Writer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watching Nodes: %w", err)
 	}
+	// The ConfigMap as the watch sees it: a text other than the one last written or
+	// read (someone else's edit, or an older version the watch had not yet passed),
+	// or a deletion, makes the next publish read it again and write it if it is not
+	// the list. The writer's own writes carry the text it knows and cost nothing.
+	seen := func(obj any) {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && p.knows(cm.Data[DataKey]) {
+			return
+		}
+		p.reread.Store(true)
+		notify()
+	}
+	cmReg, err := cms.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    seen,
+		UpdateFunc: func(_, obj any) { seen(obj) },
+		DeleteFunc: func(any) {
+			p.reread.Store(true)
+			notify()
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watching ConfigMap %s/%s: %w", w.Namespace, w.Name, err)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()
-		factory.Shutdown()
+		nodeFactory.Shutdown()
+		cmFactory.Shutdown()
 	}()
-	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), nodes.HasSynced, reg.HasSynced) {
-		return nil // ctx ended
+	nodeFactory.Start(ctx.Done())
+	cmFactory.Start(ctx.Done())
+	syncCtx, syncDone := context.WithTimeout(ctx, w.syncTimeout())
+	synced := cache.WaitForCacheSync(syncCtx.Done(), nodes.HasSynced, nodeReg.HasSynced, cms.HasSynced, cmReg.HasSynced)
+	syncDone()
+	if !synced {
+		if ctx.Err() != nil {
+			return nil
+		}
+		err := fmt.Errorf("listing the Nodes and ConfigMap %s/%s: not done within %v: %w", w.Namespace, w.Name,
+			w.syncTimeout(), listErrs.err())
+		w.published(0, err)
+		return err
 	}
-	select { // the initial list's events: the first publish covers them
+	select { // the initial lists' events: the first publish covers them
 	case <-changed:
 	default:
 	}
 	logger.Info("Publishing the Nodes' addresses", "nodes", len(nodes.GetStore().ListKeys()))
-	p := &publisher{w: w, logger: logger}
 	backoff := writeBackoff()
 	retry := time.Duration(0)
 	for {
-		if err := p.publish(ctx, list(nodes.GetStore(), logger)); err != nil {
+		if p.reread.Swap(false) {
+			p.forget()
+		}
+		all := list(nodes.GetStore(), logger)
+		err := p.publish(ctx, all)
+		w.published(len(all), err)
+		if err != nil {
 			retry = backoff.Step()
 			logger.Error(err, "Publishing the Nodes' addresses failed; retrying", "backoff", retry)
 		} else {
@@ -131,6 +282,42 @@ func (w *Writer) Run(ctx context.Context) error {
 		default:
 		}
 	}
+}
+
+// listErrors keeps the last error each watch's list or watch failed with, for the
+// error of a first sync that does not complete.
+type listErrors struct {
+	logger klog.Logger
+	mu     sync.Mutex
+	last   map[string]error
+}
+
+// handler records (and logs) what's watch errors.
+func (l *listErrors) handler(what string) cache.WatchErrorHandlerWithContext {
+	return func(ctx context.Context, r *cache.Reflector, err error) {
+		l.mu.Lock()
+		if l.last == nil {
+			l.last = map[string]error{}
+		}
+		l.last[what] = err
+		l.mu.Unlock()
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}
+}
+
+// err joins the last error of each watch, each named; "no error seen" when none
+// failed (the API server was slow rather than refusing).
+func (l *listErrors) err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for _, what := range slices.Sorted(maps.Keys(l.last)) {
+		errs = append(errs, fmt.Errorf("%s: %w", what, l.last[what]))
+	}
+	if len(errs) == 0 {
+		return errors.New("no list or watch failed: the API server did not answer in time")
+	}
+	return errors.Join(errs...)
 }
 
 // writeBackoff spaces retries of a failed write: from 1 s, doubling, to a minute.
@@ -172,9 +359,41 @@ func trimNode(obj any) (any, error) {
 type publisher struct {
 	w      *Writer
 	logger klog.Logger
-	// last is the ConfigMap as last read or written; nil: read it first.
+	// last is the ConfigMap as last read or written; nil: read it first. Only publish
+	// and forget, on Run's goroutine, use it.
 	last *corev1.ConfigMap
+	// text is last's list, or the list being written, for the ConfigMap watch's
+	// handler (another goroutine): an event with this text is the writer's own write,
+	// or one it has read.
+	text atomic.Pointer[string]
+	// reread, set by the ConfigMap watch's handler, makes the next publish read the
+	// ConfigMap again.
+	reread atomic.Bool
 }
+
+// knows reports whether text is the list the publisher last wrote or read.
+func (p *publisher) knows(text string) bool {
+	t := p.text.Load()
+	return t != nil && *t == text
+}
+
+// remember sets the ConfigMap as last read or written; nil forgets it.
+func (p *publisher) remember(cm *corev1.ConfigMap) {
+	p.last = cm
+	if cm == nil {
+		p.text.Store(nil)
+		return
+	}
+	text := cm.Data[DataKey]
+	p.text.Store(&text)
+}
+
+// writing makes text known before it is written: the watch may bring the write's event
+// before its response.
+func (p *publisher) writing(text string) { p.text.Store(&text) }
+
+// forget makes the next publish read the ConfigMap first.
+func (p *publisher) forget() { p.remember(nil) }
 
 // publish writes nodes' list unless the ConfigMap holds it already.
 func (p *publisher) publish(ctx context.Context, nodes []Node) error {
@@ -182,7 +401,8 @@ func (p *publisher) publish(ctx context.Context, nodes []Node) error {
 	if err := CheckSize(text); err != nil {
 		// The previous list stays: supervisors keep reserving what it names. Nothing
 		// smaller can be written until Nodes go away or lose addresses.
-		return fmt.Errorf("%w: not written (%d Nodes); the list published before stays", err, len(nodes))
+		return fmt.Errorf("publishing the addresses of %d Nodes to %s/%s: %w: not written; the list published before stays",
+			len(nodes), p.w.Namespace, p.w.Name, err)
 	}
 	if p.last != nil && p.last.Data[DataKey] == text {
 		return nil
@@ -198,7 +418,14 @@ func (p *publisher) publish(ctx context.Context, nodes []Node) error {
 						Labels: map[string]string{LabelComponent: ComponentValue}},
 					Data: map[string]string{DataKey: text},
 				}
+				p.writing(text)
 				created, err := cms.Create(ctx, cm, metav1.CreateOptions{})
+				if err != nil {
+					p.forget()
+				}
+				if apierrors.IsAlreadyExists(err) && attempt < 3 {
+					continue // created by someone else since: read it
+				}
 				if err != nil {
 					return fmt.Errorf("creating ConfigMap %s/%s: %w", p.w.Namespace, p.w.Name, err)
 				}
@@ -207,7 +434,7 @@ func (p *publisher) publish(ctx context.Context, nodes []Node) error {
 			case err != nil:
 				return fmt.Errorf("reading ConfigMap %s/%s: %w", p.w.Namespace, p.w.Name, err)
 			}
-			p.last = cur
+			p.remember(cur)
 			if cur.Data[DataKey] == text {
 				return nil
 			}
@@ -218,12 +445,13 @@ func (p *publisher) publish(ctx context.Context, nodes []Node) error {
 			cm.Labels = map[string]string{}
 		}
 		cm.Labels[LabelComponent] = ComponentValue
+		p.writing(text)
 		updated, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
 		if err == nil {
 			p.written(updated, len(nodes))
 			return nil
 		}
-		p.last = nil
+		p.forget()
 		if (apierrors.IsConflict(err) || apierrors.IsNotFound(err)) && attempt < 3 {
 			continue // written or deleted by someone else: read it again
 		}
@@ -232,7 +460,7 @@ func (p *publisher) publish(ctx context.Context, nodes []Node) error {
 }
 
 func (p *publisher) written(cm *corev1.ConfigMap, nodes int) {
-	p.last = cm
+	p.remember(cm)
 	size := len(cm.Data[DataKey])
 	p.logger.V(2).Info("Published the Nodes' addresses", "nodes", nodes, "bytes", size, "resourceVersion", cm.ResourceVersion)
 	if p.w.Written != nil {
@@ -241,4 +469,4 @@ func (p *publisher) written(cm *corev1.ConfigMap, nodes int) {
 }
 
 // errNoNamespace is Run's error without a namespace.
-var errNoNamespace = errors.New("nodeaddrs: no namespace for the published ConfigMap")
+var errNoNamespace = errors.New("running the node address writer: no namespace for the published ConfigMap")

@@ -2,6 +2,7 @@ package nodeaddrs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -38,9 +41,11 @@ func startWriter(t *testing.T, debounce time.Duration, objs ...runtime.Object) *
 	t.Helper()
 	h := &writerHarness{t: t, client: fake.NewClientset(objs...), written: make(chan int, 100)}
 	h.client.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		h.verbs = append(h.verbs, a.GetVerb())
+		if v := a.GetVerb(); v != "list" && v != "watch" { // the requests that cost: not the watch
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.verbs = append(h.verbs, v)
+		}
 		return false, nil, nil
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -164,29 +169,152 @@ func TestWriterWritesOnlyAddressChanges(t *testing.T) {
 	}
 }
 
-// TestWriterRewritesAHandEditedList: an update that conflicts (someone else wrote the
-// ConfigMap) reads it again and writes the list.
-func TestWriterRewritesAHandEditedList(t *testing.T) {
-	ctx := context.Background()
-	h := startWriter(t, 50*time.Millisecond, node("a", "10.0.0.1"))
-	h.next()
-	cms := h.client.CoreV1().ConfigMaps(testNamespace)
-	cm, err := cms.Get(ctx, DefaultName, metav1.GetOptions{})
+// TestWriterRestoresItsList: the writer watches its ConfigMap, and writes the list back
+// when it is edited or deleted, without a Node changing; its own writes' events cost no
+// request (no write loop).
+func TestWriterRestoresItsList(t *testing.T) {
+	want := header + "\na 10.0.0.1\n"
+	for _, tc := range []struct {
+		name string
+		// change changes the ConfigMap as someone else would.
+		change func(ctx context.Context, cms typedcorev1.ConfigMapInterface) error
+		// wantRequests are the change's requests, then the writer's up to its write
+		// back.
+		wantRequests string
+	}{{
+		name: "edited by hand",
+		change: func(ctx context.Context, cms typedcorev1.ConfigMapInterface) error {
+			cm, err := cms.Get(ctx, DefaultName, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cm.Data[DataKey] = header + "\n"
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+			return err
+		},
+		wantRequests: "get,update" + ",get,update",
+	}, {
+		name: "deleted",
+		change: func(ctx context.Context, cms typedcorev1.ConfigMapInterface) error {
+			return cms.Delete(ctx, DefaultName, metav1.DeleteOptions{})
+		},
+		wantRequests: "delete" + ",get,create",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := startWriter(t, 50*time.Millisecond, node("a", "10.0.0.1"))
+			h.next()
+			cms := h.client.CoreV1().ConfigMaps(testNamespace)
+			before := len(h.requests())
+			if err := tc.change(ctx, cms); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.next(); got != 1 {
+				t.Errorf("the write back has %d nodes, want 1", got)
+			}
+			if got := h.published(); got != want {
+				t.Errorf("published:\n%s\nwant:\n%s", got, want)
+			}
+			// The next write is a new Node's, with nothing between: the write back's own
+			// event wrote nothing.
+			if _, err := h.client.CoreV1().Nodes().Create(ctx, node("b", "10.0.0.2"), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.next(); got != 2 {
+				t.Errorf("the write after a new Node has %d nodes, want 2", got)
+			}
+			// The change's, the write back's, the test's get (published), one update.
+			got := h.requests()[before:]
+			if want := tc.wantRequests + ",get,update"; strings.Join(got, ",") != want {
+				t.Errorf("requests after the change: %v, want %s (the test's get between)", got, want)
+			}
+		})
+	}
+}
+
+// TestRunFailsWhenNodesCannotBeListed: a writer whose Node list is refused returns,
+// within SyncTimeout, an error that says what failed, and is unhealthy meanwhile.
+func TestRunFailsWhenNodesCannotBeListed(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "", errors.New("no right"))
+	})
+	w := &Writer{Client: client, Namespace: testNamespace, SyncTimeout: time.Second}
+	start := time.Now()
+	w.setLeading(true)
+	err := w.Run(context.Background())
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "not done within 1s") || !strings.Contains(err.Error(), "Nodes: ") ||
+		!apierrors.IsForbidden(errors.Unwrap(err)) && !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("Run = %v, want the sync bound's error naming the Nodes' list refused", err)
+	}
+	if took > 10*time.Second {
+		t.Errorf("Run returned after %v, want about its 1 s bound", took)
+	}
+	if err := w.Healthy(); err == nil || !strings.Contains(err.Error(), "publishing has failed") {
+		t.Errorf("Healthy = %v, want the failure", err)
+	}
+	w.setLeading(false)
+	if err := w.Healthy(); err != nil {
+		t.Errorf("Healthy standing by = %v, want nil", err)
+	}
+}
+
+// TestRunElectedReleasesTheLeaseWhenTheWriterStops: the leader's writer fails its first
+// sync; RunElected releases the Lease and returns the error.
+func TestRunElectedReleasesTheLeaseWhenTheWriterStops(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "", errors.New("no right"))
+	})
+	rec := &recorder{}
+	w := &Writer{Client: client, Namespace: testNamespace, SyncTimeout: time.Second, Recorder: rec}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := RunElected(ctx, w, Election{Identity: "w-0", LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second,
+		RetryPeriod: 100 * time.Millisecond})
+	if ctx.Err() != nil {
+		t.Fatal("RunElected did not return within 30 s")
+	}
+	if err == nil || !strings.Contains(err.Error(), "stopped while leading") || !strings.Contains(err.Error(), "forbidden") {
+		t.Errorf("RunElected = %v, want the writer's error", err)
+	}
+	lease, err := client.CoordinationV1().Leases(testNamespace).Get(ctx, DefaultLeaseName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm.Data[DataKey] = header + "\n"
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+		t.Errorf("the Lease is held by %q after the writer stopped, want released", *h)
 	}
-	// The writer does not watch its ConfigMap: the next Node change brings it back.
-	if _, err := h.client.CoreV1().Nodes().Create(ctx, node("b", "10.0.0.2"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := strings.Join(rec.events, ","); got != "leader,failed,standby" {
+		t.Errorf("recorded %s, want leader,failed,standby", got)
 	}
-	h.next()
-	if got, want := h.published(), header+"\na 10.0.0.1\nb 10.0.0.2\n"; got != want {
-		t.Errorf("published:\n%s\nwant:\n%s", got, want)
-	}
+}
+
+// recorder is a Recorder that lists what it heard.
+type recorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recorder) SetLeader(l bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, map[bool]string{true: "leader", false: "standby"}[l])
+}
+
+func (r *recorder) Published(nodes int, _ time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf("published %d", nodes))
+}
+
+func (r *recorder) PublishFailed() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, "failed")
 }
 
 func TestPublishRefusesAListOverTheLimit(t *testing.T) {

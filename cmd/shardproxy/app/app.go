@@ -124,7 +124,7 @@ instance uses. Start with "shardproxy check --config FILE", then "shardproxy run
 			configCommand(),
 			completionCommand(),
 			statusCommand(),
-			nodeAddressesCommand(),
+			nodeAddressesCommand(b),
 			{
 				Name:  "version",
 				Usage: "print the version",

@@ -1,7 +1,11 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -9,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 )
@@ -16,7 +21,7 @@ import (
 // nodeAddressesCommand is `shardproxy node-addresses`: the writer of the published node
 // address list (otherNodeAddresses: published), run as a Deployment of one or more
 // replicas that elect a leader.
-func nodeAddressesCommand() *cli.Command {
+func nodeAddressesCommand(b Build) *cli.Command {
 	return &cli.Command{
 		Name:  "node-addresses",
 		Usage: "publish every Node's addresses in one ConfigMap for the supervisors with otherNodeAddresses: published (leader-elected; run beside the DaemonSet)",
@@ -25,7 +30,13 @@ func nodeAddressesCommand() *cli.Command {
 supervisor with otherNodeAddresses: published watches that one object instead of every
 Node. Several replicas elect one writer with the Lease --lease-name in --namespace; a
 new leader writes the whole list at once. Needs: nodes list and watch; configmaps get,
-create and update, and leases get, create and update, in --namespace.`,
+create and update, and list and watch it (to write it back when it is deleted or edited),
+and leases get, create and update, in --namespace.
+
+--bind-address serves /healthz (200 while standing by or publishing; 503 while leading
+and unable to publish) and /metrics. A writer that leads but cannot read the Nodes or
+the ConfigMap within --sync-timeout, or stops for any other reason while leading,
+releases the Lease (a standby takes over) and exits non-zero.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file (default: in-cluster, else the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config)"},
 			&cli.StringFlag{Name: "namespace", Value: config.DefaultStatusNamespace, Usage: "namespace of the ConfigMap and the Lease (the supervisors' statusNamespace)"},
@@ -33,6 +44,8 @@ create and update, and leases get, create and update, in --namespace.`,
 			&cli.StringFlag{Name: "lease-name", Value: nodeaddrs.DefaultLeaseName, Usage: "the Lease the replicas elect their writer with"},
 			&cli.StringFlag{Name: "identity", Usage: "this replica's name in the Lease (default: $POD_NAME, else the host name and pid)"},
 			&cli.DurationFlag{Name: "debounce", Value: nodeaddrs.DefaultDebounce, Usage: "wait after an address change for more before writing"},
+			&cli.DurationFlag{Name: "sync-timeout", Value: nodeaddrs.DefaultSyncTimeout, Usage: "bound on the leader's first list of the Nodes and the ConfigMap; past it the writer releases the Lease and exits"},
+			&cli.StringFlag{Name: "bind-address", Value: DefaultNodeAddressesBindAddress, Usage: "address of /healthz and /metrics (empty: none)"},
 		},
 		Action: func(c *cli.Context) error {
 			rc, err := operatorRESTConfig(c.String("kubeconfig"))
@@ -56,10 +69,62 @@ create and update, and leases get, create and update, in --namespace.`,
 				identity = fmt.Sprintf("%s-%d", host, os.Getpid())
 			}
 			w := &nodeaddrs.Writer{Client: client, Namespace: c.String("namespace"), Name: c.String("name"),
-				Debounce: c.Duration("debounce"), Logger: klog.Background()}
+				Debounce: c.Duration("debounce"), SyncTimeout: c.Duration("sync-timeout"), Logger: klog.Background()}
+			if w.Name == "" {
+				w.Name = nodeaddrs.DefaultName
+			}
+			m := metrics.NewNodeAddressWriter(w.Namespace + "/" + w.Name)
+			m.SetBuildInfo(b.version())
+			w.Recorder = m
+			ctx, stop := context.WithCancel(c.Context)
+			defer stop()
+			served := make(chan error, 1)
+			if addr := c.String("bind-address"); addr != "" {
+				l, err := net.Listen("tcp", addr)
+				if err != nil {
+					return fmt.Errorf("listening on --bind-address %s: %w", addr, err)
+				}
+				go func() { served <- serveNodeAddresses(ctx, l, w, m) }()
+			} else {
+				close(served)
+			}
 			klog.Background().Info("Starting the node address writer", "identity", identity,
-				"configMap", w.Namespace+"/"+w.Name, "debounce", w.Debounce.Round(time.Millisecond))
-			return nodeaddrs.RunElected(c.Context, w, nodeaddrs.Election{Identity: identity, LeaseName: c.String("lease-name")})
+				"configMap", w.Namespace+"/"+w.Name, "debounce", w.Debounce.Round(time.Millisecond), "bindAddress", c.String("bind-address"))
+			err = nodeaddrs.RunElected(ctx, w, nodeaddrs.Election{Identity: identity, LeaseName: c.String("lease-name")})
+			stop()
+			return errors.Join(err, <-served)
 		},
 	}
+}
+
+// DefaultNodeAddressesBindAddress is where `shardproxy node-addresses` serves /healthz
+// and /metrics: every address of its pod (it runs in the pod's network, not the host's),
+// for the kubelet's probes and Prometheus.
+const DefaultNodeAddressesBindAddress = "0.0.0.0:10256"
+
+// serveNodeAddresses serves the writer's /healthz and m's /metrics on l until ctx ends.
+func serveNodeAddresses(ctx context.Context, l net.Listener, w *nodeaddrs.Writer, m *metrics.NodeAddressWriter) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		rw.Header().Set("X-Content-Type-Options", "nosniff")
+		if err := w.Healthy(); err != nil {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(rw, "unhealthy: %v\n", err)
+			return
+		}
+		fmt.Fprintln(rw, "ok")
+	})
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving /healthz and /metrics on %s: %w", l.Addr(), err)
+	}
+	return nil
 }

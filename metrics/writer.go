@@ -1,0 +1,98 @@
+package metrics
+
+import (
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NodeAddressWriter is the metrics of `shardproxy node-addresses`, the writer of the
+// published node address list: whether this replica leads, when it last published, how
+// many publishes failed and how many Nodes the list names. Its series carry the
+// ConfigMap (namespace/name) as configmap, as the supervisors'
+// shardproxy_published_node_addresses_* do, so the two join.
+type NodeAddressWriter struct {
+	registry *prometheus.Registry
+	handler  http.Handler
+	// configMap is the configmap label's value.
+	configMap string
+
+	leader        prometheus.Gauge
+	lastPublish   *prometheus.GaugeVec
+	publishErrors prometheus.Counter
+	nodes         prometheus.Gauge
+	buildInfo     *prometheus.GaugeVec
+}
+
+// NewNodeAddressWriter returns the metrics of the writer of ConfigMap configMap
+// (namespace/name), registered with the Go runtime and process collectors on a registry
+// of their own. Every series exists from the start: the leader gauge at 0, the error
+// counter at 0; the last publish's timestamp only once a publish worked (0 would read
+// as "published in 1970").
+func NewNodeAddressWriter(configMap string) *NodeAddressWriter {
+	m := &NodeAddressWriter{registry: prometheus.NewRegistry(), configMap: configMap}
+	constLabels := prometheus.Labels{labelConfigMap: configMap}
+	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace, Name: "node_addresses_writer_leader", ConstLabels: constLabels,
+		Help: "1 while this node address writer holds the Lease and publishes the list, 0 while it stands by",
+	})
+	// A vector, so that its one series appears only at the first publish.
+	m.lastPublish = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace, Name: "node_addresses_writer_last_publish_timestamp_seconds",
+		Help: "When this writer last published the node address list (wrote it, or found it current), in seconds since the epoch",
+	}, []string{labelConfigMap})
+	m.publishErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: shardproxyNamespace, Name: "node_addresses_writer_publish_errors_total", ConstLabels: constLabels,
+		Help: "Publishes of the node address list that failed (each is retried with backoff), and first lists of the Nodes not in within the bound",
+	})
+	m.nodes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace, Name: "node_addresses_writer_nodes", ConstLabels: constLabels,
+		Help: "Nodes in the node address list this writer last published",
+	})
+	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace, Name: "build_info",
+		Help: "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
+	}, []string{labelVersion, labelGoVersion})
+	m.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.leader, m.lastPublish, m.publishErrors, m.nodes, m.buildInfo,
+	)
+	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+	return m
+}
+
+// Registry returns the registry m's collectors are registered on.
+func (m *NodeAddressWriter) Registry() *prometheus.Registry { return m.registry }
+
+// Handler returns the HTTP handler that serves m's registry. Every call returns the
+// same handler.
+func (m *NodeAddressWriter) Handler() http.Handler { return m.handler }
+
+// SetBuildInfo sets shardproxy_build_info to 1 for version and the Go version.
+func (m *NodeAddressWriter) SetBuildInfo(version string) {
+	m.buildInfo.Reset()
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+}
+
+// SetLeader records whether this writer holds the Lease.
+func (m *NodeAddressWriter) SetLeader(leader bool) {
+	v := 0.0
+	if leader {
+		v = 1
+	}
+	m.leader.Set(v)
+}
+
+// Published records that the ConfigMap holds the list of nodes Nodes, as of at.
+func (m *NodeAddressWriter) Published(nodes int, at time.Time) {
+	m.lastPublish.WithLabelValues(m.configMap).Set(float64(at.UnixNano()) / 1e9)
+	m.nodes.Set(float64(nodes))
+}
+
+// PublishFailed counts a failed publish.
+func (m *NodeAddressWriter) PublishFailed() { m.publishErrors.Inc() }
