@@ -30,7 +30,8 @@ import (
 // against a real kube-apiserver: a Node added with address X is published, and both
 // supervisors refuse a Service's externalIP X with an AddressRefused event (and program
 // its other externalIP); the leader stopped, the standby takes the Lease and publishes
-// the next Node added, whose address both refuse too. The supervisors watch no Node but
+// the next Node added, whose address both refuse too; the list deleted, then edited by
+// hand, writer-b writes it back and both nodes read it. The supervisors watch no Node but
 // their own: without the published list they would serve both addresses.
 func TestPublishedNodeAddresses(t *testing.T) {
 	cp := controlplane.StartWith(t, controlplane.Options{ServiceCIDRs: gen.ServiceCIDRs})
@@ -198,6 +199,42 @@ func TestPublishedNodeAddresses(t *testing.T) {
 			t.Errorf("%s programs a node address:\n%s", h.Name, d)
 		}
 	}
+
+	// The list deleted, then edited by hand: writer-b writes it back, with no Node
+	// changing, and both nodes read it again.
+	cms := admin.CoreV1().ConfigMaps(StatusNamespace)
+	want := cm.Data[nodeaddrs.DataKey]
+	restored := func(what string) {
+		t.Helper()
+		since := time.Now()
+		testutil.Eventually(t, time.Minute, "writer-b to write the "+what+" list back", func() bool {
+			cur, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+			return err == nil && cur.Data[nodeaddrs.DataKey] == want
+		})
+		t.Logf("the %s list written back after %v", what, time.Since(since).Round(time.Millisecond))
+	}
+	if err := cms.Delete(ctx, nodeaddrs.DefaultName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restored("deleted")
+	edited, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited.Data[nodeaddrs.DataKey] = nodeaddrs.Encode(nil)
+	if _, err := cms.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restored("edited")
+	testutil.Eventually(t, time.Minute, "both nodes read the list of 4 Nodes again", func() bool {
+		for _, h := range fleet {
+			st := h.sup.Health().Status().NodeAddresses
+			if st == nil || st.State != "ok" || st.Nodes != nodes+2 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // dumpDefault is the node's default instance's IPv4 table (FullFake).
