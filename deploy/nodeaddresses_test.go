@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
+	"github.com/shardproxy/shardproxy/cmd/shardproxy/app"
 	"github.com/shardproxy/shardproxy/migrate"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
@@ -96,6 +97,20 @@ func TestNodeAddressesComponent(t *testing.T) {
 	}
 	if pod.HostNetwork {
 		t.Error("the writer needs no host network")
+	}
+	// The kubelet probes /healthz on the port the writer serves by default (its args set
+	// no --bind-address).
+	if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--bind-address") }) {
+		t.Errorf("the writer's args %v set --bind-address: the port and probes follow its default", c.Args)
+	}
+	if len(c.Ports) != 1 || fmt.Sprintf("0.0.0.0:%d", c.Ports[0].ContainerPort) != app.DefaultNodeAddressesBindAddress {
+		t.Errorf("the writer's ports %+v, want one, the port of %s", c.Ports, app.DefaultNodeAddressesBindAddress)
+	}
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || len(c.Ports) != 1 ||
+			(p.HTTPGet.Port.String() != c.Ports[0].Name && int32(p.HTTPGet.Port.IntValue()) != c.Ports[0].ContainerPort) {
+			t.Errorf("the writer's %s probe %+v, want /healthz on its port", name, p)
+		}
 	}
 }
 

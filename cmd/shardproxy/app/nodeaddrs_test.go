@@ -1,0 +1,97 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
+	"github.com/shardproxy/shardproxy/test/testutil"
+)
+
+// TestNodeAddressesHealthAndMetrics serves a leading writer's /healthz and /metrics:
+// while the API server refuses its writes, /healthz answers 503 with the error and the
+// error counter grows; once they pass, /healthz is 200 and the list's Node count is in
+// the metrics.
+func TestNodeAddressesHealthAndMetrics(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}})
+	var refuse atomic.Bool
+	refuse.Store(true)
+	client.PrependReactor("create", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if refuse.Load() {
+			return true, nil, apierrors.NewServiceUnavailable("etcd is down")
+		}
+		return false, nil, nil
+	})
+	const ns = "shardproxy-system"
+	m := metrics.NewNodeAddressWriter(ns + "/" + nodeaddrs.DefaultName)
+	w := &nodeaddrs.Writer{Client: client, Namespace: ns, Debounce: 10 * time.Millisecond, Recorder: m}
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serveNodeAddresses(ctx, l, w, m) }()
+	elected := make(chan error, 1)
+	go func() {
+		elected <- nodeaddrs.RunElected(ctx, w, nodeaddrs.Election{Identity: "w-0", RetryPeriod: 100 * time.Millisecond})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := errors.Join(<-elected, <-served); err != nil {
+			t.Errorf("the writer or its server: %v", err)
+		}
+	})
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + l.Addr().String() + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	testutil.Eventually(t, 30*time.Second, "/healthz to fail while writes are refused", func() bool {
+		code, body := get("/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "etcd is down")
+	})
+	_, text := get("/metrics")
+	if want := `shardproxy_node_addresses_writer_leader{configmap="shardproxy-system/shardproxy-nodeaddresses"} 1`; !strings.Contains(text, want) {
+		t.Errorf("/metrics while refused has no %s:\n%s", want, text)
+	}
+	// One error per attempt: 1 or more, by the time of the scrape.
+	if errs := `shardproxy_node_addresses_writer_publish_errors_total{configmap="shardproxy-system/shardproxy-nodeaddresses"} `; !strings.Contains(text, errs) ||
+		strings.Contains(text, errs+"0\n") {
+		t.Errorf("/metrics while refused counts no publish error:\n%s", text)
+	}
+	refuse.Store(false) // the retry, after 1 s of backoff, passes
+	testutil.Eventually(t, 30*time.Second, "/healthz to pass once the list is written", func() bool {
+		code, _ := get("/healthz")
+		return code == http.StatusOK
+	})
+	_, text = get("/metrics")
+	for _, want := range []string{
+		`shardproxy_node_addresses_writer_nodes{configmap="shardproxy-system/shardproxy-nodeaddresses"} 1`,
+		`shardproxy_node_addresses_writer_last_publish_timestamp_seconds{configmap="shardproxy-system/shardproxy-nodeaddresses"}`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics once written has no %s:\n%s", want, text)
+		}
+	}
+}
