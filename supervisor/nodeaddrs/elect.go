@@ -85,6 +85,7 @@ func RunElected(ctx context.Context, w *Writer, e Election) error {
 						if err == nil {
 							err = errors.New("the writer returned")
 						}
+						logger.Error(err, "The writer stopped while leading; releasing the Lease")
 						err = fmt.Errorf("the node address writer stopped while leading; Lease %s released: %w", lease, err)
 						stopElecting()
 					}
