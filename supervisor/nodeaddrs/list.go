@@ -13,6 +13,7 @@ package nodeaddrs
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -136,10 +137,13 @@ func Decode(text string) ([]Node, error) {
 	return out, nil
 }
 
+// ErrTooLarge is CheckSize's error: a list the API server would refuse to store.
+var ErrTooLarge = errors.New("too large to publish")
+
 // CheckSize refuses a list the API server would refuse to store.
 func CheckSize(text string) error {
 	if len(text) > MaxSize {
-		return fmt.Errorf("the node address list is %d bytes, over the %d a ConfigMap holds", len(text), MaxSize)
+		return fmt.Errorf("the node address list is %d bytes, over the %d a ConfigMap holds: %w", len(text), MaxSize, ErrTooLarge)
 	}
 	return nil
 }

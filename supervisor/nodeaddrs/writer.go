@@ -72,7 +72,8 @@ type Recorder interface {
 	PublishFailed()
 }
 
-// state is the writer's health: whether it leads and whether its last publish worked.
+// state is the writer's health: whether it leads, whether its publishes work and
+// whether its watches do.
 type state struct {
 	mu        sync.Mutex
 	leading   bool
@@ -80,7 +81,20 @@ type state struct {
 	published time.Time // the last publish that worked, since it started leading
 	err       error     // the last publish's error; nil after one that worked
 	failing   time.Time // when the failures in err began
+	// watches is, per watch, its current run of list or watch failures.
+	watches map[string]*watchFailure
 }
+
+// watchFailure is a run of one watch's failures: errors each within watchErrorGap of
+// the one before.
+type watchFailure struct {
+	first, last time.Time
+	err         error
+}
+
+// watchErrorGap ends a run of watch failures: the reflector retries within 30 s
+// (client-go's backoff cap), so a watch with no error for longer has recovered.
+const watchErrorGap = 90 * time.Second
 
 // setLeading records that the writer started or stopped leading.
 func (w *Writer) setLeading(leading bool) {
@@ -115,20 +129,65 @@ func (w *Writer) published(nodes int, err error) {
 	}
 }
 
-// Healthy is nil unless the writer leads and cannot publish: its last publish failed,
-// or none has worked within the first sync's bound since it started leading. A writer
-// standing by is healthy.
-func (w *Writer) Healthy() error {
+// watchFailed records that watch what failed with err at now.
+func (w *Writer) watchFailed(what string, err error, now time.Time) {
 	w.state.mu.Lock()
 	defer w.state.mu.Unlock()
-	st := &w.state
-	switch {
-	case !st.leading:
+	if w.state.watches == nil {
+		w.state.watches = map[string]*watchFailure{}
+	}
+	f := w.state.watches[what]
+	if f == nil || now.Sub(f.last) > watchErrorGap {
+		f = &watchFailure{first: now}
+		w.state.watches[what] = f
+	}
+	f.last, f.err = now, err
+}
+
+// watchErrors joins the last error of each watch's current or last run of failures,
+// each named; "no error seen" when none failed (the API server was slow rather than
+// refusing).
+func (w *Writer) watchErrors() error {
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	var errs []error
+	for _, what := range slices.Sorted(maps.Keys(w.state.watches)) {
+		errs = append(errs, fmt.Errorf("%s: %w", what, w.state.watches[what].err))
+	}
+	if len(errs) == 0 {
+		return errors.New("no list or watch failed: the API server did not answer in time")
+	}
+	return errors.Join(errs...)
+}
+
+// Healthy is nil unless the writer leads and cannot do its work for longer than the
+// first sync's bound (SyncTimeout): its publishes have failed that long, none has
+// worked that long since it started leading, or a watch has failed that long (the
+// list it would publish is stale). A list too large to write is not counted: a restart
+// cannot shrink it, and the list before it stays published (the error is logged and
+// counted). A writer standing by is healthy.
+func (w *Writer) Healthy() error {
+	return w.healthyAt(time.Now())
+}
+
+func (w *Writer) healthyAt(now time.Time) error {
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	st, bound := &w.state, w.syncTimeout()
+	if !st.leading {
 		return nil
-	case st.err != nil:
+	}
+	if st.err != nil && !errors.Is(st.err, ErrTooLarge) && now.Sub(st.failing) > bound {
 		return fmt.Errorf("leading, and publishing has failed since %s: %w", st.failing.UTC().Format(time.RFC3339), st.err)
-	case st.published.IsZero() && time.Since(st.since) > w.syncTimeout():
+	}
+	if st.published.IsZero() && st.err == nil && now.Sub(st.since) > bound {
 		return fmt.Errorf("leading since %s, and nothing published yet", st.since.UTC().Format(time.RFC3339))
+	}
+	for _, what := range slices.Sorted(maps.Keys(st.watches)) {
+		f := st.watches[what]
+		if now.Sub(f.last) <= watchErrorGap && f.last.Sub(f.first) > bound {
+			return fmt.Errorf("leading, and watching %s has failed since %s: %w", what, f.first.UTC().Format(time.RFC3339), f.err)
+		}
 	}
 	return nil
 }
@@ -175,12 +234,11 @@ func (w *Writer) Run(ctx context.Context) error {
 		}))
 	nodes := nodeFactory.Core().V1().Nodes().Informer()
 	cms := cmFactory.Core().V1().ConfigMaps().Informer()
-	listErrs := &listErrors{logger: logger}
 	for _, inf := range []struct {
 		what string
 		inf  cache.SharedIndexInformer
 	}{{"Nodes", nodes}, {"ConfigMap " + w.Namespace + "/" + w.Name, cms}} {
-		if err := inf.inf.SetWatchErrorHandlerWithContext(listErrs.handler(inf.what)); err != nil {
+		if err := inf.inf.SetWatchErrorHandlerWithContext(w.watchErrorHandler(inf.what)); err != nil {
 			return fmt.Errorf("watching %s: %w", inf.what, err)
 		}
 	}
@@ -203,8 +261,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	// or a deletion, makes the next publish read it again and write it if it is not
 	// the list. The writer's own writes carry the text it knows and cost nothing.
 	seen := func(obj any) {
-		if cm, ok := obj.(*corev1.ConfigMap); ok && p.knows(cm.Data[DataKey]) {
-			return
+		cm, ok := obj.(*corev1.ConfigMap)
+		if ok && (cm.Name != w.Name || p.knows(cm.Data[DataKey])) {
+			return // another ConfigMap (only a fake ignores the field selector), or known
 		}
 		p.reread.Store(true)
 		notify()
@@ -212,7 +271,10 @@ func (w *Writer) Run(ctx context.Context) error {
 	cmReg, err := cms.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    seen,
 		UpdateFunc: func(_, obj any) { seen(obj) },
-		DeleteFunc: func(any) {
+		DeleteFunc: func(obj any) {
+			if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Name != w.Name {
+				return
+			}
 			p.reread.Store(true)
 			notify()
 		},
@@ -236,7 +298,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			return nil
 		}
 		err := fmt.Errorf("listing the Nodes and ConfigMap %s/%s: not done within %v: %w", w.Namespace, w.Name,
-			w.syncTimeout(), listErrs.err())
+			w.syncTimeout(), w.watchErrors())
 		w.published(0, err)
 		return err
 	}
@@ -284,45 +346,20 @@ func (w *Writer) Run(ctx context.Context) error {
 	}
 }
 
-// listErrors keeps the last error each watch's list or watch failed with, for the
-// error of a first sync that does not complete.
-type listErrors struct {
-	logger klog.Logger
-	mu     sync.Mutex
-	last   map[string]error
-}
-
-// handler records (and logs) what's watch errors.
-func (l *listErrors) handler(what string) cache.WatchErrorHandlerWithContext {
+// watchErrorHandler records (and logs, as client-go's default does) each failure of
+// the watch of what.
+func (w *Writer) watchErrorHandler(what string) cache.WatchErrorHandlerWithContext {
 	return func(ctx context.Context, r *cache.Reflector, err error) {
-		l.mu.Lock()
-		if l.last == nil {
-			l.last = map[string]error{}
-		}
-		l.last[what] = err
-		l.mu.Unlock()
+		w.watchFailed(what, err, time.Now())
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 	}
 }
 
-// err joins the last error of each watch, each named; "no error seen" when none
-// failed (the API server was slow rather than refusing).
-func (l *listErrors) err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var errs []error
-	for _, what := range slices.Sorted(maps.Keys(l.last)) {
-		errs = append(errs, fmt.Errorf("%s: %w", what, l.last[what]))
-	}
-	if len(errs) == 0 {
-		return errors.New("no list or watch failed: the API server did not answer in time")
-	}
-	return errors.Join(errs...)
-}
-
-// writeBackoff spaces retries of a failed write: from 1 s, doubling, to a minute.
+// writeBackoff spaces retries of a failed write: from 1 s, doubling, to 15 s, so that
+// a write that fails for a while is retried well within the health bound (SyncTimeout)
+// and a passing outage does not fail the liveness probe.
 func writeBackoff() *wait.Backoff {
-	return &wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Minute}
+	return &wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 15 * time.Second}
 }
 
 // list is the store's Nodes, each as FromNode takes it; a Node with more addresses than

@@ -244,6 +244,9 @@ func TestRunFailsWhenNodesCannotBeListed(t *testing.T) {
 	w.setLeading(true)
 	err := w.Run(context.Background())
 	took := time.Since(start)
+	if err := w.healthyAt(time.Now()); err != nil {
+		t.Errorf("Healthy just after the first failure = %v, want nil (failing for less than SyncTimeout)", err)
+	}
 	if err == nil || !strings.Contains(err.Error(), "not done within 1s") || !strings.Contains(err.Error(), "Nodes: ") ||
 		!apierrors.IsForbidden(errors.Unwrap(err)) && !strings.Contains(err.Error(), "forbidden") {
 		t.Errorf("Run = %v, want the sync bound's error naming the Nodes' list refused", err)
@@ -251,8 +254,8 @@ func TestRunFailsWhenNodesCannotBeListed(t *testing.T) {
 	if took > 10*time.Second {
 		t.Errorf("Run returned after %v, want about its 1 s bound", took)
 	}
-	if err := w.Healthy(); err == nil || !strings.Contains(err.Error(), "publishing has failed") {
-		t.Errorf("Healthy = %v, want the failure", err)
+	if err := w.healthyAt(time.Now().Add(2 * time.Second)); err == nil || !strings.Contains(err.Error(), "publishing has failed") {
+		t.Errorf("Healthy past SyncTimeout = %v, want the failure", err)
 	}
 	w.setLeading(false)
 	if err := w.Healthy(); err != nil {
@@ -290,6 +293,75 @@ func TestRunElectedReleasesTheLeaseWhenTheWriterStops(t *testing.T) {
 	defer rec.mu.Unlock()
 	if got := strings.Join(rec.events, ","); got != "leader,failed,standby" {
 		t.Errorf("recorded %s, want leader,failed,standby", got)
+	}
+}
+
+// TestHealthy: a leading writer is unhealthy only once it has been unable to do its
+// work for longer than SyncTimeout, and never for a list too large to write.
+func TestHealthy(t *testing.T) {
+	t0 := time.Now()
+	const bound = time.Minute
+	forbidden := apierrors.NewForbidden(corev1.Resource("nodes"), "", errors.New("no right"))
+	tests := []struct {
+		name string
+		// setup drives a leading writer (it started leading at t0).
+		setup func(w *Writer)
+		at    time.Duration // since t0
+		want  string        // "" for healthy, else a part of the error
+	}{
+		{name: "standing by", setup: func(w *Writer) { w.setLeading(false) }, at: time.Hour},
+		{name: "leading, published", setup: func(w *Writer) { w.published(3, nil) }, at: time.Hour},
+		{name: "leading, nothing published within the bound", at: 30 * time.Second},
+		{name: "leading, nothing published past the bound", at: 2 * time.Minute, want: "nothing published yet"},
+		{name: "publish failing for less than the bound", setup: func(w *Writer) {
+			w.published(3, nil)
+			w.state.err, w.state.failing = errors.New("etcd is down"), t0.Add(10*time.Second)
+		}, at: 50 * time.Second},
+		{name: "publish failing past the bound", setup: func(w *Writer) {
+			w.published(3, nil)
+			w.state.err, w.state.failing = errors.New("etcd is down"), t0.Add(10*time.Second)
+		}, at: 80 * time.Second, want: "etcd is down"},
+		{name: "a list too large to write", setup: func(w *Writer) {
+			w.published(3, nil)
+			w.state.err, w.state.failing = fmt.Errorf("publishing: %w", ErrTooLarge), t0
+		}, at: time.Hour},
+		{name: "a watch failing, each retry within the gap, past the bound", setup: func(w *Writer) {
+			w.published(3, nil)
+			for at := 0 * time.Second; at <= 90*time.Second; at += 30 * time.Second {
+				w.watchFailed("Nodes", forbidden, t0.Add(at))
+			}
+		}, at: 100 * time.Second, want: "watching Nodes has failed"},
+		{name: "a watch failing for less than the bound", setup: func(w *Writer) {
+			w.published(3, nil)
+			w.watchFailed("Nodes", forbidden, t0)
+			w.watchFailed("Nodes", forbidden, t0.Add(30*time.Second))
+		}, at: 40 * time.Second},
+		{name: "a watch recovered: no error for longer than the gap", setup: func(w *Writer) {
+			w.published(3, nil)
+			for at := 0 * time.Second; at <= 90*time.Second; at += 30 * time.Second {
+				w.watchFailed("Nodes", forbidden, t0.Add(at))
+			}
+		}, at: 90*time.Second + watchErrorGap + time.Second},
+		{name: "isolated watch errors further apart than the gap", setup: func(w *Writer) {
+			w.published(3, nil)
+			for at := 0 * time.Second; at <= 10*time.Minute; at += 2 * time.Minute {
+				w.watchFailed("ConfigMap", errors.New("too old resource version"), t0.Add(at))
+			}
+		}, at: 10*time.Minute + time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &Writer{SyncTimeout: bound}
+			w.setLeading(true)
+			w.state.since = t0
+			if tc.setup != nil {
+				tc.setup(w)
+			}
+			err := w.healthyAt(t0.Add(tc.at))
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("Healthy = %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 

@@ -34,9 +34,10 @@ create and update, and list and watch it (to write it back when it is deleted or
 and leases get, create and update, in --namespace.
 
 --bind-address serves /healthz (200 while standing by or publishing; 503 while leading
-and unable to publish) and /metrics. A writer that leads but cannot read the Nodes or
-the ConfigMap within --sync-timeout, or stops for any other reason while leading,
-releases the Lease (a standby takes over) and exits non-zero.`,
+and unable to publish, or to watch the Nodes or the ConfigMap, for longer than
+--sync-timeout; a list too large to write is logged and counted, not 503) and
+/metrics. A leader whose first lists are not in within --sync-timeout, or whose writer
+returns, releases the Lease (a standby takes over) and exits non-zero.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kubeconfig", Usage: "kubeconfig file (default: in-cluster, else the files of $KUBECONFIG merged, as kubectl does, else ~/.kube/config)"},
 			&cli.StringFlag{Name: "namespace", Value: config.DefaultStatusNamespace, Usage: "namespace of the ConfigMap and the Lease (the supervisors' statusNamespace)"},

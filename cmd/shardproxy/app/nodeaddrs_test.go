@@ -24,7 +24,8 @@ import (
 )
 
 // TestNodeAddressesHealthAndMetrics serves a leading writer's /healthz and /metrics:
-// while the API server refuses its writes, /healthz answers 503 with the error and the
+// while the API server refuses its writes for longer than SyncTimeout, /healthz answers
+// 503 with the error and the
 // error counter grows; once they pass, /healthz is 200 and the list's Node count is in
 // the metrics.
 func TestNodeAddressesHealthAndMetrics(t *testing.T) {
@@ -40,7 +41,7 @@ func TestNodeAddressesHealthAndMetrics(t *testing.T) {
 	})
 	const ns = "shardproxy-system"
 	m := metrics.NewNodeAddressWriter(ns + "/" + nodeaddrs.DefaultName)
-	w := &nodeaddrs.Writer{Client: client, Namespace: ns, Debounce: 10 * time.Millisecond, Recorder: m}
+	w := &nodeaddrs.Writer{Client: client, Namespace: ns, Debounce: 10 * time.Millisecond, SyncTimeout: 500 * time.Millisecond, Recorder: m}
 	ctx, cancel := context.WithCancel(context.Background())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
