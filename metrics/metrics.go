@@ -155,22 +155,48 @@ func syncOperationsBuckets() []float64 {
 // perInstance, perInstanceTimestamp or nodeWide registers it and makes InitInstance and
 // ForgetInstance cover it.
 func New() *Metrics {
-	m := &Metrics{registry: prometheus.NewRegistry()}
-	m.registry.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
+	m := &Metrics{registry: newProcessRegistry()}
 	m.addSyncSeries()
 	m.addProxyNodeSeries()
 	m.addInstanceSeries()
 	m.addInfoSeries()
 	m.rest = newRESTClientMetrics(m)
-	// Built once: HandlerOpts.Registry registers promhttp's own error
-	// counter, which must happen only once per registry.
-	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
-		Registry: m.registry,
-	})
+	m.handler = handlerFor(m.registry)
 	return m
+}
+
+// newProcessRegistry returns a fresh registry with the Go runtime and process
+// collectors, as every shardproxy process serves them.
+func newProcessRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return r
+}
+
+// handlerFor serves r. Build it once per registry: HandlerOpts.Registry registers
+// promhttp's own error counter on r, which may happen only once.
+func handlerFor(r *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(r, promhttp.HandlerOpts{Registry: r})
+}
+
+// newBuildInfo is shardproxy_build_info, as Prometheus' own <component>_build_info: a
+// constant 1 whose labels say what runs, so a rollout's progress is
+// count by (version) (...).
+func newBuildInfo() *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: shardproxyNamespace,
+		Name:      "build_info",
+		Help:      "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
+	}, []string{labelVersion, labelGoVersion})
+}
+
+// setBuildInfo makes version and this binary's Go version buildInfo's only series.
+func setBuildInfo(buildInfo *prometheus.GaugeVec, version string) {
+	buildInfo.Reset()
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 }
 
 // instFamLabels label the series upstream labels by ip_family; InitInstance creates
@@ -342,13 +368,7 @@ func (m *Metrics) addInstanceSeries() {
 
 // addInfoSeries adds what runs: the build and the configuration in force.
 func (m *Metrics) addInfoSeries() {
-	// As Prometheus' own <component>_build_info: a constant 1 whose labels say what
-	// runs, so a rollout's progress is count by (version) (...).
-	m.buildInfo = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: shardproxyNamespace,
-		Name:      "build_info",
-		Help:      "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
-	}, []string{labelVersion, labelGoVersion}))
+	m.buildInfo = nodeWide(m, newBuildInfo())
 
 	m.configInfo = nodeWide(m, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: shardproxyNamespace,
@@ -461,10 +481,7 @@ func (m *Metrics) Handler() http.Handler {
 
 // SetBuildInfo sets shardproxy_build_info to 1 for version and the Go version this
 // binary was built with (its only series).
-func (m *Metrics) SetBuildInfo(version string) {
-	m.buildInfo.Reset()
-	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-}
+func (m *Metrics) SetBuildInfo(version string) { setBuildInfo(m.buildInfo, version) }
 
 // The results of a changed configuration file, for shardproxy_config_reloads_total.
 const (

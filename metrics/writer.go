@@ -2,12 +2,9 @@ package metrics
 
 import (
 	"net/http"
-	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // NodeAddressWriter is the metrics of `shardproxy node-addresses`, the writer of the
@@ -34,7 +31,7 @@ type NodeAddressWriter struct {
 // counter at 0; the last publish's timestamp only once a publish worked (0 would read
 // as "published in 1970").
 func NewNodeAddressWriter(configMap string) *NodeAddressWriter {
-	m := &NodeAddressWriter{registry: prometheus.NewRegistry(), configMap: configMap}
+	m := &NodeAddressWriter{registry: newProcessRegistry(), configMap: configMap}
 	constLabels := prometheus.Labels{labelConfigMap: configMap}
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: shardproxyNamespace, Name: "node_addresses_writer_leader", ConstLabels: constLabels,
@@ -53,16 +50,9 @@ func NewNodeAddressWriter(configMap string) *NodeAddressWriter {
 		Namespace: shardproxyNamespace, Name: "node_addresses_writer_nodes", ConstLabels: constLabels,
 		Help: "Nodes in the node address list this writer last published",
 	})
-	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: shardproxyNamespace, Name: "build_info",
-		Help: "A metric with a constant '1' value labeled by the version of shardproxy and the Go version it was built with",
-	}, []string{labelVersion, labelGoVersion})
-	m.registry.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.leader, m.lastPublish, m.publishErrors, m.nodes, m.buildInfo,
-	)
-	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+	m.buildInfo = newBuildInfo()
+	m.registry.MustRegister(m.leader, m.lastPublish, m.publishErrors, m.nodes, m.buildInfo)
+	m.handler = handlerFor(m.registry)
 	return m
 }
 
@@ -74,10 +64,7 @@ func (m *NodeAddressWriter) Registry() *prometheus.Registry { return m.registry 
 func (m *NodeAddressWriter) Handler() http.Handler { return m.handler }
 
 // SetBuildInfo sets shardproxy_build_info to 1 for version and the Go version.
-func (m *NodeAddressWriter) SetBuildInfo(version string) {
-	m.buildInfo.Reset()
-	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-}
+func (m *NodeAddressWriter) SetBuildInfo(version string) { setBuildInfo(m.buildInfo, version) }
 
 // SetLeader records whether this writer holds the Lease.
 func (m *NodeAddressWriter) SetLeader(leader bool) {

@@ -288,8 +288,11 @@ func (w *Writer) Run(ctx context.Context) error {
 		nodeFactory.Shutdown()
 		cmFactory.Shutdown()
 	}()
-	nodeFactory.Start(ctx.Done())
-	cmFactory.Start(ctx.Done())
+	// The informers log with the writer's logger (client-go takes it from the
+	// context), not klog's global one.
+	ctx = klog.NewContext(ctx, logger)
+	nodeFactory.StartWithContext(ctx)
+	cmFactory.StartWithContext(ctx)
 	syncCtx, syncDone := context.WithTimeout(ctx, w.syncTimeout())
 	synced := cache.WaitForCacheSync(syncCtx.Done(), nodes.HasSynced, nodeReg.HasSynced, cms.HasSynced, cmReg.HasSynced)
 	syncDone()

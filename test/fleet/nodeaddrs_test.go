@@ -204,14 +204,30 @@ func TestPublishedNodeAddresses(t *testing.T) {
 	// changing, and both nodes read it again.
 	cms := admin.CoreV1().ConfigMaps(StatusNamespace)
 	want := cm.Data[nodeaddrs.DataKey]
+	// restored waits until writer-b has written the list back and both nodes have read
+	// that very object (its resourceVersion: the list's text was theirs already).
 	restored := func(what string) {
 		t.Helper()
 		since := time.Now()
+		var rv string
 		testutil.Eventually(t, time.Minute, "writer-b to write the "+what+" list back", func() bool {
 			cur, err := cms.Get(ctx, nodeaddrs.DefaultName, metav1.GetOptions{})
-			return err == nil && cur.Data[nodeaddrs.DataKey] == want
+			if err == nil && cur.Data[nodeaddrs.DataKey] == want {
+				rv = cur.ResourceVersion
+				return true
+			}
+			return false
 		})
 		t.Logf("the %s list written back after %v", what, time.Since(since).Round(time.Millisecond))
+		testutil.Eventually(t, time.Minute, "both nodes to read the "+what+" list written back", func() bool {
+			for _, h := range fleet {
+				st := h.sup.Health().Status().NodeAddresses
+				if st == nil || st.State != "ok" || st.Nodes != nodes+2 || st.ResourceVersion != rv {
+					return false
+				}
+			}
+			return true
+		})
 	}
 	if err := cms.Delete(ctx, nodeaddrs.DefaultName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -226,15 +242,6 @@ func TestPublishedNodeAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored("edited")
-	testutil.Eventually(t, time.Minute, "both nodes read the list of 4 Nodes again", func() bool {
-		for _, h := range fleet {
-			st := h.sup.Health().Status().NodeAddresses
-			if st == nil || st.State != "ok" || st.Nodes != nodes+2 {
-				return false
-			}
-		}
-		return true
-	})
 }
 
 // dumpDefault is the node's default instance's IPv4 table (FullFake).

@@ -36,7 +36,7 @@ func NewClientset(objects ...runtime.Object) *fake.Clientset {
 		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
 			if m, ok := e.Object.(metav1.Object); ok && sel != nil && !sel.Matches(labels.Set(m.GetLabels())) {
 				if e.Type != watch.Modified {
-					return e, e.Type == watch.Deleted
+					return e, false // never in this watch
 				}
 				e.Type = watch.Deleted
 			}

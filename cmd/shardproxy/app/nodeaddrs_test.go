@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/shardproxy/shardproxy/metrics"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
@@ -41,8 +43,13 @@ func TestNodeAddressesHealthAndMetrics(t *testing.T) {
 	})
 	const ns = "shardproxy-system"
 	m := metrics.NewNodeAddressWriter(ns + "/" + nodeaddrs.DefaultName)
-	w := &nodeaddrs.Writer{Client: client, Namespace: ns, Debounce: 10 * time.Millisecond, SyncTimeout: 500 * time.Millisecond, Recorder: m}
-	ctx, cancel := context.WithCancel(context.Background())
+	// A logger of the test's own: the writer's goroutines then never read klog's global
+	// logger, which the package's other tests set (runCLI) while client-go's last
+	// goroutines may still be finishing (a data race under -race).
+	logger := ktesting.NewLogger(t, ktesting.NewConfig())
+	w := &nodeaddrs.Writer{Client: client, Namespace: ns, Debounce: 10 * time.Millisecond, SyncTimeout: 500 * time.Millisecond,
+		Recorder: m, Logger: logger}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
