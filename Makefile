@@ -17,7 +17,7 @@ PKGS      := ./...
 # Tests that need root, nft and network namespaces run as part of `make test`; CI is root.
 TEST_FLAGS ?= -count=1
 
-.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet docs release
+.PHONY: all build print-image test test-unit flakes soak fuzz deps vet fmt clean demo demo-cluster bench bench-compare image cluster conformance kernels fleet fleet-real docs release
 
 all: build
 
@@ -205,6 +205,27 @@ fleet:
 	hack/build-apiserver.sh kube-apiserver kubemark
 	$(GO) build -o bin/shardproxy-fleet ./test/fleet/cmd/shardproxy-fleet
 	bin/shardproxy-fleet -nodes $(FLEET_NODES) -services $(FLEET_SERVICES) -status-period $(FLEET_STATUS_PERIOD) -proxies $(FLEET_PROXIES) $(FLEET_FLAGS)
+
+# fleet-real is the denominator `make fleet` cannot give: kubemark's hollow kube-proxy
+# programs nothing, so it times fleet-wide network programming with real proxies on real
+# kernels. For each of FLEET_REAL_NODES it runs that many real nodes (test/realfleet: a
+# network namespace each, its own Node object and a real proxy process in it), first
+# upstream kube-proxy v1.36.3 in nftables mode, then shardproxy's supervisor with one
+# default instance (both with their defaults, minSyncPeriod 1 s), against one local
+# kube-apiserver and etcd holding FLEET_REAL_SERVICES of the bench's mix; it creates
+# FLEET_REAL_CHANGES Services with their EndpointSlices one after the other (as `make
+# fleet` does) and records when each node's kernel has each one (`nft monitor` per
+# namespace), and prints p50/p99/max of the fleet-wide time (the last node's) and
+# shardproxy's p99 over kube-proxy's at each size (docs/fleet.md). Root only; takes the
+# heavy-run lock. `make test` runs a two-node slice (TestBothProxiesProgram).
+FLEET_REAL_NODES    ?= 5,10,20
+FLEET_REAL_SERVICES ?= 1000
+FLEET_REAL_CHANGES  ?= 10
+fleet-real: build
+	hack/build-apiserver.sh kube-apiserver kube-proxy
+	$(GO) build -o bin/shardproxy-realfleet ./test/realfleet/cmd/shardproxy-realfleet
+	flock /tmp/shardproxy-cluster.lock nice -n 10 bin/shardproxy-realfleet -nodes $(FLEET_REAL_NODES) -services $(FLEET_REAL_SERVICES) \
+		-changes $(FLEET_REAL_CHANGES) -shardproxy bin/shardproxy -kube-proxy "$$(hack/build-apiserver.sh --print-path kube-proxy)" $(FLEET_REAL_FLAGS)
 
 # test-unit runs only what needs no root.
 test-unit:

@@ -4,7 +4,7 @@
 
 module="$(${go} list -m)"
 kernel_re="^${module}/(tables|test/netns|supervisor/conntrack|supervisor/healthcheck|supervisor/kerneltest|legacy|cmd/shardproxy/app)(/.*)?$"
-integration_re="^${module}/(test/controlplane|test/fleet|deploy)(/.*)?$"
+integration_re="^${module}/(test/controlplane|test/fleet|test/realfleet|deploy)(/.*)?$"
 e2e_re="^${module}/test/e2e(/.*)?$"
 # test/cluster itself; its subpackages (the e2e report parser, the teardown command) are
 # plain Go and run with the unit layer.

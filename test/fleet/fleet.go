@@ -298,7 +298,7 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 		}
 		name := fmt.Sprintf("fleet-probe-%d-%s-%d", opts.Nodes, res.Reserve(), k)
 		t0 := time.Now()
-		if err := createProbe(ctx, env.Admin, name); err != nil {
+		if _, err := CreateProbe(ctx, env.Admin, name); err != nil {
 			return nil, errors.Join(err, fl.stop())
 		}
 		got, err := waitAll(ctx, fl.(*shardproxyFleet).nodes, types.NamespacedName{Namespace: gen.Namespace, Name: name}, t0, time.Minute)
@@ -658,16 +658,18 @@ func heartbeats(ctx, window context.Context, admin kubernetes.Interface, n int, 
 // probes counts the probe Services of this process, for their cluster IPs.
 var probes atomic.Int32
 
-// createProbe creates a ClusterIP Service with one endpoint. Its cluster IP is chosen
-// (10.97.0.0/16, inside gen.ServiceCIDRs and past the generated ones) so that a fake
-// clientset, which allocates none, serves it too.
-func createProbe(ctx context.Context, admin kubernetes.Interface, name string) error {
+// CreateProbe creates a ClusterIP Service (TCP port 80) with one EndpointSlice of one
+// ready endpoint, the change whose fleet-wide programming the harnesses time, and
+// returns its cluster IP. The IP is chosen (10.97.0.0/16, inside gen.ServiceCIDRs and
+// past the generated ones) so that a fake clientset, which allocates none, serves it too.
+func CreateProbe(ctx context.Context, admin kubernetes.Interface, name string) (netip.Addr, error) {
 	k := probes.Add(1)
-	ip := netip.AddrFrom4([4]byte{10, 97, byte(k >> 8), byte(k)}).String()
+	addr := netip.AddrFrom4([4]byte{10, 97, byte(k >> 8), byte(k)})
+	ip := addr.String()
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: gen.Namespace, Name: name},
 		Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
 	if _, err := admin.CoreV1().Services(gen.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating Service %s: %w", name, err)
+		return addr, fmt.Errorf("creating Service %s: %w", name, err)
 	}
 	ready, port, proto := true, int32(80), corev1.ProtocolTCP
 	slice := &discoveryv1.EndpointSlice{
@@ -677,9 +679,9 @@ func createProbe(ctx context.Context, admin kubernetes.Interface, name string) e
 		Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Port: &port, Protocol: &proto}},
 	}
 	if _, err := admin.DiscoveryV1().EndpointSlices(gen.Namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
+		return addr, fmt.Errorf("creating EndpointSlice %s: %w", slice.Name, err)
 	}
-	return nil
+	return addr, nil
 }
 
 func ptrTo[T any](v T) *T { return &v }
