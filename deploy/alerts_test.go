@@ -2,7 +2,9 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -56,6 +59,25 @@ const faultFrom = 20
 var target = map[string]string{
 	"job": "shardproxy", "instance": "192.0.2.10:10349", "node": "node-1",
 	"namespace": "kube-system", "pod": "shardproxy-abcde",
+}
+
+// nodeAddressList is the published node address list as the supervisors and the writer
+// label it (configmap).
+const nodeAddressList = "shardproxy-system/shardproxy-nodeaddresses"
+
+// writerTarget is the scrape target of the node address writer's replica i as its
+// PodMonitor gives it (job from the pods' app.kubernetes.io/component; the pod's own
+// address, on another node).
+func writerTarget(i int) map[string]string {
+	return map[string]string{
+		"job": "node-addresses", "instance": fmt.Sprintf("10.244.2.%d:10256", 10+i), "node": fmt.Sprintf("node-%d", 2+i),
+		"namespace": "shardproxy-system", "pod": fmt.Sprintf("shardproxy-node-addresses-%d", i),
+	}
+}
+
+// scrapeTime is when scrape i happens.
+func scrapeTime(i int) time.Time {
+	return time.Unix(1_700_000_000, 0).Add(time.Duration(i) * scrapeInterval)
 }
 
 // alertRules renders monitoring/example, takes its PrometheusRule and parses and
@@ -132,7 +154,8 @@ func TestAlertRulesDocumented(t *testing.T) {
 	for _, want := range []string{
 		"ShardproxyDown", "ShardproxyAbsent", "ShardproxyInstanceDown", "ShardproxyInstanceStale",
 		"ShardproxySyncErrors", "ShardproxyPartialSyncSlow", "ShardproxyServicesRefusedByGuard",
-		"ShardproxyConntrackCleanupFailing",
+		"ShardproxyConntrackCleanupFailing", "ShardproxyNodeAddressWriterNoLeader",
+		"ShardproxyNodeAddressWriterPublishFailing", "ShardproxyPublishedNodeAddressesDown",
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no alert %s", want)
@@ -169,6 +192,7 @@ func markdownAnchor(heading string) string {
 func TestAlertsQueryExportedMetrics(t *testing.T) {
 	_, rules := alertRules(t)
 	fams := registeredFamilies(t)
+	maps.Copy(fams, nodeAddressFamilies(t))
 	for _, r := range rules {
 		expr, err := parser.NewParser(parser.Options{}).ParseExpr(r.Expr)
 		if err != nil {
@@ -208,11 +232,36 @@ func TestAlertsQueryExportedMetrics(t *testing.T) {
 	}
 }
 
+// nodeAddressFamilies returns the metric families of the published node address list:
+// a metrics.Metrics' reading it and a metrics.NodeAddressWriter's that has published it,
+// by name.
+func nodeAddressFamilies(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	m := metrics.New()
+	m.SetPublishedNodeAddresses(nodeAddressList, true, 3)
+	w := metrics.NewNodeAddressWriter(nodeAddressList)
+	w.Published(3, time.Now())
+	out := map[string]*dto.MetricFamily{}
+	for _, g := range []prometheus.Gatherer{m.Registry(), w.Registry()} {
+		fams, err := g.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			out[f.GetName()] = f
+		}
+	}
+	return out
+}
+
 // scenario drives a metrics.Metrics, scrape after scrape, into one state.
 type scenario struct {
 	name string
 	// drive changes the metrics before scrape i (0 ≤ i < scrapes).
 	drive func(m *metrics.Metrics, i int)
+	// writer drives the node address writer's two replicas, each a target of its own,
+	// before scrape i; nil: no writer runs.
+	writer func(w []*metrics.NodeAddressWriter, i int)
 	// down: from faultFrom on the target does not answer (up 0, no series); absent: it is
 	// never scraped at all.
 	down, absent bool
@@ -227,7 +276,7 @@ func healthy(m *metrics.Metrics, i int) {
 		m.InitInstance("team-a")
 		m.SetBuildInfo("v0.0.0-test")
 	}
-	now := time.Unix(1_700_000_000, 0).Add(time.Duration(i) * scrapeInterval)
+	now := scrapeTime(i)
 	m.SetInstanceUp("team-a", true)
 	m.SetInstanceStale("team-a", false)
 	m.SetOwned("team-a", 40, 120)
@@ -252,6 +301,45 @@ func faulty(fault func(m *metrics.Metrics, i int)) func(m *metrics.Metrics, i in
 		healthy(m, i)
 		if i >= faultFrom {
 			fault(m, i)
+		}
+	}
+}
+
+// published is healthy with otherNodeAddresses: published: the list of 3 Nodes read.
+func published(m *metrics.Metrics, i int) {
+	healthy(m, i)
+	m.SetPublishedNodeAddresses(nodeAddressList, true, 3)
+}
+
+// leading is a node address writer in a cluster whose addresses do not change: replica
+// 0 leads and published the list at the start, replica 1 stands by.
+func leading(w []*metrics.NodeAddressWriter, i int) {
+	if i == 0 {
+		for r, wr := range w {
+			wr.SetBuildInfo("v0.0.0-test")
+			wr.SetLeader(r == 0)
+		}
+		w[0].Published(3, scrapeTime(i))
+	}
+}
+
+// writing is leading with a Node added at scrape 55: its write fails and the retry, a
+// second later, works; nothing is published after it. A rule that took the failure in
+// a window longer than the one of the last publish would fire at the end.
+func writing(w []*metrics.NodeAddressWriter, i int) {
+	leading(w, i)
+	if i == 55 {
+		w[0].PublishFailed()
+		w[0].Published(4, scrapeTime(i).Add(-scrapeInterval+time.Second))
+	}
+}
+
+// writerFaulty is leading plus fault from faultFrom on.
+func writerFaulty(fault func(w []*metrics.NodeAddressWriter, i int)) func(w []*metrics.NodeAddressWriter, i int) {
+	return func(w []*metrics.NodeAddressWriter, i int) {
+		leading(w, i)
+		if i >= faultFrom {
+			fault(w, i)
 		}
 	}
 }
@@ -310,6 +398,64 @@ var alertScenarios = []scenario{
 		}),
 		want: map[string]map[string]string{"ShardproxyConntrackCleanupFailing": {"proxy_instance": "team-a", "ip_family": "IPv6", "node": "node-1"}},
 	},
+	{name: "nodes reading the published list from a leading writer fire nothing", drive: published, writer: writing},
+	{
+		name: "a writer whose replicas all stand by, where the nodes watch every Node, fires nothing", drive: healthy,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, _ int) { w[0].SetLeader(false) }),
+	},
+	{
+		name: "nodes reading the published list with no writer scraped have no leader", drive: published,
+		want: map[string]map[string]string{"ShardproxyNodeAddressWriterNoLeader": {"configmap": nodeAddressList}},
+	},
+	{
+		name: "nodes reading the published list while every writer stands by have no leader", drive: published,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, _ int) { w[0].SetLeader(false) }),
+		want:   map[string]map[string]string{"ShardproxyNodeAddressWriterNoLeader": {"configmap": nodeAddressList}},
+	},
+	{
+		name: "a leader whose publishes keep failing", drive: published,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, _ int) { w[0].PublishFailed() }),
+		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {
+			"configmap": nodeAddressList, "pod": "shardproxy-node-addresses-0", "job": "node-addresses",
+		}},
+	},
+	{
+		name: "a leader that has never published and keeps failing", drive: published,
+		writer: func(w []*metrics.NodeAddressWriter, i int) {
+			w[0].SetLeader(true)
+			w[1].SetLeader(false)
+			if i >= faultFrom {
+				w[0].PublishFailed()
+			}
+		},
+		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {
+			"configmap": nodeAddressList, "pod": "shardproxy-node-addresses-0",
+		}},
+	},
+	{
+		// Its failures are still in the window at the end: it is no longer the leader.
+		name: "a leader that failed until it lost the Lease, two minutes ago, to one that publishes", drive: published,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, i int) {
+			switch {
+			case i < scrapes-5:
+				w[0].PublishFailed()
+			case i == scrapes-5:
+				w[0].SetLeader(false)
+				w[1].SetLeader(true)
+				w[1].Published(3, scrapeTime(i))
+			}
+		}),
+	},
+	{
+		name: "a node that cannot read the published list", drive: faulty(func(m *metrics.Metrics, _ int) {
+			m.SetPublishedNodeAddresses(nodeAddressList, true, 3)
+			m.SetPublishedNodeAddresses(nodeAddressList, false, 3)
+		}),
+		writer: writing,
+		want: map[string]map[string]string{"ShardproxyPublishedNodeAddressesDown": {
+			"configmap": nodeAddressList, "node": "node-1", "job": "shardproxy",
+		}},
+	},
 }
 
 // TestAlertsFire evaluates every alert of the PrometheusRule with Prometheus' PromQL
@@ -330,15 +476,25 @@ func TestAlertsFire(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			db := newMemStorage()
 			m := metrics.New()
+			var writers []*metrics.NodeAddressWriter
+			if sc.writer != nil {
+				writers = []*metrics.NodeAddressWriter{metrics.NewNodeAddressWriter(nodeAddressList), metrics.NewNodeAddressWriter(nodeAddressList)}
+			}
 			for i := range scrapes {
 				ts := start.Add(time.Duration(i) * scrapeInterval)
 				sc.drive(m, i)
 				switch {
 				case sc.absent:
 				case sc.down && i >= faultFrom:
-					db.add(ts, map[string]string{"__name__": "up"}, 0)
+					db.add(ts, target, map[string]string{"__name__": "up"}, 0)
 				default:
-					scrape(t, db, m, ts)
+					scrape(t, db, m.Handler(), target, ts)
+				}
+				if writers != nil {
+					sc.writer(writers, i)
+					for r, w := range writers {
+						scrape(t, db, w.Handler(), writerTarget(r), ts)
+					}
 				}
 			}
 			firing := map[string][]labels.Labels{}
@@ -404,18 +560,19 @@ func evalAlert(t *testing.T, engine *promql.Engine, db storage.Queryable, r rule
 	return out
 }
 
-// scrape stores what a scrape of m's /metrics at ts gives Prometheus: every sample with
-// the target's labels, histograms as their _bucket, _sum and _count series, and up 1.
-func scrape(t *testing.T, db *memStorage, m *metrics.Metrics, ts time.Time) {
+// scrape stores what a scrape of the /metrics handler h at ts gives Prometheus: every
+// sample with the labels of the target tgt, histograms as their _bucket, _sum and _count
+// series, and up 1.
+func scrape(t *testing.T, db *memStorage, h http.Handler, tgt map[string]string, ts time.Time) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(rec.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.add(ts, map[string]string{"__name__": "up"}, 1)
+	db.add(ts, tgt, map[string]string{"__name__": "up"}, 1)
 	for name, f := range fams {
 		for _, s := range f.GetMetric() {
 			ls := map[string]string{}
@@ -434,23 +591,23 @@ func scrape(t *testing.T, db *memStorage, m *metrics.Metrics, ts time.Time) {
 			}
 			switch f.GetType() {
 			case dto.MetricType_COUNTER:
-				db.add(ts, with(name), s.GetCounter().GetValue())
+				db.add(ts, tgt, with(name), s.GetCounter().GetValue())
 			case dto.MetricType_GAUGE:
-				db.add(ts, with(name), s.GetGauge().GetValue())
+				db.add(ts, tgt, with(name), s.GetGauge().GetValue())
 			case dto.MetricType_UNTYPED:
-				db.add(ts, with(name), s.GetUntyped().GetValue())
+				db.add(ts, tgt, with(name), s.GetUntyped().GetValue())
 			case dto.MetricType_HISTOGRAM:
 				h := s.GetHistogram()
 				for _, b := range h.GetBucket() {
-					db.add(ts, with(name+"_bucket", "le", model.FloatString(b.GetUpperBound()).String()), float64(b.GetCumulativeCount()))
+					db.add(ts, tgt, with(name+"_bucket", "le", model.FloatString(b.GetUpperBound()).String()), float64(b.GetCumulativeCount()))
 				}
-				db.add(ts, with(name+"_bucket", "le", "+Inf"), float64(h.GetSampleCount()))
-				db.add(ts, with(name+"_sum"), h.GetSampleSum())
-				db.add(ts, with(name+"_count"), float64(h.GetSampleCount()))
+				db.add(ts, tgt, with(name+"_bucket", "le", "+Inf"), float64(h.GetSampleCount()))
+				db.add(ts, tgt, with(name+"_sum"), h.GetSampleSum())
+				db.add(ts, tgt, with(name+"_count"), float64(h.GetSampleCount()))
 			case dto.MetricType_SUMMARY:
 				sm := s.GetSummary()
-				db.add(ts, with(name+"_sum"), sm.GetSampleSum())
-				db.add(ts, with(name+"_count"), float64(sm.GetSampleCount()))
+				db.add(ts, tgt, with(name+"_sum"), sm.GetSampleSum())
+				db.add(ts, tgt, with(name+"_count"), float64(sm.GetSampleCount()))
 			}
 		}
 	}
@@ -469,10 +626,10 @@ type memSeries struct {
 
 func newMemStorage() *memStorage { return &memStorage{series: map[string]*memSeries{}} }
 
-// add appends the sample v at ts to the series ls plus the scrape target's labels.
-func (s *memStorage) add(ts time.Time, ls map[string]string, v float64) {
+// add appends the sample v at ts to the series ls plus the scrape target tgt's labels.
+func (s *memStorage) add(ts time.Time, tgt, ls map[string]string, v float64) {
 	all := map[string]string{}
-	for k, val := range target {
+	for k, val := range tgt {
 		all[k] = val
 	}
 	for k, val := range ls {

@@ -216,6 +216,9 @@ func TestChartMatchesOverlays(t *testing.T) {
 		// only restricts the comparison to the chart's objects of these kinds and names
 		// (the cleanup DaemonSet is the chart's hook, deploy/cleanup's alone).
 		only []string
+		// kustomizeOnly are the overlay's objects the chart leaves out for these values,
+		// knowing they would do nothing.
+		kustomizeOnly []string
 	}{
 		{
 			name: "alongside, the overlay's configuration", dir: "../overlays/alongside-kube-proxy",
@@ -226,9 +229,18 @@ func TestChartMatchesOverlays(t *testing.T) {
 			values: merge(noCleanup, map[string]any{"mode": "replace", "apiServer": map[string]any{"host": "192.0.2.10", "port": 6443}}),
 		},
 		{
+			// The Component's PodMonitor of the node address writer selects nothing
+			// without the writer; the chart renders it with nodeAddresses.enabled.
 			name: "monitoring on the alongside overlay", dir: "../monitoring/example",
 			values: merge(noCleanup, map[string]any{"mode": "alongside", "monitoring": map[string]any{"enabled": true}},
 				valuesFromConfig(t, "../monitoring/example/config.yaml")),
+			kustomizeOnly: []string{"PodMonitor shardproxy-system/shardproxy-node-addresses"},
+		},
+		{
+			name: "monitoring and the node address writer on the alongside overlay", dir: "../monitoring/example-node-addresses",
+			values: merge(noCleanup, map[string]any{
+				"mode": "alongside", "monitoring": map[string]any{"enabled": true}, "nodeAddresses": map[string]any{"enabled": true},
+			}, valuesFromConfig(t, "../monitoring/example-node-addresses/config.yaml", "otherNodeAddresses")),
 		},
 		{
 			// The example's otherNodeAddresses: published is left to nodeAddresses.enabled.
@@ -256,6 +268,15 @@ func TestChartMatchesOverlays(t *testing.T) {
 				if tc.only == nil || slices.Contains(tc.only, key(o)) {
 					got[key(o)] = normalize(t, o)
 				}
+			}
+			for _, k := range tc.kustomizeOnly {
+				if _, ok := want[k]; !ok {
+					t.Errorf("%s renders no %s", tc.dir, k)
+				}
+				if _, ok := got[k]; ok {
+					t.Errorf("the chart renders %s", k)
+				}
+				delete(want, k)
 			}
 			for _, k := range slices.Sorted(maps.Keys(want)) {
 				g, ok := got[k]
@@ -526,10 +547,13 @@ func TestChartValues(t *testing.T) {
 			},
 		},
 		{
-			name: "monitoring without the PodMonitor declares no metrics port", values: map[string]any{"monitoring": map[string]any{"enabled": true, "podMonitor": false}},
+			name:   "monitoring without the PodMonitor declares no metrics port, and scrapes no writer",
+			values: map[string]any{"monitoring": map[string]any{"enabled": true, "podMonitor": false}, "nodeAddresses": map[string]any{"enabled": true}},
 			check: func(t *testing.T, objs []*unstructured.Unstructured) {
-				if find(objs, "PodMonitor", "shardproxy") != nil {
-					t.Error("a PodMonitor is rendered")
+				for _, name := range []string{"shardproxy", "shardproxy-node-addresses"} {
+					if find(objs, "PodMonitor", name) != nil {
+						t.Errorf("the PodMonitor %s is rendered", name)
+					}
 				}
 				ports, _, _ := unstructured.NestedSlice(container(t, find(objs, "DaemonSet", "shardproxy"), "containers", "shardproxy"), "ports")
 				if len(ports) != 1 {
