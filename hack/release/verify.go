@@ -181,7 +181,7 @@ func verifySBOM(path string) error {
 func verifyPinned(deploy, image string) error {
 	var errs []error
 	checked := 0
-	for _, dir := range []string{"overlays/alongside-kube-proxy", "overlays/replace-kube-proxy", "cleanup", "monitoring/example", "node-addresses/example"} {
+	for _, dir := range []string{"overlays/alongside-kube-proxy", "overlays/replace-kube-proxy", "cleanup", "monitoring/example", "node-addresses/example", "monitoring/example-node-addresses"} {
 		res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join(deploy, dir))
 		if err != nil {
 			errs = append(errs, err)
