@@ -47,7 +47,7 @@ func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason str
 			if failures > 0 {
 				logger.Info("Listening now", "attempts", failures+1)
 			}
-			return serveListener(ctx, l, h)
+			return ServeListener(ctx, l, h)
 		}
 		msg := fmt.Sprintf("listening on %s: %v (retrying)", addr, err)
 		s.health.SetListenError(server, msg)
@@ -68,8 +68,9 @@ func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason str
 	}
 }
 
-// serveListener serves h on l until ctx is done, then shuts down gracefully.
-func serveListener(ctx context.Context, l net.Listener, h http.Handler) error {
+// ServeListener serves h on l until ctx is done, then shuts down gracefully (5 s for
+// requests in flight). It returns nil once shut down, else why serving stopped.
+func ServeListener(ctx context.Context, l net.Listener, h http.Handler) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/metrics"
+	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 )
@@ -117,14 +118,7 @@ func serveNodeAddresses(ctx context.Context, l net.Listener, w *nodeaddrs.Writer
 		fmt.Fprintln(rw, "ok")
 	})
 	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+	if err := supervisor.ServeListener(ctx, l, mux); err != nil {
 		return fmt.Errorf("serving /healthz and /metrics on %s: %w", l.Addr(), err)
 	}
 	return nil
