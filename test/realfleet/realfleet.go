@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -104,6 +105,19 @@ type Result struct {
 	PerNode []time.Duration
 	// APIServerCPUPerMinute is kube-apiserver's CPU seconds per minute during the changes.
 	APIServerCPUPerMinute float64
+	// Syncs is how many IPv4 syncs the nodes made during the changes, SyncTime how long
+	// they took in all (kubeproxy_sync_proxy_rules_duration_seconds, which both proxies
+	// export under that name).
+	Syncs    float64
+	SyncTime time.Duration
+}
+
+// SyncMean is the mean IPv4 sync's duration during the changes.
+func (r *Result) SyncMean() time.Duration {
+	if r.Syncs == 0 {
+		return 0
+	}
+	return time.Duration(float64(r.SyncTime) / r.Syncs)
 }
 
 // Fleet returns the p50, p99 and max of the changes' fleet-wide times.
@@ -285,6 +299,10 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	if err != nil {
 		return nil, err
 	}
+	syncsBefore, timeBefore, err := e.syncs(nodes)
+	if err != nil {
+		return nil, err
+	}
 	t := time.Now()
 	for k := range opts.Changes {
 		name := fmt.Sprintf("real-probe-%s-%d-%d", p, len(nodes), k)
@@ -305,6 +323,11 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 		return nil, err
 	}
 	res.APIServerCPUPerMinute = (after.CPU - before.CPU).Seconds() / time.Since(t).Minutes()
+	syncsAfter, timeAfter, err := e.syncs(nodes)
+	if err != nil {
+		return nil, err
+	}
+	res.Syncs, res.SyncTime = syncsAfter-syncsBefore, time.Duration((timeAfter-timeBefore)*float64(time.Second))
 	for i, pr := range procs {
 		select {
 		case <-pr.Done():
@@ -381,6 +404,39 @@ func (e runEnv) waitReady(ctx context.Context, p Proxy, nodes []string, procs []
 	}
 }
 
+// syncs sums, over nodes, the count and the total seconds of the IPv4 syncs so far, from
+// each proxy's /metrics on 127.0.0.1:10249 (both proxies' default) inside its namespace.
+func (e runEnv) syncs(nodes []string) (count, seconds float64, err error) {
+	for _, ns := range nodes {
+		out, err := e.tp.Exec(ns, "curl", "-sS", "--max-time", "10", "http://127.0.0.1:10249/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			name, rest, ok := strings.Cut(line, "{")
+			if !ok || !strings.Contains(rest, `ip_family="IPv4"`) {
+				continue
+			}
+			var into *float64
+			switch name {
+			case "kubeproxy_sync_proxy_rules_duration_seconds_count":
+				into = &count
+			case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
+				into = &seconds
+			default:
+				continue
+			}
+			fields := strings.Fields(rest)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%s's metrics: %q: %w", ns, line, err)
+			}
+			*into += v
+		}
+	}
+	return count, seconds, nil
+}
+
 // waitAll waits until every monitor has seen ip and returns each one's time since t0.
 func waitAll(ctx context.Context, mons []*monitor, ip netip.Addr, t0 time.Time, timeout time.Duration) ([]time.Duration, error) {
 	deadline := time.Now().Add(timeout)
@@ -425,9 +481,17 @@ type monitor struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 
-	mu    sync.Mutex
-	first map[netip.Addr]time.Time
-	err   error
+	mu     sync.Mutex
+	first  map[netip.Addr]time.Time
+	err    error
+	stderr strings.Builder
+}
+
+// Write keeps the monitor's standard error for the error that ends it.
+func (m *monitor) Write(p []byte) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stderr.Write(p)
 }
 
 // startMonitor starts the monitor in ns and returns once it provably listens: it adds an
@@ -435,8 +499,11 @@ type monitor struct {
 // deletes that table.
 func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*monitor, error) {
 	m := &monitor{ns: ns, done: make(chan struct{}), first: map[netip.Addr]time.Time{}}
-	m.cmd = exec.Command("ip", "netns", "exec", ns, "nft", "monitor", "new", "elements")
+	// nft writes to a pipe through a full stdio buffer: stdbuf makes it flush each line as
+	// the event arrives, or a line would wait for 4 kB of others and its time with it.
+	m.cmd = exec.Command("ip", "netns", "exec", ns, "stdbuf", "-oL", "nft", "monitor", "new", "elements")
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	m.cmd.Stderr = m
 	out, err := m.cmd.StdoutPipe()
 	if err != nil {
 		return m, err
@@ -473,8 +540,9 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 			}
 			m.mu.Unlock()
 		}
+		werr := m.cmd.Wait()
 		m.mu.Lock()
-		m.err = fmt.Errorf("nft monitor in %s ended: %v", ns, sc.Err())
+		m.err = fmt.Errorf("nft monitor in %s ended: %v, %v: %s", ns, sc.Err(), werr, strings.TrimSpace(m.stderr.String()))
 		m.mu.Unlock()
 	}()
 	script := fmt.Sprintf("add table ip %[1]s\nadd set ip %[1]s s { type ipv4_addr; }\nadd element ip %[1]s s { %[2]s }\n", probeTable, probeIP)
@@ -485,6 +553,9 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 		}
 		if _, ok := m.seen(probe); ok {
 			break
+		}
+		if err := m.failed(); err != nil {
+			return m, err
 		}
 		if time.Now().After(deadline) {
 			return m, fmt.Errorf("nft monitor in %s printed nothing within 10s", ns)
@@ -521,7 +592,6 @@ func (m *monitor) stop() {
 	if m.cmd.Process != nil {
 		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
 		<-m.done
-		_ = m.cmd.Wait()
 	}
 }
 
@@ -535,13 +605,14 @@ func tail(s string, n int) string {
 // node's time) and the per-node ones (test/fleet's pooling).
 func Table(results []*Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %s\n",
-		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "")
+	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %-12s %s\n",
+		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "syncs/change", "sync mean")
 	for _, r := range results {
 		f50, f99, fmax := r.Fleet()
 		n50, n99, _ := r.Node()
-		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f\n", r.Proxy, r.Nodes, len(r.Changes),
-			r.Ready.Round(100*time.Millisecond), ms(f50), ms(f99), ms(fmax), ms(n50), ms(n99), r.APIServerCPUPerMinute)
+		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f %-12.2f %s\n", r.Proxy, r.Nodes, len(r.Changes),
+			r.Ready.Round(100*time.Millisecond), ms(f50), ms(f99), ms(fmax), ms(n50), ms(n99), r.APIServerCPUPerMinute,
+			r.Syncs/float64(max(1, r.Nodes*len(r.Changes))), ms(r.SyncMean()))
 	}
 	return b.String()
 }

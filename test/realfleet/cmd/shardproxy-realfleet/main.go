@@ -59,7 +59,12 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "-kube-proxy: required")
 		return 2
 	}
-	if o.WorkDir == "" {
+	if o.WorkDir != "" {
+		if err := os.MkdirAll(o.WorkDir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	} else {
 		dir, err := os.MkdirTemp("", "realfleet-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
