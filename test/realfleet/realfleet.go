@@ -81,6 +81,10 @@ type Options struct {
 	// Changes is how many probe Services are timed per fleet, one after the other (each
 	// once the previous is on every node, as test/fleet's Measure does).
 	Changes int
+	// Gap is the wait between one change on every node and the next one's creation: 0, as
+	// test/fleet, puts each change inside the minSyncPeriod after the last sync; a gap
+	// longer than minSyncPeriod times a change to a proxy at rest.
+	Gap time.Duration
 	// Settle is the wait after every node's first sync before the first change.
 	Settle time.Duration
 	// ReadyTimeout bounds every node's first sync; ChangeTimeout one change.
@@ -110,6 +114,11 @@ type Result struct {
 	// export under that name).
 	Syncs    float64
 	SyncTime time.Duration
+	// MonitorCPU is the CPU time the nodes' nft monitors used during the changes, the
+	// harness's own share of the machine.
+	MonitorCPU time.Duration
+	// changeWindow is how long the changes took.
+	changeWindow time.Duration
 }
 
 // SyncMean is the mean IPv4 sync's duration during the changes.
@@ -303,9 +312,20 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	if err != nil {
 		return nil, err
 	}
+	monBefore, err := monitorsCPU(mons)
+	if err != nil {
+		return nil, err
+	}
 	t := time.Now()
 	for k := range opts.Changes {
-		name := fmt.Sprintf("real-probe-%s-%d-%d", p, len(nodes), k)
+		if k > 0 && opts.Gap > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(opts.Gap):
+			}
+		}
+		name := fmt.Sprintf("real-probe-%s-%d-%d-%d", p, len(nodes), opts.Gap.Milliseconds(), k)
 		t0 := time.Now()
 		ip, err := fleet.CreateProbe(ctx, e.admin, name)
 		if err != nil {
@@ -322,11 +342,17 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	if err != nil {
 		return nil, err
 	}
-	res.APIServerCPUPerMinute = (after.CPU - before.CPU).Seconds() / time.Since(t).Minutes()
+	res.changeWindow = time.Since(t)
+	res.APIServerCPUPerMinute = (after.CPU - before.CPU).Seconds() / res.changeWindow.Minutes()
 	syncsAfter, timeAfter, err := e.syncs(nodes)
 	if err != nil {
 		return nil, err
 	}
+	monAfter, err := monitorsCPU(mons)
+	if err != nil {
+		return nil, err
+	}
+	res.MonitorCPU = monAfter - monBefore
 	res.Syncs, res.SyncTime = syncsAfter-syncsBefore, time.Duration((timeAfter-timeBefore)*float64(time.Second))
 	for i, pr := range procs {
 		select {
@@ -437,6 +463,20 @@ func (e runEnv) syncs(nodes []string) (count, seconds float64, err error) {
 	return count, seconds, nil
 }
 
+// monitorsCPU sums the monitors' CPU time so far (ip netns exec and stdbuf exec nft in
+// place: the process is nft).
+func monitorsCPU(mons []*monitor) (time.Duration, error) {
+	var sum time.Duration
+	for _, m := range mons {
+		st, err := measure.ReadStat(m.cmd.Process.Pid)
+		if err != nil {
+			return 0, fmt.Errorf("nft monitor in %s: %w", m.ns, err)
+		}
+		sum += st.CPU
+	}
+	return sum, nil
+}
+
 // waitAll waits until every monitor has seen ip and returns each one's time since t0.
 func waitAll(ctx context.Context, mons []*monitor, ip netip.Addr, t0 time.Time, timeout time.Duration) ([]time.Duration, error) {
 	deadline := time.Now().Add(timeout)
@@ -485,6 +525,18 @@ type monitor struct {
 	first  map[netip.Addr]time.Time
 	err    error
 	stderr strings.Builder
+	// lines counts what the monitor printed, last is the latest line (for errors).
+	lines int
+	last  string
+	// own is set once the monitor printed an element of its handshake.
+	own bool
+}
+
+// ready says whether the monitor printed an element of its handshake.
+func (m *monitor) ready() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.own
 }
 
 // Write keeps the monitor's standard error for the error that ends it.
@@ -494,11 +546,17 @@ func (m *monitor) Write(p []byte) (int, error) {
 	return m.stderr.Write(p)
 }
 
-// startMonitor starts the monitor in ns and returns once it provably listens: it adds an
-// element to a set of a table of its own and waits for the monitor to print it, then
-// deletes that table.
+// startMonitor starts the monitor in ns and returns once it provably listens: it adds
+// elements to a set of a table of its own until the monitor prints one, then deletes that
+// table.
 func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*monitor, error) {
 	m := &monitor{ns: ns, done: make(chan struct{}), first: map[netip.Addr]time.Time{}}
+	const probeTable = "realfleet-monitor"
+	// The set exists before the monitor starts: a monitor of elements alone learns the
+	// sets it prints from its first read of the ruleset, not from later events.
+	if err := tp.NFT(ns, fmt.Sprintf("add table ip %[1]s\nadd set ip %[1]s s { type ipv4_addr; }\n", probeTable)); err != nil {
+		return m, err
+	}
 	// nft writes to a pipe through a full stdio buffer: stdbuf makes it flush each line as
 	// the event arrives, or a line would wait for 4 kB of others and its time with it.
 	m.cmd = exec.Command("ip", "netns", "exec", ns, "stdbuf", "-oL", "nft", "monitor", "new", "elements")
@@ -512,8 +570,6 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 		return m, fmt.Errorf("starting nft monitor in %s: %w", ns, err)
 	}
 	prefix := "add element ip " + table + " service-ips "
-	const probeTable, probeIP = "realfleet-monitor", "192.0.2.1"
-	probe := netip.MustParseAddr(probeIP)
 	go func() {
 		defer close(m.done)
 		sc := bufio.NewScanner(out)
@@ -521,6 +577,10 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 		for sc.Scan() {
 			now := time.Now()
 			line := sc.Text()
+			m.mu.Lock()
+			m.lines++
+			m.last = line
+			m.mu.Unlock()
 			own := strings.HasPrefix(line, "add element ip "+probeTable+" ")
 			if !own && !strings.HasPrefix(line, prefix) {
 				continue
@@ -536,7 +596,7 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 				}
 			}
 			if own {
-				m.first[probe] = now
+				m.own = true
 			}
 			m.mu.Unlock()
 		}
@@ -545,30 +605,33 @@ func startMonitor(ctx context.Context, tp *netns.Topology, ns, table string) (*m
 		m.err = fmt.Errorf("nft monitor in %s ended: %v, %v: %s", ns, sc.Err(), werr, strings.TrimSpace(m.stderr.String()))
 		m.mu.Unlock()
 	}()
-	script := fmt.Sprintf("add table ip %[1]s\nadd set ip %[1]s s { type ipv4_addr; }\nadd element ip %[1]s s { %[2]s }\n", probeTable, probeIP)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if err := tp.NFT(ns, script); err != nil {
+	// The monitor reads the whole ruleset before it listens, and reads it again when the
+	// ruleset's generation changed meanwhile: with a proxy's ten thousand chains that takes
+	// a while, so the elements of this handshake come slower and slower (each a new one:
+	// the monitor prints additions only), never so fast that the read never completes.
+	deadline := time.Now().Add(time.Minute)
+	wait := 200 * time.Millisecond
+	for k := 1; ; k++ {
+		if err := tp.NFT(ns, fmt.Sprintf("add element ip %s s { 192.0.2.%d }\n", probeTable, k%250+1)); err != nil {
 			return m, err
 		}
-		if _, ok := m.seen(probe); ok {
+		select {
+		case <-ctx.Done():
+			return m, ctx.Err()
+		case <-time.After(wait):
+		}
+		if m.ready() {
 			break
 		}
 		if err := m.failed(); err != nil {
 			return m, err
 		}
 		if time.Now().After(deadline) {
-			return m, fmt.Errorf("nft monitor in %s printed nothing within 10s", ns)
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return m, fmt.Errorf("nft monitor in %s did not print an element of its own within a minute (%d lines, the last %q; stderr %q)", ns, m.lines, m.last, m.stderr.String())
 		}
-		select {
-		case <-ctx.Done():
-			return m, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		// Another element each round: the monitor prints only additions.
-		if err := tp.NFT(ns, fmt.Sprintf("flush set ip %s s\n", probeTable)); err != nil {
-			return m, err
-		}
+		wait = min(2*wait, 2*time.Second)
 	}
 	return m, tp.NFT(ns, fmt.Sprintf("delete table ip %s\n", probeTable))
 }
@@ -605,14 +668,14 @@ func tail(s string, n int) string {
 // node's time) and the per-node ones (test/fleet's pooling).
 func Table(results []*Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %-12s %s\n",
-		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "syncs/change", "sync mean")
+	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %-12s %-9s %s\n",
+		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "syncs/change", "sync mean", "monCPU/m")
 	for _, r := range results {
 		f50, f99, fmax := r.Fleet()
 		n50, n99, _ := r.Node()
-		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f %-12.2f %s\n", r.Proxy, r.Nodes, len(r.Changes),
+		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f %-12.2f %-9s %.2f\n", r.Proxy, r.Nodes, len(r.Changes),
 			r.Ready.Round(100*time.Millisecond), ms(f50), ms(f99), ms(fmax), ms(n50), ms(n99), r.APIServerCPUPerMinute,
-			r.Syncs/float64(max(1, r.Nodes*len(r.Changes))), ms(r.SyncMean()))
+			r.Syncs/float64(max(1, r.Nodes*len(r.Changes))), ms(r.SyncMean()), r.MonitorCPU.Seconds()/r.changeWindow.Minutes())
 	}
 	return b.String()
 }

@@ -29,6 +29,7 @@ func run() int {
 	fs.IntVar(&o.Services, "services", 1000, "Services (the bench's mix)")
 	fs.IntVar(&o.Endpoints, "endpoints", 10, "endpoints per Service")
 	fs.IntVar(&o.Changes, "changes", 10, "probe Services timed per fleet, one after the other")
+	fs.DurationVar(&o.Gap, "gap", 0, "wait between one change reaching every node and the next change (0: at once, as make fleet; >1s: each change finds the proxies at rest)")
 	fs.DurationVar(&o.Settle, "settle", 10*time.Second, "wait after every node's first sync before the first change")
 	fs.DurationVar(&o.ReadyTimeout, "ready-timeout", 5*time.Minute, "bound on every node's first sync")
 	fs.DurationVar(&o.ChangeTimeout, "change-timeout", time.Minute, "bound on one change reaching every node")
@@ -79,8 +80,8 @@ func run() int {
 	defer stop()
 	start := time.Now()
 	results, err := realfleet.Run(ctx, o)
-	fmt.Printf("%d Services × %d endpoints (bench mix); %d probe Services per fleet, one after the other; proxy logs in %s; %v\n",
-		o.Services, o.Endpoints, o.Changes, o.WorkDir, time.Since(start).Round(time.Second))
+	fmt.Printf("%d Services × %d endpoints (bench mix); %d probe Services per fleet, one after the other, %v apart; proxy logs in %s; %v\n",
+		o.Services, o.Endpoints, o.Changes, o.Gap, o.WorkDir, time.Since(start).Round(time.Second))
 	fmt.Print(realfleet.Table(results))
 	fmt.Print(realfleet.Ratios(results))
 	if err != nil {
