@@ -117,6 +117,9 @@ type Result struct {
 	// MonitorCPU is the CPU time the nodes' nft monitors used during the changes, the
 	// harness's own share of the machine.
 	MonitorCPU time.Duration
+	// Requests are the apiserver's requests during the changes (every client's), by verb
+	// and resource.
+	Requests fleet.Counts
 	// changeWindow is how long the changes took.
 	changeWindow time.Duration
 }
@@ -316,6 +319,10 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	if err != nil {
 		return nil, err
 	}
+	reqBefore, err := e.requests(ctx)
+	if err != nil {
+		return nil, err
+	}
 	t := time.Now()
 	for k := range opts.Changes {
 		if k > 0 && opts.Gap > 0 {
@@ -353,6 +360,11 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 		return nil, err
 	}
 	res.MonitorCPU = monAfter - monBefore
+	reqAfter, err := e.requests(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Requests = reqAfter.Sub(reqBefore)
 	res.Syncs, res.SyncTime = syncsAfter-syncsBefore, time.Duration((timeAfter-timeBefore)*float64(time.Second))
 	for i, pr := range procs {
 		select {
@@ -461,6 +473,16 @@ func (e runEnv) syncs(nodes []string) (count, seconds float64, err error) {
 		}
 	}
 	return count, seconds, nil
+}
+
+// requests reads the apiserver's request counts from its /metrics.
+func (e runEnv) requests(ctx context.Context) (fleet.Counts, error) {
+	raw, err := e.admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading kube-apiserver's /metrics: %w", err)
+	}
+	c, err := fleet.ParseAPIServerMetrics(strings.NewReader(string(raw)))
+	return c.Requests, err
 }
 
 // monitorsCPU sums the monitors' CPU time so far (ip netns exec and stdbuf exec nft in
@@ -668,14 +690,14 @@ func tail(s string, n int) string {
 // node's time) and the per-node ones (test/fleet's pooling).
 func Table(results []*Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %-12s %-9s %s\n",
-		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "syncs/change", "sync mean", "monCPU/m")
+	fmt.Fprintf(&b, "%-11s %-6s %-8s %-8s %-9s %-9s %-9s %-9s %-9s %-8s %-12s %-9s %-8s %s\n",
+		"proxy", "nodes", "changes", "ready", "fleet p50", "fleet p99", "fleet max", "node p50", "node p99", "apiCPU/m", "syncs/change", "sync mean", "monCPU/m", "top apiserver requests")
 	for _, r := range results {
 		f50, f99, fmax := r.Fleet()
 		n50, n99, _ := r.Node()
-		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f %-12.2f %-9s %.2f\n", r.Proxy, r.Nodes, len(r.Changes),
+		fmt.Fprintf(&b, "%-11s %-6d %-8d %-8s %-9s %-9s %-9s %-9s %-9s %-8.2f %-12.2f %-9s %-8.2f %s\n", r.Proxy, r.Nodes, len(r.Changes),
 			r.Ready.Round(100*time.Millisecond), ms(f50), ms(f99), ms(fmax), ms(n50), ms(n99), r.APIServerCPUPerMinute,
-			r.Syncs/float64(max(1, r.Nodes*len(r.Changes))), ms(r.SyncMean()), r.MonitorCPU.Seconds()/r.changeWindow.Minutes())
+			r.Syncs/float64(max(1, r.Nodes*len(r.Changes))), ms(r.SyncMean()), r.MonitorCPU.Seconds()/r.changeWindow.Minutes(), r.Requests.Top(3, r.changeWindow))
 	}
 	return b.String()
 }
