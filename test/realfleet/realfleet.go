@@ -212,7 +212,7 @@ func Run(ctx context.Context, opts Options) (results []*Result, err error) {
 }
 
 // wire adds the control plane's namespace with a bridge and n node namespaces, each
-// with a veth to that bridge.
+// with a veth to that bridge carrying its link address and its Node's InternalIP.
 func wire(tp *netns.Topology, n int) (string, []string, error) {
 	cpNS, err := tp.AddNamespace("cp")
 	if err != nil {
@@ -237,6 +237,9 @@ func wire(tp *netns.Topology, n int) (string, []string, error) {
 			[]string{"ip", "-n", cpNS, "link", "set", veth, "master", "br0", "up"},
 			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
 			[]string{"ip", "-n", ns, "addr", "add", fmt.Sprintf("%s/%d", nodeLinkIP(i), linkPrefix), "dev", "eth0"},
+			// The Node's InternalIP is the node's own, as on a real node: the proxies'
+			// health-check node ports listen on it.
+			[]string{"ip", "-n", ns, "addr", "add", fleet.NodeAddr(i).String() + "/32", "dev", "eth0"},
 			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"})
 	}
 	for _, c := range cmds {
