@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -62,7 +63,16 @@ type ServiceHealth struct {
 	closed bool
 	// ownerOf names the instance serving a Service now; nil: unknown (SetOwnerLookup).
 	ownerOf func(types.NamespacedName) string
+	// now is the clock of failure reports (time.Now; tests set it).
+	now func() time.Time
 }
+
+// reportEvery is how often a health check that keeps failing with the same error is
+// reported again (logged as an error, and an event). Every sync retries it; reporting
+// each retry cost the API server an event write per Service and sync (measured on real
+// nodes whose Node address was not local: ~5 event writes per second per node), while
+// the event stays visible for its TTL (1 h by default).
+const reportEvery = 5 * time.Minute
 
 // hcService is one Service's health check.
 type hcService struct {
@@ -80,6 +90,9 @@ type hcService struct {
 	listeners map[netip.Addr]net.Listener
 	// incomplete is set while an address it should listen on could not be bound.
 	incomplete bool
+	// reported is the failure last reported, at reportedAt; "" once it opened fully.
+	reported   string
+	reportedAt time.Time
 }
 
 // NewServiceHealth returns a ServiceHealth with no servers. listen opens ports (nil means
@@ -100,6 +113,7 @@ func NewServiceHealth(listen Listener, recorder EventRecorder, healthy func(inst
 		services: map[string]map[types.NamespacedName]*hcService{},
 		addrs:    map[string][]netip.Addr{},
 		ports:    map[int32]*hcService{},
+		now:      time.Now,
 	}
 }
 
@@ -317,7 +331,7 @@ func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, repo
 	logger = logger.WithValues("service", svc.name, "port", svc.check.Port)
 	fail := func(err error) {
 		svc.incomplete = true
-		if report {
+		if report && s.newFailureLocked(svc, err) {
 			s.failLocked(logger, svc, err)
 		} else {
 			logger.V(4).Info("Service health check still cannot open", "err", err)
@@ -354,6 +368,8 @@ func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, repo
 		fail(fmt.Errorf("instance %q has no node port address in the Service's IP families to listen on", svc.instance))
 	} else if len(errs) > 0 {
 		fail(errors.Join(errs...))
+	} else {
+		svc.reported = ""
 	}
 	if len(svc.listeners) == 0 && svc.server != nil {
 		return s.closeLocked(logger, svc)
@@ -385,6 +401,17 @@ func (s *ServiceHealth) listenLocked(logger klog.Logger, svc *hcService, addr ne
 	}()
 	logger.V(2).Info("Opened service health check", "address", l.Addr().String())
 	return nil
+}
+
+// newFailureLocked tells whether err is to be reported: a failure other than the one
+// last reported, or the same one reportEvery after it was.
+func (s *ServiceHealth) newFailureLocked(svc *hcService, err error) bool {
+	now := s.now()
+	if msg := err.Error(); msg != svc.reported || now.Sub(svc.reportedAt) >= reportEvery {
+		svc.reported, svc.reportedAt = msg, now
+		return true
+	}
+	return false
 }
 
 // failLocked reports that svc's port could not be opened; the next sync retries.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // loopbackListener is a Listener that serves each node port on an ephemeral loopback
@@ -441,6 +443,8 @@ func TestServiceHealthBindFailure(t *testing.T) {
 	port := held.Addr().(*net.TCPAddr).Port
 	recorder := &fakeRecorder{}
 	sh := NewServiceHealth(TCPListener{}, recorder, nil)
+	clock := testutil.NewClock(time.Now())
+	sh.now = clock.Now
 	sh.SetInstanceAddrs("team-a", []netip.Addr{netip.MustParseAddr("127.0.0.1")})
 	t.Cleanup(sh.Close)
 	svc := nsn("shop", "frontend")
@@ -460,10 +464,19 @@ func TestServiceHealthBindFailure(t *testing.T) {
 		t.Errorf("event message %q does not name the port and instance", e.message)
 	}
 
-	// Still taken: the next sync retries and fails again.
+	// Still taken: every sync retries and fails again, reported again only reportEvery
+	// after the last report (each report an event write to the API server).
+	for range 5 {
+		sh.SyncServices("team-a", checks(ports))
+	}
+	if events := recorder.take(); len(events) != 0 {
+		t.Errorf("events on 5 retries with the same failure %+v, want none", events)
+	}
+	clock.Step(reportEvery)
+	sh.SyncServices("team-a", checks(ports))
 	sh.SyncServices("team-a", checks(ports))
 	if events := recorder.take(); len(events) != 1 {
-		t.Errorf("events on retry %+v, want one", events)
+		t.Errorf("events on retries %v after the report %+v, want one", reportEvery, events)
 	}
 
 	// A timed retry while the port is still held: no event, still closed.
@@ -500,5 +513,59 @@ func TestServiceHealthInvalidPort(t *testing.T) {
 	}
 	if got := f.listener.listenCalls(0) + f.listener.listenCalls(70000); got != 0 {
 		t.Errorf("invalid ports reached the listener %d times", got)
+	}
+}
+
+// failingListener fails every Listen with its current error; nil listens on loopback.
+type failingListener struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (l *failingListener) Listen(_ netip.Addr, _ int) (net.Listener, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return nil, l.err
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// TestServiceHealthReportsEachFailureOnce: a failure is reported (an event) when it
+// begins, when it changes, and reportEvery while it lasts, not on every retry; once the
+// health check opens, the next failure is new.
+func TestServiceHealthReportsEachFailureOnce(t *testing.T) {
+	listener := &failingListener{err: errors.New("cannot assign requested address")}
+	recorder := &fakeRecorder{}
+	sh := NewServiceHealth(listener, recorder, nil)
+	clock := testutil.NewClock(time.Now())
+	sh.now = clock.Now
+	sh.SetInstanceAddrs("team-a", []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+	t.Cleanup(sh.Close)
+	ports := checks(map[types.NamespacedName]int32{nsn("shop", "frontend"): 30001})
+	steps := []struct {
+		name   string
+		do     func()
+		events int
+	}{
+		{"the first failure", func() {}, 1},
+		{"the same failure, retried", func() {}, 0},
+		{"the same failure a minute later", func() { clock.Step(time.Minute) }, 0},
+		{"another failure", func() { listener.err = errors.New("address already in use") }, 1},
+		{"the same failure reportEvery later", func() { clock.Step(reportEvery) }, 1},
+		{"opened", func() { listener.err = nil }, 0},
+		{"closed, then the first failure again", func() {
+			sh.SyncServices("team-a", nil)
+			listener.err = errors.New("cannot assign requested address")
+		}, 1},
+	}
+	for _, st := range steps {
+		listener.mu.Lock()
+		st.do()
+		listener.mu.Unlock()
+		sh.SyncServices("team-a", ports)
+		if events := recorder.take(); len(events) != st.events {
+			t.Errorf("%s: events %+v, want %d", st.name, events, st.events)
+		}
 	}
 }
