@@ -415,9 +415,23 @@ var alertScenarios = []scenario{
 	{
 		name: "a leader whose publishes keep failing", drive: published,
 		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, _ int) { w[0].PublishFailed() }),
-		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {
-			"configmap": nodeAddressList, "pod": "shardproxy-node-addresses-0", "job": "node-addresses",
-		}},
+		want:   map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {"configmap": nodeAddressList}},
+	},
+	{
+		// Each leader fails /healthz, is restarted and hands the Lease over: the replicas
+		// take turns, two minutes each, both failing.
+		name: "replicas that take turns leading, every one failing", drive: published,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, i int) {
+			lead := (i / 4) % 2
+			w[lead].SetLeader(true)
+			w[1-lead].SetLeader(false)
+			w[lead].PublishFailed()
+		}),
+		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {"configmap": nodeAddressList}},
+	},
+	{
+		name: "a writer failing where no node reads its list", drive: healthy,
+		writer: writerFaulty(func(w []*metrics.NodeAddressWriter, _ int) { w[0].PublishFailed() }),
 	},
 	{
 		name: "a leader that has never published and keeps failing", drive: published,
@@ -428,9 +442,7 @@ var alertScenarios = []scenario{
 				w[0].PublishFailed()
 			}
 		},
-		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {
-			"configmap": nodeAddressList, "pod": "shardproxy-node-addresses-0",
-		}},
+		want: map[string]map[string]string{"ShardproxyNodeAddressWriterPublishFailing": {"configmap": nodeAddressList}},
 	},
 	{
 		// Its failures are still in the window at the end: it is no longer the leader.

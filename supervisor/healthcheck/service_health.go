@@ -90,7 +90,8 @@ type hcService struct {
 	listeners map[netip.Addr]net.Listener
 	// incomplete is set while an address it should listen on could not be bound.
 	incomplete bool
-	// reported is the failure last reported, at reportedAt; "" once it opened fully.
+	// reported is the failure last reported (its instance and error), at reportedAt; ""
+	// once it opened fully.
 	reported   string
 	reportedAt time.Time
 }
@@ -407,7 +408,9 @@ func (s *ServiceHealth) listenLocked(logger klog.Logger, svc *hcService, addr ne
 // last reported, or the same one reportEvery after it was.
 func (s *ServiceHealth) newFailureLocked(svc *hcService, err error) bool {
 	now := s.now()
-	if msg := err.Error(); msg != svc.reported || now.Sub(svc.reportedAt) >= reportEvery {
+	// The instance is part of it: a check handed to another instance failing alike is
+	// a new failure, and its report names the new owner.
+	if msg := svc.instance + ": " + err.Error(); msg != svc.reported || now.Sub(svc.reportedAt) >= reportEvery {
 		svc.reported, svc.reportedAt = msg, now
 		return true
 	}

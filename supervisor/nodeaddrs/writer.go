@@ -99,7 +99,8 @@ const watchErrorGap = 90 * time.Second
 // setLeading records that the writer started or stopped leading.
 func (w *Writer) setLeading(leading bool) {
 	w.state.mu.Lock()
-	w.state.leading, w.state.since, w.state.published, w.state.err = leading, time.Now(), time.Time{}, nil
+	// A new term starts clean: a watch's failures of the last term are not this one's.
+	w.state.leading, w.state.since, w.state.published, w.state.err, w.state.watches = leading, time.Now(), time.Time{}, nil, nil
 	w.state.mu.Unlock()
 	if w.Recorder != nil {
 		w.Recorder.SetLeader(leading)
@@ -111,7 +112,9 @@ func (w *Writer) published(nodes int, err error) {
 	now := time.Now()
 	w.state.mu.Lock()
 	if err != nil {
-		if w.state.err == nil {
+		// A failure run begins at the first error, or when the error turns from a list
+		// too large (not counted by Healthy) to another or back.
+		if w.state.err == nil || errors.Is(w.state.err, ErrTooLarge) != errors.Is(err, ErrTooLarge) {
 			w.state.failing = now
 		}
 		w.state.err = err

@@ -342,6 +342,20 @@ func TestHealthy(t *testing.T) {
 				w.watchFailed("Nodes", forbidden, t0.Add(at))
 			}
 		}, at: 90*time.Second + watchErrorGap + time.Second},
+		{name: "a watch's failures of the last term", setup: func(w *Writer) {
+			for at := -3 * time.Minute; at <= 0; at += 30 * time.Second {
+				w.watchFailed("Nodes", forbidden, t0.Add(at))
+			}
+			w.setLeading(false)
+			w.setLeading(true)
+			w.state.since = t0
+			w.published(3, nil)
+		}, at: 30 * time.Second},
+		{name: "a list too large for an hour, then another failure just now", setup: func(w *Writer) {
+			w.published(3, nil)
+			w.state.err, w.state.failing = fmt.Errorf("publishing: %w", ErrTooLarge), t0.Add(-time.Hour)
+			w.published(3, forbidden) // its failure run begins now (t0)
+		}, at: 10 * time.Second},
 		{name: "isolated watch errors further apart than the gap", setup: func(w *Writer) {
 			w.published(3, nil)
 			for at := 0 * time.Second; at <= 10*time.Minute; at += 2 * time.Minute {

@@ -677,7 +677,7 @@ func (m *monitor) failed() error {
 }
 
 func (m *monitor) stop() {
-	if m.cmd.Process != nil {
+	if m.cmd != nil && m.cmd.Process != nil { // nil: it failed before its process started
 		_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
 		<-m.done
 	}

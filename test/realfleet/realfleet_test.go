@@ -16,7 +16,7 @@ import (
 // kube-apiserver with 50 Services; each node's kernel must hold every probe Service, as
 // its own nft monitor reports, within the change timeout.
 func TestBothProxiesProgram(t *testing.T) {
-	testutil.RequireKernel(t, "ip", "nft", "stdbuf")
+	testutil.RequireKernel(t, "ip", "nft", "stdbuf", "curl")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	if _, err := controlplane.APIServerBinary(ctx, nil); err != nil {

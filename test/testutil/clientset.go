@@ -19,8 +19,12 @@ import (
 //   - a label-selected watch sees only the objects of its selector, and an object
 //     changed out of it arrives as deleted.
 //
-// Field selectors are not applied (the fake ignores them): a test of a field-selected
-// watch needs a real kube-apiserver (test/controlplane).
+// Not as the API server: a Modified event of an object outside the selector arrives as
+// Deleted even if the watch never sent that object (the fake does not know what it
+// sent before; informers ignore the delete of an object they do not hold), and one
+// entering the selector arrives as Modified, not Added (informers add it alike). Field
+// selectors are not applied (the fake ignores them): a test of a field-selected watch
+// needs a real kube-apiserver (test/controlplane).
 func NewClientset(objects ...runtime.Object) *fake.Clientset {
 	client := fake.NewClientset(objects...)
 	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
