@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/shardproxy/shardproxy/metrics"
 )
@@ -29,8 +31,13 @@ const proxyFilter = `proxy_instance=~"$proxy"`
 // families, which it keeps apart (grouping by ip_family) as upstream's dashboards do.
 const familyFilter = `ip_family=~"$family"`
 
-// registeredFamilies returns the metric families of a metrics.Metrics with every series
-// created, by name.
+// grafanaVariables fills in the dashboard's variables as Grafana would, so that each
+// panel's query parses as PromQL.
+var grafanaVariables = strings.NewReplacer("$__rate_interval", "2m", "$__range", "3h", "$job", ".*", "$node", ".*", "$proxy", ".*", "$family", ".*")
+
+// registeredFamilies returns the metric families of a metrics.Metrics and of a
+// metrics.NodeAddressWriter (the writer Deployment's, scraped as job "node-addresses"),
+// with every series created, by name.
 func registeredFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	t.Helper()
 	m := metrics.New()
@@ -43,13 +50,19 @@ func registeredFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	m.LivezResult(200)
 	m.SetBuildInfo("v0.0.0-test")
 	m.SetConfig("0123456789abcdef", time.Now())
-	fams, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m.SetPublishedNodeAddresses("shardproxy-system/shardproxy-nodeaddresses", true, 3)
+	w := metrics.NewNodeAddressWriter("shardproxy-system/shardproxy-nodeaddresses")
+	w.SetBuildInfo("v0.0.0-test")
+	w.Published(3, time.Now())
 	out := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		out[f.GetName()] = f
+	for _, g := range []prometheus.Gatherer{m.Registry(), w.Registry()} {
+		fams, err := g.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			out[f.GetName()] = f
+		}
 	}
 	return out
 }
@@ -110,6 +123,9 @@ func TestDashboard(t *testing.T) {
 
 	used := map[string]bool{}
 	for where, expr := range queries(t, dash) {
+		if _, err := parser.NewParser(parser.Options{}).ParseExpr(grafanaVariables.Replace(expr)); err != nil && !strings.HasPrefix(where, "variable ") {
+			t.Errorf("%s: not PromQL once Grafana's variables are filled in: %v: %s", where, err, expr)
+		}
 		names := metricName.FindAllString(expr, -1)
 		if len(names) == 0 {
 			t.Errorf("%s: queries no shardproxy metric: %s", where, expr)
