@@ -3,6 +3,7 @@ package netns_test
 import (
 	"errors"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -219,4 +220,56 @@ func TestCleanupRemovesEverything(t *testing.T) {
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("process %d started in the topology still exists (kill 0: %v)", pid, err)
 	}
+}
+
+// TestEmptyHoldsOnlyAddedNamespaces checks that a topology made by Empty creates no
+// namespace of the standard topology, only those added to it, and that Close deletes them.
+func TestEmptyHoldsOnlyAddedNamespaces(t *testing.T) {
+	testutil.RequireKernel(t, "ip")
+	tp, err := netns.Empty()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = tp.Close()
+		}
+	})
+	if got := tp.Namespaces(); len(got) != 0 {
+		t.Errorf("Namespaces() = %v, want none", got)
+	}
+	added, err := tp.AddNamespace("only")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tp.Exec(added, "ip", "link", "show", "lo"); err != nil {
+		t.Fatalf("the added namespace: %v: %s", err, out)
+	}
+	if got := prefixed(t, tp.Prefix); !slices.Equal(got, []string{added}) {
+		t.Errorf("namespaces with prefix %s: %v, want only %s", tp.Prefix, got, added)
+	}
+	closed = true
+	if err := tp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := prefixed(t, tp.Prefix); len(got) != 0 {
+		t.Errorf("namespaces left after Close: %v", got)
+	}
+}
+
+// prefixed lists the namespaces whose names start with prefix and a dash.
+func prefixed(t *testing.T, prefix string) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip netns list: %v: %s", err, out)
+	}
+	var names []string
+	for line := range strings.Lines(string(out)) {
+		if name, _, _ := strings.Cut(strings.TrimSpace(line), " "); strings.HasPrefix(name, prefix+"-") {
+			names = append(names, name)
+		}
+	}
+	return names
 }

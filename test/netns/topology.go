@@ -195,8 +195,22 @@ func Build() (*Topology, error) {
 	return tp, nil
 }
 
-// Namespaces returns the names of every namespace of the topology.
+// Empty returns a topology without any namespace yet, for callers that wire their own
+// with AddNamespace (a fleet of nodes); Close deletes what AddNamespace made.
+func Empty() (*Topology, error) {
+	prefix, err := freePrefix()
+	if err != nil {
+		return nil, fmt.Errorf("choosing a namespace prefix: %w", err)
+	}
+	return &Topology{Prefix: prefix, handles: map[string]netns.NsHandle{}}, nil
+}
+
+// Namespaces returns the names of the standard topology's namespaces: none for a
+// topology made by Empty. Namespaces added with AddNamespace are not among them.
 func (tp *Topology) Namespaces() []string {
+	if tp.Node == "" {
+		return nil
+	}
 	return []string{tp.Node, tp.Client, tp.Pod1, tp.Pod2, tp.Node2, tp.Remote}
 }
 

@@ -15,6 +15,7 @@ package realfleet
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,6 +32,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/shardproxy/shardproxy/test/bench/compare"
 	"github.com/shardproxy/shardproxy/test/bench/gen"
 	"github.com/shardproxy/shardproxy/test/controlplane"
 	"github.com/shardproxy/shardproxy/test/fleet"
@@ -50,6 +51,15 @@ const (
 	// (minSyncPeriod 1 s).
 	Shardproxy Proxy = "shardproxy"
 )
+
+// syncSeries selects proxy's IPv4 series of its sync metrics: kube-proxy labels them by
+// ip_family, shardproxy by instance too.
+func (p Proxy) syncSeries() compare.Series {
+	if p == KubeProxy {
+		return compare.Series{"ip_family": "IPv4"}
+	}
+	return compare.Series{"proxy_instance": "default", "ip_family": "IPv4"}
+}
 
 // table is the nftables table (family ip) whose service-ips map holds proxy's cluster IPs.
 func (p Proxy) table() string {
@@ -156,13 +166,11 @@ func Run(ctx context.Context, opts Options) (results []*Result, err error) {
 		opts.Logf = func(string, ...any) {}
 	}
 	maxNodes := slices.Max(opts.Nodes)
-	tp, err := netns.Build()
-	if tp != nil {
-		defer func() { err = errors.Join(err, tp.Close()) }()
-	}
+	tp, err := netns.Empty()
 	if err != nil {
 		return nil, err
 	}
+	defer func() { err = errors.Join(err, tp.Close()) }()
 	cpNS, nodeNS, err := wire(tp, maxNodes)
 	if err != nil {
 		return nil, err
@@ -314,7 +322,7 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	if err != nil {
 		return nil, err
 	}
-	syncsBefore, timeBefore, err := e.syncs(nodes)
+	syncsBefore, err := e.syncs(p, nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +362,7 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 	}
 	res.changeWindow = time.Since(t)
 	res.APIServerCPUPerMinute = (after.CPU - before.CPU).Seconds() / res.changeWindow.Minutes()
-	syncsAfter, timeAfter, err := e.syncs(nodes)
+	syncsAfter, err := e.syncs(p, nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +376,8 @@ func (e runEnv) measure(ctx context.Context, opts Options, p Proxy, nodes []stri
 		return nil, err
 	}
 	res.Requests = reqAfter.Sub(reqBefore)
-	res.Syncs, res.SyncTime = syncsAfter-syncsBefore, time.Duration((timeAfter-timeBefore)*float64(time.Second))
+	during := syncsAfter.Sub(syncsBefore)
+	res.Syncs, res.SyncTime = float64(during.Count), time.Duration(during.Sum*float64(time.Second))
 	for i, pr := range procs {
 		select {
 		case <-pr.Done():
@@ -445,37 +454,25 @@ func (e runEnv) waitReady(ctx context.Context, p Proxy, nodes []string, procs []
 	}
 }
 
-// syncs sums, over nodes, the count and the total seconds of the IPv4 syncs so far, from
-// each proxy's /metrics on 127.0.0.1:10249 (both proxies' default) inside its namespace.
-func (e runEnv) syncs(nodes []string) (count, seconds float64, err error) {
+// syncs sums, over nodes, proxy p's IPv4 syncs so far (their count and total seconds),
+// from each proxy's /metrics on 127.0.0.1:10249 (both proxies' default) inside its
+// namespace.
+func (e runEnv) syncs(p Proxy, nodes []string) (compare.Histogram, error) {
+	var sum compare.Histogram
 	for _, ns := range nodes {
 		out, err := e.tp.Exec(ns, "curl", "-sS", "--max-time", "10", "http://127.0.0.1:10249/metrics")
 		if err != nil {
-			return 0, 0, err
+			return compare.Histogram{}, err
 		}
-		for line := range strings.SplitSeq(out, "\n") {
-			name, rest, ok := strings.Cut(line, "{")
-			if !ok || !strings.Contains(rest, `ip_family="IPv4"`) {
-				continue
-			}
-			var into *float64
-			switch name {
-			case "kubeproxy_sync_proxy_rules_duration_seconds_count":
-				into = &count
-			case "kubeproxy_sync_proxy_rules_duration_seconds_sum":
-				into = &seconds
-			default:
-				continue
-			}
-			fields := strings.Fields(rest)
-			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("%s's metrics: %q: %w", ns, line, err)
-			}
-			*into += v
+		sc, err := compare.ParseScrape(out)
+		if err != nil {
+			return compare.Histogram{}, fmt.Errorf("%s's metrics: %w", ns, err)
 		}
+		h := sc.Histogram("kubeproxy_sync_proxy_rules_duration_seconds", p.syncSeries())
+		sum.Count += h.Count
+		sum.Sum += h.Sum
 	}
-	return count, seconds, nil
+	return sum, nil
 }
 
 // requests reads the apiserver's request counts from its /metrics.
@@ -484,7 +481,7 @@ func (e runEnv) requests(ctx context.Context) (fleet.Counts, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading kube-apiserver's /metrics: %w", err)
 	}
-	c, err := fleet.ParseAPIServerMetrics(strings.NewReader(string(raw)))
+	c, err := fleet.ParseAPIServerMetrics(bytes.NewReader(raw))
 	return c.Requests, err
 }
 

@@ -46,6 +46,11 @@ func TestBothProxiesProgram(t *testing.T) {
 		if len(r.Changes) != changes || len(r.PerNode) != nodes*changes {
 			t.Errorf("%s: %d changes and %d node times, want %d and %d", r.Proxy, len(r.Changes), len(r.PerNode), changes, nodes*changes)
 		}
+		// Every node syncs at least once for each change: fewer means the proxies'
+		// sync histograms were not read.
+		if r.Syncs < nodes*changes || r.SyncTime <= 0 {
+			t.Errorf("%s: %v syncs taking %v during the changes, want at least %d and some time", r.Proxy, r.Syncs, r.SyncTime, nodes*changes)
+		}
 		for _, d := range r.PerNode {
 			if d <= 0 || d > 30*time.Second {
 				t.Errorf("%s: a node's time %v", r.Proxy, d)
