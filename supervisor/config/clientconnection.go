@@ -30,7 +30,10 @@ type ClientConnection struct {
 	AcceptContentTypes string `yaml:"acceptContentTypes"`
 }
 
-func (cc *ClientConnection) defaults() {
+// Default fills every unset field with kube-proxy's default: QPS 5, burst 10, protobuf
+// with JSON as the fallback. The supervisor's and the node address writer's clients both
+// take their settings from a defaulted ClientConnection.
+func (cc *ClientConnection) Default() {
 	if cc.QPS == 0 {
 		cc.QPS = DefaultClientQPS
 	}

@@ -286,7 +286,7 @@ func (c *Config) DefaultWith(getenv func(string) string, hostname func() (string
 			c.NodeName = strings.ToLower(strings.TrimSpace(h))
 		}
 	}
-	c.ClientConnection.defaults()
+	c.ClientConnection.Default()
 	if c.HealthzBindAddress == "" {
 		c.HealthzBindAddress = DefaultHealthzBindAddress
 	}

@@ -227,9 +227,16 @@ func restConfig(kubeconfig string, cc config.ClientConnection) (*rest.Config, er
 	} else if rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
 		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
 	}
+	return withClientConnection(rc, cc), nil
+}
+
+// withClientConnection paces and encodes rc as cc says and returns it: the one place a
+// node component's API client (the supervisor's, the node address writer's) takes its
+// settings from a ClientConnection.
+func withClientConnection(rc *rest.Config, cc config.ClientConnection) *rest.Config {
 	rc.QPS, rc.Burst = cc.QPS, int(cc.Burst)
 	rc.ContentType, rc.AcceptContentTypes = cc.ContentType, cc.AcceptContentTypes
-	return rc, nil
+	return rc
 }
 
 func check(ctx context.Context, w, ew io.Writer, path string, probe bool) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/metrics"
@@ -50,14 +51,10 @@ returns, releases the Lease (a standby takes over) and exits non-zero.`,
 			&cli.StringFlag{Name: "bind-address", Value: DefaultNodeAddressesBindAddress, Usage: "address of /healthz and /metrics (empty: none)"},
 		},
 		Action: func(c *cli.Context) error {
-			rc, err := operatorRESTConfig(c.String("kubeconfig"))
+			rc, err := nodeAddressesRESTConfig(c.String("kubeconfig"))
 			if err != nil {
 				return err
 			}
-			rc.QPS, rc.Burst = 5, 10
-			rc.ContentType = config.ContentTypeProtobuf
-			rc.AcceptContentTypes = config.ContentTypeProtobuf + "," + config.ContentTypeJSON
-			rc.UserAgent = "shardproxy-node-addresses"
 			client, err := kubernetes.NewForConfig(rc)
 			if err != nil {
 				return fmt.Errorf("creating API client: %w", err)
@@ -98,6 +95,25 @@ returns, releases the Lease (a standby takes over) and exits non-zero.`,
 		},
 	}
 }
+
+// nodeAddressesRESTConfig is the node address writer's API client configuration: the
+// kubeconfig found as kubectl finds it (the writer runs as a Deployment, in-cluster, or
+// by hand), with the supervisor's defaulted clientConnection (kube-proxy's QPS, burst
+// and protobuf).
+func nodeAddressesRESTConfig(kubeconfig string) (*rest.Config, error) {
+	rc, err := operatorRESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	var cc config.ClientConnection
+	cc.Default()
+	rc = withClientConnection(rc, cc)
+	rc.UserAgent = nodeAddressesUserAgent
+	return rc, nil
+}
+
+// nodeAddressesUserAgent names the writer in the API server's audit log and metrics.
+const nodeAddressesUserAgent = "shardproxy-node-addresses"
 
 // DefaultNodeAddressesBindAddress is where `shardproxy node-addresses` serves /healthz
 // and /metrics: every address of its pod (it runs in the pod's network, not the host's),

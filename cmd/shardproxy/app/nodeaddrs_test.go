@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -101,5 +103,49 @@ func TestNodeAddressesHealthAndMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics once written has no %s:\n%s", want, text)
 		}
+	}
+}
+
+// TestNodeAddressesClientConnection: the node address writer's client, however its
+// kubeconfig is found, carries the supervisor's clientConnection defaults (kube-proxy's
+// rate and protobuf) and names itself.
+func TestNodeAddressesClientConnection(t *testing.T) {
+	const server = "https://192.0.2.7:6443"
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	body := "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"" + server + "\"}\n" +
+		"contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: t}\n"
+	if err := os.WriteFile(kubeconfig, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		flag string // --kubeconfig
+		env  string // $KUBECONFIG
+	}{
+		{name: "the --kubeconfig file", flag: kubeconfig},
+		{name: "the files of $KUBECONFIG", env: kubeconfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("KUBECONFIG", tc.env)
+			rc, err := nodeAddressesRESTConfig(tc.flag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []struct {
+				field     string
+				got, want any
+			}{
+				{"Host", rc.Host, server},
+				{"QPS", rc.QPS, float32(5)},
+				{"Burst", rc.Burst, 10},
+				{"ContentType", rc.ContentType, "application/vnd.kubernetes.protobuf"},
+				{"AcceptContentTypes", rc.AcceptContentTypes, "application/vnd.kubernetes.protobuf,application/json"},
+				{"UserAgent", rc.UserAgent, "shardproxy-node-addresses"},
+			} {
+				if f.got != f.want {
+					t.Errorf("%s = %v, want %v", f.field, f.got, f.want)
+				}
+			}
+		})
 	}
 }
