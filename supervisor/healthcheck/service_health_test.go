@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -516,16 +518,18 @@ func TestServiceHealthInvalidPort(t *testing.T) {
 	}
 }
 
-// failingListener fails every Listen with its current error; nil listens on loopback.
+// failingListener fails every Listen, or with only set those on that address, with its
+// current error; nil listens on loopback.
 type failingListener struct {
-	mu  sync.Mutex
-	err error
+	mu   sync.Mutex
+	err  error
+	only netip.Addr
 }
 
-func (l *failingListener) Listen(_ netip.Addr, _ int) (net.Listener, error) {
+func (l *failingListener) Listen(addr netip.Addr, _ int) (net.Listener, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.err != nil {
+	if l.err != nil && (!l.only.IsValid() || addr == l.only) {
 		return nil, l.err
 	}
 	return net.Listen("tcp", "127.0.0.1:0")
@@ -567,5 +571,72 @@ func TestServiceHealthReportsEachFailureOnce(t *testing.T) {
 		if events := recorder.take(); len(events) != st.events {
 			t.Errorf("%s: events %+v, want %d", st.name, events, st.events)
 		}
+	}
+}
+
+// TestServiceHealthHandOverReportsOnce: a health check failing on one of its addresses
+// (served on the others) that moves to another instance failing alike is reported once
+// more, naming the new owner, and then no more on its retries; whichever instance syncs
+// first.
+func TestServiceHealthHandOverReportsOnce(t *testing.T) {
+	good, bad := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("192.0.2.1")
+	svc := nsn("shop", "frontend")
+	ports := checks(map[types.NamespacedName]int32{svc: 30001})
+	for _, tc := range []struct {
+		name string
+		// handOver moves the Service to team-b: its first sync there.
+		handOver func(sh *ServiceHealth, owner *atomic.Value)
+		// settle is the other instance's sync that follows.
+		settle func(sh *ServiceHealth)
+	}{
+		{"the new owner syncs first and adopts it",
+			func(sh *ServiceHealth, _ *atomic.Value) { sh.SyncServices("team-b", ports) },
+			func(sh *ServiceHealth) { sh.SyncServices("team-a", nil) }},
+		{"the old owner syncs first and hands it over",
+			func(sh *ServiceHealth, owner *atomic.Value) { owner.Store("team-b"); sh.SyncServices("team-a", nil) },
+			func(sh *ServiceHealth) { sh.SyncServices("team-b", ports) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listener := &failingListener{err: errors.New("cannot assign requested address"), only: bad}
+			recorder := &fakeRecorder{}
+			sh := NewServiceHealth(listener, recorder, nil)
+			clock := testutil.NewClock(time.Now())
+			sh.now = clock.Now
+			var owner atomic.Value
+			owner.Store("team-a")
+			sh.SetOwnerLookup(func(types.NamespacedName) string { return owner.Load().(string) })
+			for _, inst := range []string{"team-a", "team-b"} {
+				sh.SetInstanceAddrs(inst, []netip.Addr{good, bad})
+			}
+			t.Cleanup(sh.Close)
+			steps := []struct {
+				name string
+				do   func()
+				// events are the instances the events name, in order.
+				events []string
+			}{
+				{"team-a's first failure", func() { sh.SyncServices("team-a", ports) }, []string{"team-a"}},
+				{"team-a's retry", func() { sh.SyncServices("team-a", ports) }, nil},
+				{"handed to team-b, failing alike", func() { tc.handOver(sh, &owner) }, []string{"team-b"}},
+				{"the other instance's sync", func() { tc.settle(sh) }, nil},
+				{"team-b's retries", func() {
+					clock.Step(time.Minute)
+					sh.SyncServices("team-b", ports)
+					sh.RetryFailed()
+				}, nil},
+			}
+			for _, st := range steps {
+				st.do()
+				var got []string
+				for _, e := range recorder.take() {
+					_, inst, _ := strings.Cut(e.message, "(instance ")
+					inst, _, _ = strings.Cut(inst, ")")
+					got = append(got, strings.Trim(inst, `"`))
+				}
+				if !slices.Equal(got, st.events) {
+					t.Errorf("%s: events naming %v, want %v", st.name, got, st.events)
+				}
+			}
+		})
 	}
 }
