@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -8,6 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
@@ -66,4 +71,52 @@ func probe(s *Supervisor, path string) (int, string) {
 	req.RemoteAddr = "127.0.0.1:40000"
 	s.countedHealth().ServeHTTP(rec, req)
 	return rec.Code, rec.Body.String()
+}
+
+// TestAutoscalerTaintDrainsTheNode: the cluster autoscaler taints a Node
+// ToBeDeletedByClusterAutoscaler before it removes it. As upstream's, /healthz then
+// answers 503 with nodeEligible false, so load balancers drain the node, while /livez
+// stays 200 (nothing for the kubelet to restart); the taint removed (the scale-down
+// cancelled), the node is eligible again.
+func TestAutoscalerTaintDrainsTheNode(t *testing.T) {
+	f := startSupervisorWith(t, fixtureOptions{})
+	ctx := context.Background()
+	setTaints := func(taints []corev1.Taint) {
+		t.Helper()
+		node, err := f.client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Spec.Taints = taints
+		if _, err := f.client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, waitTimeout, "/healthz 200 before the taint", func() bool {
+		code, _ := probe(f.sup, "/healthz")
+		return code == http.StatusOK
+	})
+
+	// Another taint does not make the node ineligible.
+	setTaints([]corev1.Taint{{Key: "DeletionCandidateOfClusterAutoscaler", Effect: corev1.TaintEffectPreferNoSchedule}})
+	setTaints([]corev1.Taint{
+		{Key: "DeletionCandidateOfClusterAutoscaler", Effect: corev1.TaintEffectPreferNoSchedule},
+		{Key: healthcheck.ToBeDeletedTaint, Value: "1764400000", Effect: corev1.TaintEffectNoSchedule},
+	})
+	testutil.Eventually(t, waitTimeout, "/healthz 503 with the autoscaler's taint", func() bool {
+		code, body := probe(f.sup, "/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, `"nodeEligible":false`)
+	})
+	if code, body := probe(f.sup, "/livez"); code != http.StatusOK {
+		t.Errorf("/livez with the autoscaler's taint: %d %s, want 200", code, body)
+	}
+	if st := get(t, f.sup, "/status"); !strings.Contains(st, `"nodeToBeDeleted":true`) {
+		t.Errorf("/status does not say the node is to be deleted: %s", st)
+	}
+
+	setTaints(nil)
+	testutil.Eventually(t, waitTimeout, "/healthz 200 once the taint is gone", func() bool {
+		code, body := probe(f.sup, "/healthz")
+		return code == http.StatusOK && strings.Contains(body, `"nodeEligible":true`)
+	})
 }

@@ -673,9 +673,13 @@ func nodeBackoff() wait.Backoff {
 	return wait.Backoff{Duration: 250 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: 4 * time.Second}
 }
 
-// onNode reacts to this Node changing: topology labels, addresses, pod CIDRs, deletion.
+// onNode reacts to this Node changing: topology labels, addresses, pod CIDRs, deletion
+// and the autoscaler's deletion taint.
 func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	s.health.SetNodeDeleting(deleted || node.DeletionTimestamp != nil)
+	s.health.SetNodeToBeDeleted(!deleted && slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool {
+		return t.Key == healthcheck.ToBeDeletedTaint
+	}))
 	if deleted {
 		return
 	}

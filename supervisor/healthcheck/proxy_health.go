@@ -23,6 +23,10 @@ const (
 	// counts as unhealthy: upstream uses twice the default 30s sync period.
 	DefaultHealthTimeout = 60 * time.Second
 
+	// ToBeDeletedTaint is the taint the cluster autoscaler puts on a Node it is about to
+	// remove; upstream kube-proxy's /healthz reports such a node not eligible.
+	ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
+
 	// shutdownTimeout bounds the graceful shutdown of the proxy health server; probes are
 	// answered in microseconds, so anything still open after this is a stuck client.
 	shutdownTimeout = 5 * time.Second
@@ -78,6 +82,8 @@ type ProxyHealth struct {
 	mu           sync.RWMutex
 	instances    map[string]*instanceState
 	nodeDeleting bool
+	// nodeToBeDeleted: the Node carries ToBeDeletedTaint.
+	nodeToBeDeleted bool
 	// listenErrors says, per server (readiness.go), why its address is not bound.
 	listenErrors map[string]string
 	// config is the configuration in force, for /status.
@@ -299,6 +305,18 @@ func (h *ProxyHealth) SetNodeDeleting(deleting bool) {
 	h.nodeDeleting = deleting
 }
 
+// SetNodeToBeDeleted records whether this node's Node carries the cluster autoscaler's
+// ToBeDeletedTaint. As upstream's, such a node is not eligible: it fails /healthz, so
+// load balancers drain it before the autoscaler removes it, but not /livez.
+func (h *ProxyHealth) SetNodeToBeDeleted(toBeDeleted bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.nodeToBeDeleted != toBeDeleted {
+		h.logger.V(2).Info("Node autoscaler deletion taint changed", "taint", ToBeDeletedTaint, "present", toBeDeleted)
+	}
+	h.nodeToBeDeleted = toBeDeleted
+}
+
 // Healthy reports whether the instance is healthy, ignoring node deletion like upstream's
 // IsHealthy. An instance that is not tracked is not healthy: nothing proxies its Services.
 func (h *ProxyHealth) Healthy(instance string) bool {
@@ -469,6 +487,9 @@ type StatusResponse struct {
 	CurrentTime time.Time `json:"currentTime"`
 	// NodeDeleting is true when the Node object has a deletionTimestamp.
 	NodeDeleting bool `json:"nodeDeleting"`
+	// NodeToBeDeleted is true when the Node carries the cluster autoscaler's
+	// ToBeDeletedTaint (ToBeDeletedByClusterAutoscaler).
+	NodeToBeDeleted bool `json:"nodeToBeDeleted,omitempty"`
 	// Instances is the status of each instance, by name.
 	Instances map[string]InstanceStatus `json:"instances"`
 	// ListenErrors says, per server ("healthz", "metrics", "healthCheckNodePorts"), why
@@ -501,12 +522,13 @@ type InstanceStatus struct {
 // snapshot is a consistent copy of the state, taken under the lock, that the handlers
 // render without holding it.
 type snapshot struct {
-	now          time.Time
-	nodeDeleting bool
-	listenErrors map[string]string
-	config       *ConfigStatus
-	nodeAddrs    *NodeAddressesStatus
-	instances    map[string]InstanceStatus
+	now             time.Time
+	nodeDeleting    bool
+	nodeToBeDeleted bool
+	listenErrors    map[string]string
+	config          *ConfigStatus
+	nodeAddrs       *NodeAddressesStatus
+	instances       map[string]InstanceStatus
 	// live is each instance's /livez verdict.
 	live map[string]bool
 	// families is, for each instance, when it last synced each family it programs.
@@ -517,14 +539,15 @@ func (h *ProxyHealth) snapshot() snapshot {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	s := snapshot{
-		now:          h.clock.Now(),
-		nodeDeleting: h.nodeDeleting,
-		listenErrors: maps.Clone(h.listenErrors),
-		config:       h.config,
-		nodeAddrs:    h.nodeAddresses,
-		instances:    make(map[string]InstanceStatus, len(h.instances)),
-		live:         make(map[string]bool, len(h.instances)),
-		families:     make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
+		now:             h.clock.Now(),
+		nodeDeleting:    h.nodeDeleting,
+		nodeToBeDeleted: h.nodeToBeDeleted,
+		listenErrors:    maps.Clone(h.listenErrors),
+		config:          h.config,
+		nodeAddrs:       h.nodeAddresses,
+		instances:       make(map[string]InstanceStatus, len(h.instances)),
+		live:            make(map[string]bool, len(h.instances)),
+		families:        make(map[string]map[corev1.IPFamily]time.Time, len(h.instances)),
 	}
 	for name, st := range h.instances {
 		s.live[name] = h.liveLocked(name, st, s.now)
@@ -602,7 +625,7 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	}
 	healthy := resp.Healthy
 	if withNode {
-		eligible := !s.nodeDeleting
+		eligible := !s.nodeDeleting && !s.nodeToBeDeleted
 		resp.NodeEligible = &eligible
 		healthy = healthy && eligible
 	}
@@ -618,12 +641,13 @@ func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 func (h *ProxyHealth) Status() StatusResponse {
 	s := h.snapshot()
 	return StatusResponse{
-		CurrentTime:   s.now,
-		NodeDeleting:  s.nodeDeleting,
-		Instances:     s.instances,
-		ListenErrors:  s.listenErrors,
-		Config:        s.config,
-		NodeAddresses: s.nodeAddrs,
+		CurrentTime:     s.now,
+		NodeDeleting:    s.nodeDeleting,
+		NodeToBeDeleted: s.nodeToBeDeleted,
+		Instances:       s.instances,
+		ListenErrors:    s.listenErrors,
+		Config:          s.config,
+		NodeAddresses:   s.nodeAddrs,
 	}
 }
 

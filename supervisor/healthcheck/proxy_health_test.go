@@ -254,6 +254,31 @@ func TestProxyHealth(t *testing.T) {
 			wantEligible:  true,
 		},
 		{
+			// Upstream's SyncNode: the autoscaler taints a node before removing it, and load
+			// balancers should drain it meanwhile.
+			name: "node tainted ToBeDeletedByClusterAutoscaler fails healthz but not livez",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.SetNodeToBeDeleted(true)
+			},
+			wantHealthz:   http.StatusServiceUnavailable,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  false,
+		},
+		{
+			name: "node whose autoscaler taint is removed is eligible again",
+			setup: func(h *ProxyHealth, clock *testutil.Clock) {
+				h.AddInstance("team-a")
+				h.SetNodeToBeDeleted(true)
+				h.SetNodeToBeDeleted(false)
+			},
+			wantHealthz:   http.StatusOK,
+			wantLivez:     http.StatusOK,
+			wantInstances: map[string]bool{"team-a": true},
+			wantEligible:  true,
+		},
+		{
 			// A load balancer reading /healthz would drain the node for every tenant, and a
 			// kubelet reading /livez would restart every tenant's instance.
 			name: "one stale instance beside a healthy one fails neither healthz nor livez",

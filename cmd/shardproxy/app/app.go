@@ -458,6 +458,12 @@ func printStatus(w io.Writer, st healthcheck.StatusResponse) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	switch {
+	case st.NodeDeleting:
+		fmt.Fprintln(w, "\nnode: being deleted; /healthz answers 503 (nodeEligible false) so that load balancers drain it")
+	case st.NodeToBeDeleted:
+		fmt.Fprintln(w, "\nnode: tainted "+healthcheck.ToBeDeletedTaint+"; /healthz answers 503 (nodeEligible false) so that load balancers drain it")
+	}
 	if c := st.Config; c != nil {
 		fmt.Fprintf(w, "\nconfiguration %s, applied %s\n", c.Hash, c.Applied.Format(time.RFC3339))
 		if c.Refused != "" {
