@@ -103,21 +103,22 @@ type shadowState struct {
 	gen        int
 	// svc is the version last given to the shadow instance, to give again with a slice.
 	svc *corev1.Service
-	// watched: the first sync that programs it is waited for (a shadow's by a goroutine,
-	// an owner's through pending). One wait is enough (any later version is programmed by
-	// the same sync or a later one), and one per update would pile up while the instance
-	// cannot sync.
+	// watched: the first sync that programs it is waited for (through pending). One wait
+	// is enough (any later version is programmed by the same sync or a later one), and
+	// one per update would pile up while the instance cannot sync.
 	watched bool
-	// pending is the channel an owner's instance closes when it has programmed the
-	// Service, looked at when asked (done): a goroutine waiting on it for every Service
-	// of a starting node was 10,000 goroutines and their stacks until the first sync.
+	// pending is the channel the instance closes when it has programmed the Service,
+	// looked at when asked (done), never waited on: a goroutine waiting on it for every
+	// Service of a starting node was 10,000 goroutines and their stacks until the first
+	// sync, and one per shadow waited forever when the shadow's instance never synced or
+	// the shadow went away. While needSlices holds, its closing does not count.
 	pending <-chan struct{}
 }
 
-// done reports whether the owner's instance has programmed the Service. Called with
-// the Dispatcher's mu held.
+// done reports whether the instance has programmed the Service (for a shadow, a sync
+// that had its EndpointSlices). Called with the Dispatcher's mu held.
 func (st *shadowState) done() bool {
-	if !st.programmed && st.pending != nil {
+	if !st.programmed && !st.needSlices && st.pending != nil {
 		select {
 		case <-st.pending:
 			st.programmed, st.pending = true, nil
@@ -164,7 +165,7 @@ func (d *Dispatcher) Shadows() map[string][]types.NamespacedName {
 	defer d.mu.Unlock()
 	out := map[string][]types.NamespacedName{}
 	for name, st := range d.shadows {
-		if st.programmed {
+		if st.done() {
 			out[st.instance] = append(out[st.instance], name)
 		}
 	}
@@ -343,7 +344,7 @@ func (d *Dispatcher) deliver(svc *corev1.Service, name types.NamespacedName, dec
 			added = append(added, programmed)
 		}
 		if inst == dec.Shadow {
-			d.armShadow(svc, name, c.shadow, guarded, c.watchShadow, programmed)
+			d.armShadow(svc, c.shadow, guarded, c.watchShadow, programmed)
 		}
 		if inst == dec.Instance && c.watchOwner {
 			d.mu.Lock()
@@ -404,16 +405,17 @@ func (d *Dispatcher) report(name types.NamespacedName, inst, refusal string) boo
 	return true
 }
 
-// armShadow records the version given to a shadow and, for its first one, waits for
-// the sync that programs it, which counts only once the instance has the Service's
+// armShadow records the version given to a shadow and, for its first one, the sync that
+// programs it (pending), which counts only once the instance has the Service's
 // EndpointSlices (needSlices). needSlices is set before the slices are listed, so a
 // slice arriving meanwhile re-arms the wait rather than being missed.
-func (d *Dispatcher) armShadow(svc *corev1.Service, name types.NamespacedName, st *shadowState, guarded *corev1.Service, first bool, programmed <-chan struct{}) {
+func (d *Dispatcher) armShadow(svc *corev1.Service, st *shadowState, guarded *corev1.Service, first bool, programmed <-chan struct{}) {
 	d.mu.Lock()
 	st.svc = guarded
 	gen := st.gen
 	if first {
 		st.needSlices = len(svc.Spec.Selector) > 0
+		st.pending = programmed
 	}
 	need := st.needSlices
 	d.mu.Unlock()
@@ -427,22 +429,12 @@ func (d *Dispatcher) armShadow(svc *corev1.Service, name types.NamespacedName, s
 		}
 		d.mu.Unlock()
 	}
-	go d.shadowProgrammed(name, st, gen, programmed)
-}
-
-// shadowProgrammed marks a shadow programmed once its instance synced it, unless that
-// sync had none of the Service's slices or the wait was re-armed since (gen).
-func (d *Dispatcher) shadowProgrammed(name types.NamespacedName, st *shadowState, gen int, programmed <-chan struct{}) {
-	<-programmed
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.shadows[name] == st && st.gen == gen && !st.needSlices {
-		st.programmed = true
-	}
 }
 
 // sliceReachedShadow re-arms the wait of a shadow that had none of its Service's slices,
-// now that one was given to it: programmed is the sync after the slice.
+// now that one was given to it: programmed is the sync after the slice. Until the
+// Service is given again, no sync counts (pending is nil), since an earlier one may
+// have programmed it without the slice.
 func (d *Dispatcher) sliceReachedShadow(name types.NamespacedName, given []string) {
 	d.mu.Lock()
 	st := d.shadows[name]
@@ -451,10 +443,16 @@ func (d *Dispatcher) sliceReachedShadow(name types.NamespacedName, given []strin
 		return
 	}
 	st.needSlices = false
+	st.pending = nil
 	st.gen++
 	gen, svc, sink := st.gen, st.svc, d.sinks[st.instance]
 	d.mu.Unlock()
-	go d.shadowProgrammed(name, st, gen, sink.UpdateService(svc))
+	programmed := sink.UpdateService(svc)
+	d.mu.Lock()
+	if st.gen == gen {
+		st.pending = programmed
+	}
+	d.mu.Unlock()
 }
 
 // OwnerProgrammed returns the instance that owns a Service by its label ("" if none

@@ -639,8 +639,8 @@ func TestDispatchGoroutinesBoundedWhileInstancesCannotSync(t *testing.T) {
 // so it must not be reported programmed (a migration would move the label onto it: ~200 ms
 // of refused connections on the real node); the sync after the first slice is.
 //
-// It runs in a synctest bubble: synctest.Wait returns once the goroutine that waits for
-// the first sync has acted on it, so "not reported programmed" is read after the decision.
+// It runs in a synctest bubble: synctest.Wait returns once every goroutine of the test
+// is idle, so "not reported programmed" is read after anything the sync could start.
 func TestDispatchShadowWaitsForSlices(t *testing.T) {
 	synctest.Test(t, testDispatchShadowWaitsForSlices)
 }
@@ -679,6 +679,48 @@ func testDispatchShadowWaitsForSlices(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, "the shadow with slices to be reported programmed", func() bool {
 		return slices.Contains(f.d.Shadows()["team-a"], other)
 	})
+}
+
+// TestDispatchNoGoroutinePerShadow: a shadow whose instance never syncs (it cannot, or
+// the shadow goes away first) must not leave a goroutine waiting for its programming:
+// one per shadowed Service waited forever. Each still counts as programmed after the
+// sync, and a shadow dropped before it never does.
+func TestDispatchNoGoroutinePerShadow(t *testing.T) {
+	f := newDispatchFixture(t, false)
+	before := runtime.NumGoroutine()
+	const n = 1000
+	name := func(i int) types.NamespacedName {
+		return types.NamespacedName{Namespace: "a1", Name: fmt.Sprintf("web-%d", i)}
+	}
+	for i := range 2 * n {
+		f.d.ServiceChanged(shadowed(service("a1", name(i).Name, "legacy"), "team-a"))
+	}
+	if grew := runtime.NumGoroutine() - before; grew > 5 {
+		t.Errorf("%d shadows waiting for their instance's first sync left %d more goroutines", 2*n, grew)
+	}
+	// The second half stops being shadowed before team-a ever synced it.
+	for i := n; i < 2*n; i++ {
+		f.d.ServiceChanged(service("a1", name(i).Name, "legacy"))
+	}
+	if grew := runtime.NumGoroutine() - before; grew > 5 {
+		t.Errorf("%d shadows gone before their instance's first sync left %d more goroutines", n, grew)
+	}
+	if got := f.d.Shadows(); len(got) != 0 {
+		t.Fatalf("reported programmed before any sync: %d", len(got["team-a"]))
+	}
+	for i := range 2 * n {
+		f.sinks["team-a"].program(name(i))
+	}
+	got := f.d.Shadows()["team-a"]
+	if len(got) != n {
+		t.Fatalf("%d shadows reported programmed after the sync, want %d", len(got), n)
+	}
+	for _, nn := range got {
+		var i int
+		if _, err := fmt.Sscanf(nn.Name, "web-%d", &i); err != nil || i >= n {
+			t.Errorf("%s is reported programmed in shadow, but it stopped being a shadow before the sync", nn)
+		}
+	}
 }
 
 // TestDispatchNoGoroutinePerOwnedService: a starting node hands every Service to its
