@@ -20,6 +20,7 @@ var figures = []figure{
 	{"apiserver CPU s/min", func(r *Result) float64 { return r.APIServerCPUPerMinute }},
 	{"apiserver RSS MiB", func(r *Result) float64 { return float64(r.APIServerRSS) / (1 << 20) }},
 	{"watch events/s", func(r *Result) float64 { return r.Server.WatchEvents.Total() / r.Steady.Seconds() }},
+	{"watch KB/s", func(r *Result) float64 { return r.Server.WatchBytes.Total() / 1024 / r.Steady.Seconds() }},
 	{"proxy requests/s", func(r *Result) float64 { return r.ProxyRequests.Total() / r.Steady.Seconds() }},
 	{"etcd writes/s", func(r *Result) float64 { return r.Server.EtcdWrites.Total() / r.Steady.Seconds() }},
 	{"proxy memory MiB", func(r *Result) float64 { return float64(r.ProxyMemory) / (1 << 20) }},

@@ -53,6 +53,9 @@ type Options struct {
 	StatusPeriod time.Duration
 	// Changes is how many Service changes are timed until every node has them.
 	Changes int
+	// Churn, when set, is the interval between Node changes during the steady window:
+	// a Node joins, then leaves at the next tick (churn), and so on.
+	Churn time.Duration
 	// QPS and Burst are each node's client limits (kube-proxy's: 5 and 10).
 	QPS   float32
 	Burst int
@@ -124,6 +127,12 @@ type Result struct {
 	ProgrammingP50, ProgrammingP99, ProgrammingMax time.Duration
 	// StatusWrites is the driver's Node status writes over Steady.
 	StatusWrites int
+	// ChurnChanges is the driver's Node joins and leaves over Steady (Options.Churn).
+	ChurnChanges int
+	// Publishes and PublishedBytes are the node address writer's lists written over
+	// Steady and their sizes summed (OtherNodeAddresses published; 0 otherwise).
+	Publishes      int
+	PublishedBytes int64
 	// Migration is the migrate step's (Options.Migrate); nil without one.
 	Migration *Migration
 }
@@ -264,17 +273,31 @@ func Measure(ctx context.Context, env Env, opts Options, services int) (*Result,
 	if err != nil {
 		return nil, errors.Join(err, fl.stop())
 	}
+	beforePub := fl.publishes()
 	steadyStart := time.Now()
 	window, cancel := context.WithTimeout(ctx, opts.Steady)
+	var (
+		churned   int
+		left      []string
+		churnErr  error
+		churnDone = make(chan struct{})
+	)
+	go func() {
+		defer close(churnDone)
+		churned, left, churnErr = churn(ctx, window, env.Admin, opts.Churn)
+	}()
 	writes, hbErr := heartbeats(ctx, window, env.Admin, opts.Nodes, opts.StatusPeriod)
 	cancel()
-	if hbErr != nil && ctx.Err() == nil {
-		return nil, errors.Join(hbErr, fl.stop())
+	<-churnDone
+	if err := errors.Join(hbErr, churnErr); err != nil && ctx.Err() == nil {
+		return nil, errors.Join(err, deleteChurnNodes(ctx, env.Admin, left), fl.stop())
 	}
 	res.Steady = time.Since(steadyStart)
-	res.StatusWrites = writes
+	res.StatusWrites, res.ChurnChanges = writes, churned
 	afterProc, afterServer, afterReq, err := readCounters(ctx, env, counter)
-	if err != nil {
+	afterPub := fl.publishes()
+	res.Publishes, res.PublishedBytes = int(afterPub.n-beforePub.n), afterPub.bytes-beforePub.bytes
+	if err = errors.Join(err, deleteChurnNodes(ctx, env.Admin, left)); err != nil {
 		return nil, errors.Join(err, fl.stop())
 	}
 	if res.ProxyMemory, err = fl.memory(); err != nil {
@@ -363,14 +386,18 @@ func newDialer() func(ctx context.Context, network, address string) (net.Conn, e
 	return (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 }
 
+// driverNodeWrites are the driver's requests to Nodes: heartbeats (PATCH) and churn's
+// joins (POST) and leaves (DELETE). kube-proxy writes no Node.
+var driverNodeWrites = map[string]bool{"PATCH nodes": true, "POST nodes": true, "DELETE nodes": true}
+
 // withoutDriver returns the apiserver's request counts without the driver's: its Node
-// heartbeats (PATCH nodes) and its /metrics reads (no resource). What is left are the
+// heartbeats and churn (driverNodeWrites) and its /metrics reads (no resource). What is left are the
 // proxies' requests and the apiserver's own (its lease and the kubernetes Service's
 // endpoints, a few per minute whatever the fleet).
 func withoutDriver(server Counts) Counts {
 	out := Counts{}
 	for k, v := range server {
-		if k == "PATCH nodes" || strings.HasSuffix(k, " ") {
+		if driverNodeWrites[k] || strings.HasSuffix(k, " ") {
 			continue
 		}
 		out[strings.ToLower(k)] = v
@@ -401,6 +428,9 @@ type running interface {
 	waitReady(ctx context.Context, timeout time.Duration) error
 	// memory is the resident memory the fleet's proxies hold (bytes).
 	memory() (int64, error)
+	// publishes is what the fleet's node address writer has written so far (none for
+	// kube-proxy, and for shardproxy without the published list).
+	publishes() publishCount
 	stop() error
 }
 
@@ -411,6 +441,15 @@ type shardproxyFleet struct {
 	baseRSS int64
 	// stopWriter stops the node address writer (OtherNodeAddresses published); nil: none.
 	stopWriter func() error
+	// written counts the writer's lists written and their bytes.
+	written, writtenBytes atomic.Int64
+}
+
+// publishCount is how many lists a node address writer wrote, and their bytes summed.
+type publishCount struct{ n, bytes int64 }
+
+func (f *shardproxyFleet) publishes() publishCount {
+	return publishCount{n: f.written.Load(), bytes: f.writtenBytes.Load()}
 }
 
 func startShardproxy(ctx context.Context, env Env, opts Options, counter *RequestCounter) (*shardproxyFleet, error) {
@@ -421,7 +460,11 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 	}
 	f := &shardproxyFleet{baseRSS: self.RSS}
 	if opts.ReserveOtherNodeAddresses && opts.OtherNodeAddresses == config.OtherNodeAddressesPublished {
-		if f.stopWriter, err = startNodeAddressWriter(ctx, env, counter); err != nil {
+		written := func(_, size int) {
+			f.written.Add(1)
+			f.writtenBytes.Add(int64(size))
+		}
+		if f.stopWriter, err = startNodeAddressWriter(ctx, env, counter, written); err != nil {
 			return nil, err
 		}
 	}
@@ -462,7 +505,7 @@ func startShardproxy(ctx context.Context, env Env, opts Options, counter *Reques
 
 // startNodeAddressWriter runs the node address writer, as its Deployment would (one
 // leader; its requests counted with the nodes'), and waits for its first list.
-func startNodeAddressWriter(ctx context.Context, env Env, counter *RequestCounter) (func() error, error) {
+func startNodeAddressWriter(ctx context.Context, env Env, counter *RequestCounter, written func(nodes, bytes int)) (func() error, error) {
 	client := env.NodeClient
 	if client == nil {
 		rc := rest.CopyConfig(env.NodeConfig())
@@ -479,7 +522,7 @@ func startNodeAddressWriter(ctx context.Context, env Env, counter *RequestCounte
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	w := &nodeaddrs.Writer{Client: client, Namespace: StatusNamespace, Logger: klog.Background().WithValues("writer", "fleet")}
+	w := &nodeaddrs.Writer{Client: client, Namespace: StatusNamespace, Logger: klog.Background().WithValues("writer", "fleet"), Written: written}
 	go func() { done <- nodeaddrs.RunElected(wctx, w, nodeaddrs.Election{Identity: "fleet"}) }()
 	stop := func() error {
 		cancel()
@@ -610,6 +653,8 @@ func (f *kubeProxyFleet) stop() error {
 }
 
 func (f *kubeProxyFleet) memory() (int64, error) { return f.pss() }
+
+func (f *kubeProxyFleet) publishes() publishCount { return publishCount{} }
 
 func readCounters(ctx context.Context, env Env, counter *RequestCounter) (ProcStat, APIServerCounters, Counts, error) {
 	var ps ProcStat
@@ -761,9 +806,9 @@ func parallel(ctx context.Context, n, workers int, do func(i int) error) error {
 // programming figures (kubemark's proxier discards every change).
 func Table(results []*Result) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%-15s %-6s %-9s %-7s %-6s %-8s %-9s %-8s %-9s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
-		"proxy", "nodes", "reserve", "ready", "hb/s", "apiCPU/m", "apiRSS", "apiPeak", "watchEv/s", "proxyReq/s", "etcdW/s", "mem/node",
-		"prog p50", "prog p99", "prog max", "top watch events; top proxy requests")
+	fmt.Fprintf(&b, "%-15s %-6s %-9s %-7s %-6s %-7s %-8s %-9s %-8s %-9s %-9s %-6s %-10s %-8s %-9s %-9s %-9s %-9s %s\n",
+		"proxy", "nodes", "reserve", "ready", "hb/s", "churn/s", "apiCPU/m", "apiRSS", "apiPeak", "watchEv/s", "watchKB/s", "pub/s", "proxyReq/s", "etcdW/s", "mem/node",
+		"prog p50", "prog p99", "prog max", "top watch events; top watch KB; top proxy requests")
 	for _, r := range results {
 		s := r.Steady
 		reserve, p50, p99, pmax := r.Reserve(), "n/a", "n/a", "n/a"
@@ -773,11 +818,12 @@ func Table(results []*Result) string {
 			p50, p99, pmax = r.ProgrammingP50.Round(time.Millisecond).String(), r.ProgrammingP99.Round(time.Millisecond).String(),
 				r.ProgrammingMax.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "%-15s %-6d %-9s %-7s %-6.1f %-8.2f %-9s %-8s %-9.1f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s\n",
-			r.Proxy, r.Nodes, reserve, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), r.APIServerCPUPerMinute,
-			fmt.Sprintf("%d MiB", r.APIServerRSS>>20), fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20), r.Server.WatchEvents.Total()/s.Seconds(),
+		fmt.Fprintf(&b, "%-15s %-6d %-9s %-7s %-6.1f %-7.2f %-8.2f %-9s %-8s %-9.1f %-9.1f %-6.2f %-10.2f %-8.1f %-9s %-9s %-9s %-9s %s; %s; %s\n",
+			r.Proxy, r.Nodes, reserve, r.Ready.Round(time.Second), float64(r.StatusWrites)/s.Seconds(), float64(r.ChurnChanges)/s.Seconds(),
+			r.APIServerCPUPerMinute, fmt.Sprintf("%d MiB", r.APIServerRSS>>20), fmt.Sprintf("%d MiB", r.APIServerPeakRSS>>20),
+			r.Server.WatchEvents.Total()/s.Seconds(), r.Server.WatchBytes.Total()/1024/s.Seconds(), float64(r.Publishes)/s.Seconds(),
 			r.ProxyRequests.Total()/s.Seconds(), r.Server.EtcdWrites.Total()/s.Seconds(), fmt.Sprintf("%.1f MiB", float64(r.ProxyMemory)/float64(max(1, r.Nodes))/(1<<20)),
-			p50, p99, pmax, r.Server.WatchEvents.Top(3, s), r.ProxyRequests.Top(3, s))
+			p50, p99, pmax, r.Server.WatchEvents.Top(3, s), r.Server.WatchBytes.Scale(1.0/1024).Top(2, s), r.ProxyRequests.Top(3, s))
 	}
 	return b.String()
 }

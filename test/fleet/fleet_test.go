@@ -46,6 +46,14 @@ apiserver_request_total{code="0",component="apiserver",dry_run="",group="",resou
 # TYPE apiserver_watch_events_total counter
 apiserver_watch_events_total{group="",resource="nodes",version="v1"} 1000
 apiserver_watch_events_total{group="discovery.k8s.io",resource="endpointslices",version="v1"} 20
+# TYPE apiserver_watch_events_sizes histogram
+apiserver_watch_events_sizes_bucket{group="",resource="configmaps",version="v1",le="1024"} 1
+apiserver_watch_events_sizes_bucket{group="",resource="configmaps",version="v1",le="+Inf"} 3
+apiserver_watch_events_sizes_sum{group="",resource="configmaps",version="v1"} 30000
+apiserver_watch_events_sizes_count{group="",resource="configmaps",version="v1"} 3
+apiserver_watch_events_sizes_bucket{group="",resource="nodes",version="v1",le="+Inf"} 1000
+apiserver_watch_events_sizes_sum{group="",resource="nodes",version="v1"} 500000
+apiserver_watch_events_sizes_count{group="",resource="nodes",version="v1"} 1000
 # TYPE apiserver_longrunning_requests gauge
 apiserver_longrunning_requests{component="apiserver",group="",resource="services",scope="cluster",subresource="",verb="WATCH",version="v1"} 300
 apiserver_longrunning_requests{component="apiserver",group="",resource="services",scope="namespace",subresource="",verb="WATCH",version="v1"} 2
@@ -65,6 +73,9 @@ etcd_requests_total{operation="create",type="/registry/services/specs"} 4
 	if got.WatchEvents["nodes"] != 1000 || got.WatchEvents.Total() != 1020 {
 		t.Errorf("watch events: %v", got.WatchEvents)
 	}
+	if got.WatchBytes["configmaps"] != 30000 || got.WatchBytes.Total() != 530000 {
+		t.Errorf("watch bytes: %v, want each resource's sum of event sizes", got.WatchBytes)
+	}
 	if got.Watches["services"] != 302 || got.Watches.Total() != 302 {
 		t.Errorf("open watches: %v, want 302 of Services (a log stream is no watch)", got.Watches)
 	}
@@ -77,6 +88,10 @@ etcd_requests_total{operation="create",type="/registry/services/specs"} 4
 	}
 	if top := d.WatchEvents.Top(1, 10*time.Second); top != "nodes 60.0/s" {
 		t.Errorf("top: %q", top)
+	}
+	d = got.Sub(APIServerCounters{WatchBytes: Counts{"nodes": 488000}})
+	if top := d.WatchBytes.Scale(1.0/1024).Top(2, time.Second); top != "configmaps 29.3/s, nodes 11.7/s" {
+		t.Errorf("top watch KB: %q", top)
 	}
 }
 
@@ -93,9 +108,11 @@ func TestTinyFleet(t *testing.T) {
 			if err := Prepare(ctx, client, 3, c, 2); err != nil {
 				t.Fatal(err)
 			}
+			// Node churn, one join or leave each 100 ms for 3 s: the writer (its
+			// debounce 1 s) publishes at least once in the window.
 			res, err := Measure(ctx, Env{Admin: client, NodeClient: client}, Options{
-				Nodes: 3, ReserveOtherNodeAddresses: true, OtherNodeAddresses: source, Steady: 300 * time.Millisecond, StatusPeriod: 100 * time.Millisecond,
-				Changes: 2, ReadyTimeout: 30 * time.Second, Logf: t.Logf}, len(c.Services))
+				Nodes: 3, ReserveOtherNodeAddresses: true, OtherNodeAddresses: source, Steady: 3 * time.Second, StatusPeriod: 100 * time.Millisecond,
+				Churn: 100 * time.Millisecond, Changes: 2, ReadyTimeout: 30 * time.Second, Logf: t.Logf}, len(c.Services))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,6 +121,16 @@ func TestTinyFleet(t *testing.T) {
 			}
 			if res.StatusWrites == 0 {
 				t.Errorf("no Node heartbeats written")
+			}
+			if res.ChurnChanges < 5 {
+				t.Errorf("%d Node joins and leaves in 3 s, want one each 100 ms", res.ChurnChanges)
+			}
+			if published := source == config.OtherNodeAddressesPublished; published != (res.Publishes > 0 && res.PublishedBytes > 0) {
+				t.Errorf("the writer's lists in the window: %d, %d bytes (published %v)", res.Publishes, res.PublishedBytes, published)
+			}
+			nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err != nil || len(nodes.Items) != 3 {
+				t.Errorf("Nodes after the churn: %d %v, want the fleet's 3 (churn's deleted)", len(nodes.Items), err)
 			}
 			for i := range 3 {
 				name := "shardproxy-node-" + NodeName(i)

@@ -39,6 +39,15 @@ func (c Counts) Total() float64 {
 	return t
 }
 
+// Scale returns c with every value multiplied by k (bytes to KB: 1.0/1024).
+func (c Counts) Scale(k float64) Counts {
+	out := Counts{}
+	for key, v := range c {
+		out[key] = v * k
+	}
+	return out
+}
+
 // Top formats the n largest keys as rates over d: "watch services 12.3/s, ...".
 func (c Counts) Top(n int, d time.Duration) string {
 	keys := slices.Collect(maps.Keys(c))
@@ -67,6 +76,10 @@ type APIServerCounters struct {
 	Requests Counts
 	// WatchEvents sent to watchers by resource (apiserver_watch_events_total).
 	WatchEvents Counts
+	// WatchBytes sent to watchers by resource: the sum of apiserver_watch_events_sizes,
+	// which observes each event's encoded bytes as written to each watcher's stream (one
+	// event to N watchers counts N times).
+	WatchBytes Counts
 	// EtcdWrites by "operation type" (etcd_requests_total, create/update/delete only).
 	EtcdWrites Counts
 	// Watches are the watches open now by resource (apiserver_longrunning_requests, a
@@ -77,7 +90,7 @@ type APIServerCounters struct {
 // Sub returns a - before.
 func (a APIServerCounters) Sub(before APIServerCounters) APIServerCounters {
 	return APIServerCounters{Requests: a.Requests.Sub(before.Requests), WatchEvents: a.WatchEvents.Sub(before.WatchEvents),
-		EtcdWrites: a.EtcdWrites.Sub(before.EtcdWrites), Watches: a.Watches}
+		WatchBytes: a.WatchBytes.Sub(before.WatchBytes), EtcdWrites: a.EtcdWrites.Sub(before.EtcdWrites), Watches: a.Watches}
 }
 
 // etcdWriteOperations are etcd_requests_total's operations that write to etcd.
@@ -90,7 +103,7 @@ func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
 	if err != nil {
 		return APIServerCounters{}, fmt.Errorf("parsing kube-apiserver metrics: %w", err)
 	}
-	out := APIServerCounters{Requests: Counts{}, WatchEvents: Counts{}, EtcdWrites: Counts{}, Watches: Counts{}}
+	out := APIServerCounters{Requests: Counts{}, WatchEvents: Counts{}, WatchBytes: Counts{}, EtcdWrites: Counts{}, Watches: Counts{}}
 	for name, fam := range families {
 		for _, m := range fam.GetMetric() {
 			labels := map[string]string{}
@@ -107,6 +120,8 @@ func ParseAPIServerMetrics(r io.Reader) (APIServerCounters, error) {
 					res = labels["kind"] // before 1.32
 				}
 				out.WatchEvents[res] += v
+			case "apiserver_watch_events_sizes":
+				out.WatchBytes[labels["resource"]] += m.GetHistogram().GetSampleSum()
 			case "apiserver_longrunning_requests":
 				if labels["verb"] == "WATCH" {
 					out.Watches[labels["resource"]] += m.GetGauge().GetValue()

@@ -36,6 +36,7 @@ type options struct {
 	steady       time.Duration
 	statusPeriod time.Duration
 	changes      int
+	churn        time.Duration
 	reserve      string
 	proxies      []fleet.Proxy
 	migrate      int
@@ -57,6 +58,7 @@ func run() int {
 	fs.DurationVar(&o.steady, "steady", time.Minute, "steady-state window per run")
 	fs.DurationVar(&o.statusPeriod, "status-period", 30*time.Second, "each Node's status heartbeat period (kubelet: 5m, compressed)")
 	fs.IntVar(&o.changes, "changes", 5, "Service changes timed until every node has them")
+	fs.DurationVar(&o.churn, "churn", 0, "during the steady window, one Node change per this interval: a Node (no proxy behind it) joins with an InternalIP, leaves at the next change, and so on (an autoscaler's churn); 0: none")
 	fs.StringVar(&o.reserve, "reserve", "on,off", "reserveOtherNodeAddresses settings to run (shardproxy): on (a watch of every Node), off, published (on, from the list one node address writer in this process publishes, as its Deployment would)")
 	fs.IntVar(&o.migrate, "migrate", 100, "shardproxy: Services moved (migrate move) to a second instance (team-a) across every node after the steady window, rolled back, and moved again with one node stopped; 0: no migrate step (and no second instance)")
 	fs.DurationVar(&o.migrateTO, "migrate-timeout", 2*time.Minute, "the move's and rollback's --timeout (every node's confirmation of a batch)")
@@ -177,7 +179,7 @@ func measure(ctx context.Context, o options) error {
 			for _, r := range reserves {
 				res, err := fleet.Measure(ctx, env, fleet.Options{
 					Proxy: p, Nodes: n, ReserveOtherNodeAddresses: r == "on" || r == "published", OtherNodeAddresses: otherNodeAddresses(r), Settle: o.settle, Steady: o.steady, StatusPeriod: o.statusPeriod,
-					Changes: o.changes, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
+					Changes: o.changes, Churn: o.churn, QPS: 5, Burst: 10, ReadyTimeout: 5 * time.Minute, Logf: logf,
 					Migrate: o.migrate, MigrateTimeout: o.migrateTO, BlockTimeout: o.blockTO, MoverQPS: float32(o.moverQPS), MoverBurst: o.moverBurst,
 					MigrateIdle: o.migrateIdle,
 				}, o.services)
@@ -196,8 +198,12 @@ func measure(ctx context.Context, o options) error {
 			}
 		}
 	}
-	fmt.Printf("%d Services × %d endpoints (bench mix); each Node heartbeat every %v; steady window %v; %d Service creations timed\n",
-		o.services, o.endpoints, o.statusPeriod, o.steady, o.changes)
+	churn := "no Node churn"
+	if o.churn > 0 {
+		churn = fmt.Sprintf("a Node joins or leaves every %v", o.churn)
+	}
+	fmt.Printf("%d Services × %d endpoints (bench mix); each Node heartbeat every %v; %s; steady window %v; %d Service creations timed\n",
+		o.services, o.endpoints, o.statusPeriod, churn, o.steady, o.changes)
 	fmt.Print(fleet.Table(results))
 	fmt.Print(fleet.Fit(results))
 	if o.migrate > 0 && slices.Contains(o.proxies, fleet.Shardproxy) {
