@@ -109,6 +109,8 @@ type Supervisor struct {
 	health  *healthcheck.ProxyHealth
 	svcHC   *healthcheck.ServiceHealth
 	watches *Watches
+	// events is deps.Recorder when it is the API's own (not a test's), else nil.
+	events *eventRecorder
 	// tableConfigs maps the configuration to the instances' tables.
 	tableConfigs tableConfigs
 	// dispatcher is set in Run before any instance starts.
@@ -226,6 +228,9 @@ func New(cfg *config.Config, deps Deps) (*Supervisor, error) {
 		nodeChanged: make(chan struct{}),
 		otherNodes:  make(chan struct{}, 1),
 	}
+	if r, ok := deps.Recorder.(*eventRecorder); ok {
+		s.events = r // the API's: Run gives it the Services' UIDs and stops it
+	}
 	s.metrics.SetBuildInfo(deps.Version)
 	s.tableConfigs = tableConfigs{cfg: cfg, interfaceAddrs: deps.InterfaceAddrs, logger: s.logger}
 	s.changes = newChangeCounter(s.metrics)
@@ -334,6 +339,9 @@ func (s *Supervisor) running() (map[string]*instance.Proxy, map[string]config.In
 func (s *Supervisor) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if s.events != nil {
+		defer s.events.shutdown()
+	}
 	s.setConntrackSysctls()
 	w, d, cidrDrop, err := s.wire(ctx)
 	if err != nil {
@@ -385,6 +393,9 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 	}
 	s.watches = w
 	s.slicesOf = w.SlicesOf
+	if s.events != nil {
+		s.events.setServiceUIDs(w.ServiceUID)
+	}
 	if *s.cfg.ReserveOtherNodeAddresses && !s.cfg.WatchesOtherNodes() {
 		s.logger.Info("Not watching the other Nodes' addresses: no instance serves externalIPs or load-balancer IPs (tenant ranges)")
 	}

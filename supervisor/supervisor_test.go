@@ -244,6 +244,9 @@ type fixtureOptions struct {
 	// fullSync sets Deps.FullSync; objects are in the API before the supervisor starts.
 	fullSync func() func()
 	objects  []runtime.Object
+	// apiEvents records events through the API (the supervisor's own recorder) instead
+	// of fixture.rec.
+	apiEvents bool
 	// reactors are put before the clientset's own, before the supervisor starts (the
 	// fake's reactor chain may not change while it is used).
 	reactors []k8stesting.Reactor
@@ -314,8 +317,12 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	if opts.legacyRules == nil {
 		opts.legacyRules = func(context.Context) (map[string]legacy.ServiceRules, error) { return nil, nil }
 	}
+	var recorder Recorder = f.rec
+	if opts.apiEvents {
+		recorder = nil // New's default: the API's
+	}
 	f.sup, err = New(cfg, Deps{
-		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: f.rec,
+		Client: f.client, NFT: f.tables.open, Conntrack: f.ct, Recorder: recorder,
 		Sysctl:               func(string, string) error { return nil },
 		ConntrackHashsize:    func(int) error { return nil },
 		ListTables:           f.tables.list,

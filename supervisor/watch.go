@@ -419,6 +419,18 @@ func (w *Watches) Scoped() bool { return scopedBy(w.Scope()) }
 // scopedBy tells whether a scope (watchScope's) selects only some Services.
 func scopedBy(scope []string) bool { return !(len(scope) == 1 && scope[0] == "") }
 
+// ServiceUID returns the UID of the Service name as a watch holds it, "" when none does.
+func (w *Watches) ServiceUID(name types.NamespacedName) types.UID {
+	for _, sw := range w.watches() {
+		if o, ok, _ := sw.services.GetStore().GetByKey(name.String()); ok {
+			if svc, ok := o.(*corev1.Service); ok {
+				return svc.UID
+			}
+		}
+	}
+	return ""
+}
+
 // HeldServices lists the Services the node's watches hold, each once, in the newest
 // version a watch holds (two watches may both hold one). Read-only: the informers' own.
 func (w *Watches) HeldServices() []*corev1.Service {
