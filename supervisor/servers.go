@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
 // Event reasons of the node-wide servers, on this Node (as upstream kube-proxy records
@@ -47,7 +48,7 @@ func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason str
 			if failures > 0 {
 				logger.Info("Listening now", "attempts", failures+1)
 			}
-			return ServeListener(ctx, l, h)
+			return healthcheck.Serve(ctx, l, h)
 		}
 		msg := fmt.Sprintf("listening on %s: %v (retrying)", addr, err)
 		s.health.SetListenError(server, msg)
@@ -66,22 +67,6 @@ func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason str
 		case <-time.After(backoff.Step()):
 		}
 	}
-}
-
-// ServeListener serves h on l until ctx is done, then shuts down gracefully (5 s for
-// requests in flight). It returns nil once shut down, else why serving stopped.
-func ServeListener(ctx context.Context, l net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
-	}()
-	if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }
 
 // reportUnboundHealthChecks puts the health-check node ports that are not bound into

@@ -1,7 +1,11 @@
 package healthcheck
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"time"
@@ -12,6 +16,30 @@ import (
 // readHeaderTimeout bounds how long a client may take to send its request headers, so a
 // slow or stuck prober cannot pin connections on a node-wide port.
 const readHeaderTimeout = 10 * time.Second
+
+// Serve serves h on l until ctx is done, then shuts down gracefully, giving requests in
+// flight shutdownTimeout, and returns once they are answered (or cut). It returns nil
+// after a clean shutdown, else why serving or shutting down failed.
+func Serve(ctx context.Context, l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serving on %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	if err != nil {
+		err = errors.Join(fmt.Errorf("shutting down the server on %s: %w", l.Addr(), err), srv.Close())
+	}
+	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("serving on %s: %w", l.Addr(), serveErr))
+	}
+	return err
+}
 
 // writeJSON writes v as the JSON body of a response with the given status, with the headers
 // upstream sets on every health response.

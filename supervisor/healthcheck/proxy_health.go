@@ -2,7 +2,6 @@ package healthcheck
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -690,29 +689,11 @@ func (h *ProxyHealth) Serve(ctx context.Context, addr string) error {
 // takes ownership of l. Tests use it to serve on an ephemeral port they can address.
 func (h *ProxyHealth) ServeListener(ctx context.Context, l net.Listener) error {
 	logger := klog.FromContext(ctx).WithValues("address", l.Addr().String())
-	srv := &http.Server{
-		Handler:           h.Handler(),
-		ReadHeaderTimeout: readHeaderTimeout,
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
 	logger.V(2).Info("Serving proxy health")
-
-	select {
-	case err := <-served:
-		return fmt.Errorf("serving proxy health on %s: %w", l.Addr(), err)
-	case <-ctx.Done():
-	}
-
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(shutdownCtx)
-	if err != nil {
-		err = errors.Join(fmt.Errorf("shutting down proxy health on %s: %w", l.Addr(), err), srv.Close())
-	}
-	if serveErr := <-served; !errors.Is(serveErr, http.ErrServerClosed) {
-		err = errors.Join(err, fmt.Errorf("serving proxy health on %s: %w", l.Addr(), serveErr))
-	}
+	err := Serve(ctx, l, h.Handler())
 	logger.V(2).Info("Stopped serving proxy health")
-	return err
+	if err != nil {
+		return fmt.Errorf("proxy health: %w", err)
+	}
+	return nil
 }

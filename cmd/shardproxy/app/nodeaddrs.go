@@ -15,8 +15,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/shardproxy/shardproxy/metrics"
-	"github.com/shardproxy/shardproxy/supervisor"
 	"github.com/shardproxy/shardproxy/supervisor/config"
+	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 	"github.com/shardproxy/shardproxy/supervisor/nodeaddrs"
 )
 
@@ -134,7 +134,7 @@ func serveNodeAddresses(ctx context.Context, l net.Listener, w *nodeaddrs.Writer
 		fmt.Fprintln(rw, "ok")
 	})
 	mux.Handle("/metrics", m.Handler())
-	if err := supervisor.ServeListener(ctx, l, mux); err != nil {
+	if err := healthcheck.Serve(ctx, l, mux); err != nil {
 		return fmt.Errorf("serving /healthz and /metrics on %s: %w", l.Addr(), err)
 	}
 	return nil
