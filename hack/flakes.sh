@@ -47,7 +47,7 @@ run() {
 }
 
 run unit "${count}" 60m 2 ${unit}
-run real-kernel "${count}" 90m 2 ${kernel}
+run real-kernel "${count}" 90m 2 -skip "${kernel_skip}" ${kernel}
 run e2e "${e2e_count}" 30m 1 separate ${e2e}
 
 echo

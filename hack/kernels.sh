@@ -266,15 +266,18 @@ tests_cpio() {
 	(cd "${root}" && git ls-files -z -- '*testdata/*' | cpio --quiet -0 -pdm "${t}/repo") || return 1
 	# tests.txt: DIR RUN [SKIP] a line; KERNEL_PACKAGES picks some of its packages,
 	# KERNEL_RUN replaces every RUN (and drops SKIP).
-	# With KERNEL_SET=ci (make test's kernel-6.1 layer), a "ci DIR RUN" line replaces
-	# DIR's RUN, and "ci DIR none" leaves DIR out. A "lane DIR" line runs DIR's binary
-	# in a lane of its own, beside the lane that runs the others one after another
-	# (KERNEL_LANES=1: every binary in one lane).
+	# With KERNEL_SET=ci (make test's kernel-6.1 layer), a "ci DIR RUN [SKIP]" line
+	# replaces DIR's RUN and SKIP, and "ci DIR none" leaves DIR out. A "lane DIR" line
+	# runs DIR's binary in a lane of its own, beside the lane that runs the others one
+	# after another (KERNEL_LANES=1: every binary in one lane).
 	local word dir run skip name ip flags lane
 	local base="-test.count=1 -test.timeout=${test_timeout}"
-	declare -A ci_run=() own_lane=()
-	while read -r word dir run; do
-		[[ "${word}" == ci ]] && ci_run[${dir}]="${run}"
+	declare -A ci_run=() ci_skip=() own_lane=()
+	while read -r word dir run skip; do
+		if [[ "${word}" == ci ]]; then
+			ci_run[${dir}]="${run}"
+			ci_skip[${dir}]="${skip}"
+		fi
 		[[ "${word}" == lane && "${KERNEL_LANES:-}" != 1 ]] && own_lane[${dir}]=$((${#own_lane[@]} + 1))
 	done <"${root}/hack/kernels/tests.txt"
 	: >"${t}/repo/MANIFEST"
@@ -283,6 +286,7 @@ tests_cpio() {
 		if [[ "${KERNEL_SET:-}" == ci && -n "${ci_run[${dir}]:-}" ]]; then
 			[[ "${ci_run[${dir}]}" == none ]] && continue
 			run="${ci_run[${dir}]}"
+			skip="${ci_skip[${dir}]}"
 		fi
 		if [[ -n "${KERNEL_PACKAGES:-}" && ",${KERNEL_PACKAGES}," != *",${dir},"* ]]; then
 			continue

@@ -273,3 +273,38 @@ func prefixed(t *testing.T, prefix string) []string {
 	}
 	return names
 }
+
+// TestSCTPWithoutProxy checks the SCTP helpers on the bare topology: an association
+// reaches a pod directly in both families and the server sees the client's own address,
+// a port nobody listens on is refused (the peer's ABORT), and a held association reports
+// the client's own port. It needs a kernel with SCTP (netns.RequireSCTP).
+func TestSCTPWithoutProxy(t *testing.T) {
+	netns.RequireSCTP(t)
+	tp := netns.New(t)
+	tp.StartServer(tp.Pod1, "pod1", "sctp", serverPort)
+	for _, tc := range []struct{ name, addr, wantSource string }{
+		{"IPv4", netns.Pod1IPv4, netns.ClientIPv4},
+		{"IPv6", netns.Pod1IPv6, netns.ClientIPv6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tp.Dial(tp.Client, "sctp", tc.addr, serverPort)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (netns.Reply{Server: "pod1", Source: tc.wantSource}); got != want {
+				t.Errorf("reply = %+v, want %+v", got, want)
+			}
+			if _, err := tp.Dial(tp.Client, "sctp", tc.addr, closedPort); !netns.IsRefused(err) {
+				t.Errorf("closed port: want refused, got %v", err)
+			}
+			a, err := tp.OpenSCTP(tp.Client, tc.addr, serverPort, netns.DialOptions{SourcePort: 41000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			if a.Local.Port() != 41000 || a.Reply.Server != "pod1" {
+				t.Errorf("held association: local %s, reply %+v; want port 41000, pod1", a.Local, a.Reply)
+			}
+		})
+	}
+}

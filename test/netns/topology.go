@@ -1,5 +1,5 @@
 // Package netns builds throwaway topologies of Linux network namespaces for real-kernel
-// tests of the service proxy, and sends real TCP and UDP traffic through them.
+// tests of the service proxy, and sends real TCP, UDP and SCTP traffic through them.
 //
 // The standard topology, dual-stack throughout:
 //

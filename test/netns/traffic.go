@@ -30,9 +30,10 @@ type Reply struct {
 }
 
 // StartServer starts an identity server in namespace ns listening on every address, IPv4
-// and IPv6, on port; proto is "tcp" or "udp". For each TCP connection and each UDP
-// datagram it replies "<name> <source-ip-it-saw>\n". It stops on test cleanup. Call it
-// from the test goroutine: it fails the test if it cannot listen.
+// and IPv6, on port; proto is "tcp", "udp" or "sctp". For each TCP connection, UDP
+// datagram and SCTP association it replies "<name> <source-ip-it-saw>\n". It stops on
+// test cleanup. Call it from the test goroutine: it fails the test if it cannot listen
+// (for SCTP, also where the kernel has none: check SCTPAvailable first).
 func (tp *Topology) StartServer(ns, name, proto string, port int) {
 	tp.t.Helper()
 	tp.StartServerAt(ns, name, proto, "", port)
@@ -80,6 +81,7 @@ type server struct {
 	logf    func(format string, args ...any)
 	tcp     []net.Listener
 	udp     []datagramConn
+	sctp    sctpServer
 	closers []io.Closer
 	wg      sync.WaitGroup
 }
@@ -122,8 +124,20 @@ func (s *server) listen(proto, addr string, port int) error {
 			}
 			return s.listenUDP("udp6", addr, port)
 		}
+	case "sctp":
+		switch addr {
+		case "", "::":
+			// Two single-family sockets, as for UDP: an IPv6 SCTP socket that also took
+			// IPv4 would list the namespace's IPv4 addresses in its associations.
+			if err := s.listenSCTP("0.0.0.0", port); err != nil {
+				return err
+			}
+			return s.listenSCTP("::", port)
+		default:
+			return s.listenSCTP(addr, port)
+		}
 	default:
-		return fmt.Errorf("unsupported protocol %q (want tcp or udp)", proto)
+		return fmt.Errorf("unsupported protocol %q (want tcp, udp or sctp)", proto)
 	}
 }
 
@@ -180,6 +194,9 @@ func (s *server) serve() {
 	for _, c := range s.udp {
 		s.wg.Go(func() { s.serveUDP(c) })
 	}
+	for _, l := range s.sctp.listeners {
+		s.wg.Go(func() { s.serveSCTP(l) })
+	}
 }
 
 func (s *server) serveTCP(l net.Listener) {
@@ -235,6 +252,7 @@ func (s *server) stop() {
 	for _, c := range s.closers {
 		_ = c.Close()
 	}
+	s.sctp.stop()
 	s.wg.Wait()
 }
 
@@ -246,8 +264,8 @@ type DialOptions struct {
 	Timeout time.Duration
 }
 
-// Dial sends one request from namespace ns to addr:port over proto ("tcp" or "udp") and
-// returns the reply. A refused connection returns an error for which IsRefused is true, a
+// Dial sends one request from namespace ns to addr:port over proto ("tcp", "udp" or
+// "sctp": one association, closed after the reply) and returns the reply. A refused connection returns an error for which IsRefused is true, a
 // timeout (after DefaultDialTimeout) one for which IsTimeout is true.
 func (tp *Topology) Dial(ns, proto, addr string, port int) (Reply, error) {
 	return tp.DialWith(ns, proto, addr, port, DialOptions{})
@@ -272,6 +290,14 @@ func (tp *Topology) DialWith(ns, proto, addr string, port int, opts DialOptions)
 		return Reply{}, fmt.Errorf("%s from %s to %s: %w", proto, ns, target, err)
 	}
 
+	if proto == "sctp" {
+		a, err := openSCTP(tp, ns, addr, port, opts.SourcePort, deadline)
+		if err != nil {
+			return fail(err)
+		}
+		_ = a.Close()
+		return a.Reply, nil
+	}
 	d := net.Dialer{Deadline: deadline}
 	if opts.SourcePort != 0 {
 		d.Control = reuseAddr
@@ -335,8 +361,8 @@ func reuseAddr(_, _ string, c syscall.RawConn) error {
 	return sockErr
 }
 
-// IsRefused reports whether err is a refused connection: a TCP reset, or an ICMP port
-// unreachable (as nftables' plain "reject" sends) for TCP or UDP.
+// IsRefused reports whether err is a refused connection: a TCP reset, an SCTP ABORT, or
+// an ICMP port unreachable (as nftables' plain "reject" sends).
 func IsRefused(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED)
 }
