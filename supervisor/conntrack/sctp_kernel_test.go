@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"strconv"
@@ -22,6 +23,10 @@ type sctpFlow struct {
 	clientPort string
 	endpoint   netip.Addr
 	state      string
+}
+
+func (f sctpFlow) String() string {
+	return fmt.Sprintf("%s from client port %s to %s", f.state, f.clientPort, f.endpoint)
 }
 
 // listSCTPFlows returns the SCTP entries of a family in namespace ns.
@@ -155,7 +160,7 @@ func kernelCleanupOfRealSCTPFlows(t *testing.T, fam tables.Family) {
 		for _, assoc := range as {
 			f, ok := flows[portOf(assoc)]
 			if !ok || f.endpoint != want || f.state != "ESTABLISHED" {
-				t.Fatalf("association from port %s to %s: conntrack entry %+v (found %v), want ESTABLISHED from %s; all: %+v",
+				t.Fatalf("association from port %s to %s: conntrack entry %v (found %v), want ESTABLISHED from %s; all: %v",
 					portOf(assoc), server, f, ok, want, flows)
 			}
 		}
@@ -183,12 +188,12 @@ func kernelCleanupOfRealSCTPFlows(t *testing.T, fam tables.Family) {
 	left := byPort(listSCTPFlows(t, tp.Node, fam))
 	for _, assoc := range held["pod1"] {
 		if f, ok := left[portOf(assoc)]; ok {
-			t.Errorf("the flow of the association from port %s to the removed pod1 is still there: %+v", portOf(assoc), f)
+			t.Errorf("the flow of the association from port %s to the removed pod1 is still there: %v", portOf(assoc), f)
 		}
 	}
 	for _, assoc := range held["remote"] {
 		if f, ok := left[portOf(assoc)]; !ok || f.endpoint != remote.IP {
-			t.Errorf("the flow of the association from port %s to remote, still serving, is gone (%+v, %v)", portOf(assoc), f, ok)
+			t.Errorf("the flow of the association from port %s to remote, still serving, is gone (%v, %v)", portOf(assoc), f, ok)
 		}
 	}
 	for i := 0; i < 4; i++ {
