@@ -190,12 +190,13 @@ bench-compare: deps
 # (--morph=proxy, one process each, built from the Go module into the cache) beside them,
 # against one local kube-apiserver and etcd holding FLEET_SERVICES of the bench's mix,
 # while the driver writes every Node's status each FLEET_STATUS_PERIOD; prints the
-# apiserver's CPU per minute and memory, watch events, the proxies' requests, etcd
-# writes, the proxies' memory and shardproxy's fleet-wide programming latency, and the
+# apiserver's CPU per minute and memory, watch events and the bytes written to watchers,
+# the proxies' requests, etcd writes, the proxies' memory and shardproxy's fleet-wide programming latency, and the
 # growth of each per node for both, extrapolated to 5,000 nodes (docs/fleet.md). Each
 # shardproxy fleet then runs `migrate move` of 100 Services to a second instance on every
 # node, its rollback, and a move one stopped node must block by name (-migrate 0: none).
-# Not part of `make test`. FLEET_PROXIES picks the proxies; FLEET_FLAGS adds flags
+# -churn 1s in FLEET_FLAGS makes one Node join or leave a second during the steady
+# window (docs/fleet.md#churn-nodes-joining-and-leaving). Not part of `make test`. FLEET_PROXIES picks the proxies; FLEET_FLAGS adds flags
 # (-h lists them).
 FLEET_NODES         ?= 50,100,200
 FLEET_SERVICES      ?= 1000
