@@ -647,21 +647,62 @@ func (n silentNode) String() string {
 	return fmt.Sprintf("%s: no status for %v, Node %s", n.name, n.since.Round(time.Second), n.state)
 }
 
-// silentNodes returns the nodes whose status names an instance for proxyName but is
-// stale at serverNow, with their Node's readiness.
-func (m *Mover) silentNodes(ctx context.Context, statuses []publishedStatus, proxyName string, serverNow time.Time) ([]silentNode, error) {
-	var out []silentNode
+// nodeGetsAtMost is how many Nodes silentNodes reads one GET each; for more stale
+// statuses it lists the Nodes once. A batch held up by a few stopped supervisors then
+// polls a few small GETs rather than every Node of the cluster, and a cluster at rest
+// (statuses are written only on change, so most are stale after StaleAfter) costs one
+// request rather than one per node (~N/50 s at the CLI's QPS).
+const nodeGetsAtMost = 10
+
+// staleStatuses returns the statuses that name an instance for proxyName but are stale
+// at serverNow.
+func (m *Mover) staleStatuses(statuses []publishedStatus, proxyName string, serverNow time.Time) []publishedStatus {
+	var stale []publishedStatus
 	for _, st := range statuses {
-		if _, ok := st.ServesProxyName(proxyName); !ok || m.live(st, serverNow) {
-			continue
+		if _, ok := st.ServesProxyName(proxyName); ok && !m.live(st, serverNow) {
+			stale = append(stale, st)
 		}
-		sn := silentNode{name: st.Node, since: serverNow.Sub(st.written), state: "gone", status: st.NodeStatus}
+	}
+	return stale
+}
+
+// silentNodes returns the nodes whose status names an instance for proxyName but is
+// stale at serverNow, with their Node's readiness: one GET per Node for up to
+// nodeGetsAtMost of them, else one list of the Nodes.
+func (m *Mover) silentNodes(ctx context.Context, statuses []publishedStatus, proxyName string, serverNow time.Time) ([]silentNode, error) {
+	stale := m.staleStatuses(statuses, proxyName, serverNow)
+	if len(stale) > nodeGetsAtMost {
+		nodes, err := m.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("listing the Nodes, %d of whose shardproxy statuses are stale: %w", len(stale), err)
+		}
+		return m.silent(stale, nodes.Items, serverNow), nil
+	}
+	var nodes []corev1.Node
+	for _, st := range stale {
 		node, err := m.Client.CoreV1().Nodes().Get(ctx, st.Node, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			return nil, fmt.Errorf("reading Node %s, whose shardproxy status is stale: %w", st.Node, err)
 		default:
+			nodes = append(nodes, *node)
+		}
+	}
+	return m.silent(stale, nodes, serverNow), nil
+}
+
+// silent returns the silent nodes of the stale statuses, each with the readiness of its
+// Node among nodes: "gone" when it has none there.
+func (m *Mover) silent(stale []publishedStatus, nodes []corev1.Node, serverNow time.Time) []silentNode {
+	byName := make(map[string]*corev1.Node, len(nodes))
+	for i := range nodes {
+		byName[nodes[i].Name] = &nodes[i]
+	}
+	out := make([]silentNode, 0, len(stale))
+	for _, st := range stale {
+		sn := silentNode{name: st.Node, since: serverNow.Sub(st.written), state: "gone", status: st.NodeStatus}
+		if node, ok := byName[st.Node]; ok {
 			sn.state = "NotReady"
 			if nodeReady(node) {
 				sn.state = "Ready"
@@ -673,7 +714,7 @@ func (m *Mover) silentNodes(ctx context.Context, statuses []publishedStatus, pro
 		out = append(out, sn)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
-	return out, nil
+	return out
 }
 
 // anyBlocking tells whether a silent node holds up a batch (an error reading Nodes counts
@@ -701,19 +742,21 @@ func (m *Mover) reportNodes(ctx context.Context, proxyName string) error {
 	if err != nil {
 		return err
 	}
-	silent, err := m.silentNodes(ctx, statuses, proxyName, serverNow)
-	if err != nil {
-		return err
+	// One list answers both questions: which silent nodes are Ready, and which Nodes
+	// never published a status.
+	nodes, listErr := m.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	stale := m.staleStatuses(statuses, proxyName, serverNow)
+	if listErr != nil && len(stale) > 0 {
+		return fmt.Errorf("listing the Nodes, %d of whose shardproxy statuses are stale: %w", len(stale), listErr)
 	}
-	for _, sn := range silent {
+	if listErr != nil {
+		fmt.Fprintf(m.Out, "warning: cannot list Nodes to name those without a shardproxy status: %v\n", listErr)
+		return nil
+	}
+	for _, sn := range m.silent(stale, nodes.Items, serverNow) {
 		if !sn.blocks() {
 			fmt.Fprintf(m.Out, "not waiting for %s\n", sn)
 		}
-	}
-	nodes, err := m.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		fmt.Fprintf(m.Out, "warning: cannot list Nodes to name those without a shardproxy status: %v\n", err)
-		return nil
 	}
 	published := map[string]bool{}
 	for _, st := range statuses {

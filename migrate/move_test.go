@@ -605,14 +605,18 @@ func TestAPIServerClock(t *testing.T) {
 	}
 }
 
-// writeStaleStatus stores a status for node, running an instance for proxy name team-a,
-// that the API server last wrote ago. (The fake clientset stamps managedFields itself, so
-// the lists its readers make are rewritten.)
-func writeStaleStatus(t *testing.T, c *cluster, node string, ago time.Duration) {
+// writeStaleStatus stores a status for each of nodes, running an instance for proxy
+// name team-a, that the API server last wrote ago. (The fake clientset stamps
+// managedFields itself, so the lists its readers make are rewritten.)
+func writeStaleStatus(t *testing.T, c *cluster, ago time.Duration, nodes ...string) {
 	t.Helper()
 	st := NodeStatus{Instances: map[string]InstanceStatus{"team-a": {ProxyNames: []string{"team-a"}}}}
-	if err := (&Publisher{Client: c.client, Namespace: statusNS, Node: node}).write(context.Background(), st); err != nil {
-		t.Fatal(err)
+	stale := map[string]bool{}
+	for _, node := range nodes {
+		if err := (&Publisher{Client: c.client, Namespace: statusNS, Node: node}).write(context.Background(), st); err != nil {
+			t.Fatal(err)
+		}
+		stale[ConfigMapName(node)] = true
 	}
 	c.client.PrependReactor("list", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		obj, err := c.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("configmaps"),
@@ -622,7 +626,7 @@ func writeStaleStatus(t *testing.T, c *cluster, node string, ago time.Duration) 
 		}
 		list := obj.(*corev1.ConfigMapList).DeepCopy()
 		for i := range list.Items {
-			if list.Items[i].Name == ConfigMapName(node) {
+			if stale[list.Items[i].Name] {
 				for j := range list.Items[i].ManagedFields {
 					list.Items[i].ManagedFields[j].Time = &metav1.Time{Time: time.Now().Add(-ago)}
 				}
@@ -672,7 +676,7 @@ func TestMoveWithSilentNodes(t *testing.T) {
 				}
 			}
 			if tc.stale {
-				writeStaleStatus(t, c, "node-2", 10*time.Minute)
+				writeStaleStatus(t, c, 10*time.Minute, "node-2")
 			}
 			startNode(t, c, &node{name: "node-1"})
 			waitStatus(t, c, map[bool]int{true: 2, false: 1}[tc.stale])
@@ -697,6 +701,91 @@ func TestMoveWithSilentNodes(t *testing.T) {
 			}
 			if !strings.Contains(out.String(), tc.wantOut) {
 				t.Errorf("output does not name the node (%q):\n%s", tc.wantOut, out.String())
+			}
+		})
+	}
+}
+
+// TestMoveReadsSilentNodesTogether: the Nodes of stale statuses (a cluster at rest:
+// statuses are written only on change) are read in one list before the first batch,
+// whatever their number, and in at most nodeGetsAtMost GETs, else one list, each time a
+// batch's wait reads the statuses: the mover's requests do not grow with the number of
+// silent nodes. The silent nodes here are NotReady or gone, so none holds up the move.
+func TestMoveReadsSilentNodesTogether(t *testing.T) {
+	for _, silent := range []int{1, nodeGetsAtMost, nodeGetsAtMost + 2, 4 * nodeGetsAtMost} {
+		t.Run(fmt.Sprintf("%d silent nodes", silent), func(t *testing.T) {
+			c := newCluster(t, svc("shop", "cart", ""))
+			ctx := context.Background()
+			if _, err := c.client.CoreV1().Nodes().Create(ctx, nodeObject("node-1", corev1.ConditionTrue), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for i := range silent {
+				name := fmt.Sprintf("silent-%02d", i)
+				names = append(names, name)
+				if i%2 == 1 {
+					continue // gone: no Node
+				}
+				if _, err := c.client.CoreV1().Nodes().Create(ctx, nodeObject(name, corev1.ConditionFalse), metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writeStaleStatus(t, c, 10*time.Minute, names...)
+			// The mover's requests in order, from the move on: its Node requests, its
+			// status lists (each a read of the statuses) and its Service patches.
+			// node-1 lists no ConfigMap and reads no Node. (Reactors are added before
+			// node-1 starts: the fake's reactor chain is not safe to change while in use.)
+			var mu sync.Mutex
+			var counting bool
+			var requests []string
+			c.client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				r := a.GetVerb() + " " + a.GetResource().Resource
+				mu.Lock()
+				defer mu.Unlock()
+				if counting && (a.GetResource().Resource == "nodes" || r == "list configmaps" || r == "patch services") {
+					requests = append(requests, r)
+				}
+				return false, nil, nil
+			})
+			startNode(t, c, &node{name: "node-1"})
+			waitStatus(t, c, 1+silent)
+			mu.Lock()
+			counting = true
+			mu.Unlock()
+			var out bytes.Buffer
+			m := &Mover{Client: c.client, StatusNamespace: statusNS, Out: &out, Poll: 5 * time.Millisecond, Timeout: 5 * time.Second}
+			if rep, err := m.Move(ctx, Selection{Namespace: "shop"}, "team-a"); err != nil || rep.Moved != 1 {
+				t.Fatalf("move: %+v %v\n%s", rep, err, out.String())
+			}
+			if got := strings.Count(out.String(), "not waiting for silent-"); got != silent {
+				t.Errorf("named %d silent nodes, want %d:\n%s", got, silent, out.String())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			first := slices.Index(requests, "patch services")
+			if first < 0 {
+				t.Fatalf("no Service patch among the mover's requests %v", requests)
+			}
+			before := slices.DeleteFunc(slices.Clone(requests[:first]), func(r string) bool { return r == "list configmaps" })
+			if !slices.Equal(before, []string{"list nodes"}) {
+				t.Errorf("before the first batch the mover's Node requests were %v, want one list", before)
+			}
+			perRead := min(silent, nodeGetsAtMost)
+			if silent > nodeGetsAtMost {
+				perRead = 1
+			}
+			var reads, nodeRequests int
+			for _, r := range requests[first:] {
+				switch {
+				case r == "list configmaps":
+					reads++
+				case strings.HasSuffix(r, " nodes"):
+					nodeRequests++
+				}
+			}
+			if nodeRequests > perRead*reads {
+				t.Errorf("during the batch the mover made %d Node requests in %d reads of the statuses, want at most %d a read",
+					nodeRequests, reads, perRead)
 			}
 		})
 	}
