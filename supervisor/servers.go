@@ -69,8 +69,13 @@ func (s *Supervisor) serveRetrying(ctx context.Context, server, addr, reason str
 	}
 }
 
-// reportUnboundHealthChecks puts the health-check node ports that are not bound into
-// /status and /readyz (their Services already got a FailedToStartServiceHealthcheck event).
+// reportUnboundHealthChecks puts the health-check node ports that are not open into
+// /status (their Services already got a FailedToStartServiceHealthcheck event): those
+// this node refused to bind (another process holds them) as listen errors, which fail
+// /readyz; those the configuration and the Services ask for but cannot have (no node port
+// address in the Service's families, a port another Service holds) as unserved, which
+// do not: a tenant's Service must not make the node's pod NotReady.
 func (s *Supervisor) reportUnboundHealthChecks() {
 	s.health.SetListenError("healthCheckNodePorts", strings.Join(s.svcHC.Unbound(), "; "))
+	s.health.SetUnserved("healthCheckNodePorts", strings.Join(s.svcHC.Unserved(), "; "))
 }

@@ -85,6 +85,8 @@ type ProxyHealth struct {
 	nodeToBeDeleted bool
 	// listenErrors says, per server (readiness.go), why its address is not bound.
 	listenErrors map[string]string
+	// unserved says, per server (readiness.go), what it does not serve as configured.
+	unserved map[string]string
 	// config is the configuration in force, for /status.
 	config *ConfigStatus
 	// nodeAddresses is the published node address list's state, for /status.
@@ -494,6 +496,11 @@ type StatusResponse struct {
 	// ListenErrors says, per server ("healthz", "metrics", "healthCheckNodePorts"), why
 	// it does not listen (another process holds its address); retried with backoff.
 	ListenErrors map[string]string `json:"listenErrors,omitempty"`
+	// Unserved says, per server ("healthCheckNodePorts"), what it does not serve because
+	// the configuration and the Services ask what it cannot do (a Service in an IP family
+	// its instance has no node port address in); unlike ListenErrors, it does not fail
+	// /readyz.
+	Unserved map[string]string `json:"unserved,omitempty"`
 	// Config is the configuration file in force; nil when the supervisor was given none.
 	Config *ConfigStatus `json:"config,omitempty"`
 	// NodeAddresses is the published node address list's state; nil unless the node
@@ -525,6 +532,7 @@ type snapshot struct {
 	nodeDeleting    bool
 	nodeToBeDeleted bool
 	listenErrors    map[string]string
+	unserved        map[string]string
 	config          *ConfigStatus
 	nodeAddrs       *NodeAddressesStatus
 	instances       map[string]InstanceStatus
@@ -542,6 +550,7 @@ func (h *ProxyHealth) snapshot() snapshot {
 		nodeDeleting:    h.nodeDeleting,
 		nodeToBeDeleted: h.nodeToBeDeleted,
 		listenErrors:    maps.Clone(h.listenErrors),
+		unserved:        maps.Clone(h.unserved),
 		config:          h.config,
 		nodeAddrs:       h.nodeAddresses,
 		instances:       make(map[string]InstanceStatus, len(h.instances)),
@@ -645,6 +654,7 @@ func (h *ProxyHealth) Status() StatusResponse {
 		NodeToBeDeleted: s.nodeToBeDeleted,
 		Instances:       s.instances,
 		ListenErrors:    s.listenErrors,
+		Unserved:        s.unserved,
 		Config:          s.config,
 		NodeAddresses:   s.nodeAddrs,
 	}

@@ -40,6 +40,22 @@ func (h *ProxyHealth) SetListenError(server, msg string) {
 	h.listenErrors[server] = msg
 }
 
+// SetUnserved records what server does not serve because of what the configuration and
+// the Services ask (msg; empty: nothing). /status lists it; /readyz does not fail for it:
+// a tenant's Service may cause it, and must not make the node's pod NotReady.
+func (h *ProxyHealth) SetUnserved(server, msg string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if msg == "" {
+		delete(h.unserved, server)
+		return
+	}
+	if h.unserved == nil {
+		h.unserved = map[string]string{}
+	}
+	h.unserved[server] = msg
+}
+
 func (h *ProxyHealth) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	s := h.snapshot()
 	_, healthy := s.healthResponse(true)

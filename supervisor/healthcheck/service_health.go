@@ -90,6 +90,11 @@ type hcService struct {
 	listeners map[netip.Addr]net.Listener
 	// incomplete is set while an address it should listen on could not be bound.
 	incomplete bool
+	// byConfig is set, with incomplete, while the health check cannot open because of what
+	// the Services and the instance's configuration ask (no node port address in the
+	// Service's families, a port another Service holds, an invalid port), not because
+	// this node refused a socket: Unserved lists it, Unbound does not.
+	byConfig bool
 	// reported is the failure last reported (its instance and error), at reportedAt; ""
 	// once it opened fully.
 	reported   string
@@ -330,8 +335,8 @@ func (svc *hcService) boundAddrs() []netip.Addr {
 // given up entirely.
 func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, report bool) (freed bool) {
 	logger = logger.WithValues("service", svc.name, "port", svc.check.Port)
-	fail := func(err error) {
-		svc.incomplete = true
+	fail := func(err error, byConfig bool) {
+		svc.incomplete, svc.byConfig = true, byConfig
 		if report && s.newFailureLocked(svc, err) {
 			s.failLocked(logger, svc, err)
 		} else {
@@ -340,11 +345,11 @@ func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, repo
 	}
 	if holder, ok := s.ports[svc.check.Port]; ok && holder != svc {
 		fail(fmt.Errorf("port %d already serves the health check of Service %s (instance %q)",
-			svc.check.Port, holder.name, holder.instance))
+			svc.check.Port, holder.name, holder.instance), true)
 		return false
 	}
 	if svc.check.Port <= 0 || svc.check.Port > 65535 {
-		fail(fmt.Errorf("port %d is not a valid port", svc.check.Port))
+		fail(fmt.Errorf("port %d is not a valid port", svc.check.Port), true)
 		return false
 	}
 	want := s.wantedAddrsLocked(svc)
@@ -364,11 +369,11 @@ func (s *ServiceHealth) reconcileLocked(logger klog.Logger, svc *hcService, repo
 			logger.V(2).Info("Closed service health check address", "address", addr)
 		}
 	}
-	svc.incomplete = false
+	svc.incomplete, svc.byConfig = false, false
 	if len(want) == 0 {
-		fail(fmt.Errorf("instance %q has no node port address in the Service's IP families to listen on", svc.instance))
+		fail(fmt.Errorf("instance %q has no node port address in the Service's IP families to listen on", svc.instance), true)
 	} else if len(errs) > 0 {
-		fail(errors.Join(errs...))
+		fail(errors.Join(errs...), false)
 	} else {
 		svc.reported = ""
 	}
@@ -525,17 +530,34 @@ func compareNames(a, b types.NamespacedName) int {
 	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 }
 
-// Unbound lists the health checks whose node port is not bound on every address it
-// should listen on (another process or another Service holds it, it is invalid, or the
-// instance has no address in the Service's families), as "port N (Service ns/name,
-// instance I)", sorted; RetryFailed tries them again.
+// Unbound lists the health checks whose node port this node refused to bind on an
+// address it should listen on (another process holds it: a kube-proxy still running
+// during a switch), as "port N (Service ns/name, instance I)", sorted; RetryFailed tries
+// them again. They gate the pod's readiness: the operator's to fix, not a tenant's
+// doing.
 func (s *ServiceHealth) Unbound() []string {
+	return s.unopened(false)
+}
+
+// Unserved lists, as Unbound does, the health checks that cannot open because of what
+// the Services and the instances' configuration ask: the instance has no node port
+// address in the Service's IP families, another Service holds the port, or the port is
+// invalid. They are reported (log and event) and listed in /status but do not gate
+// readiness: a tenant writes them, and one tenant's Service must not make the node's
+// pod NotReady (and stall every rollout of the DaemonSet).
+func (s *ServiceHealth) Unserved() []string {
+	return s.unopened(true)
+}
+
+// unopened lists the health checks not open on every address they should be, those
+// failing byConfig or the others.
+func (s *ServiceHealth) unopened(byConfig bool) []string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []string
 	for instance, services := range s.services {
 		for _, svc := range services {
-			if svc.server == nil || svc.incomplete {
+			if (svc.server == nil || svc.incomplete) && svc.byConfig == byConfig {
 				out = append(out, fmt.Sprintf("port %d (Service %s, instance %s)", svc.check.Port, svc.name, instance))
 			}
 		}
