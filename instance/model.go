@@ -83,10 +83,10 @@ type ServiceModel struct {
 	// HealthCheckNodePort is .spec.healthCheckNodePort for LoadBalancer Services with
 	// externalTrafficPolicy Local, else 0.
 	HealthCheckNodePort int32
-	// LocalEndpoints is the number of distinct ready endpoints on this node (what the
-	// health-check node port reports). It counts addresses, not ports, and takes the
-	// larger family, so a dual-stack pod counts once.
-	LocalEndpoints int
+	// LocalEndpoints is, per IP family, the number of distinct ready endpoints on this node
+	// (what the health-check node port reports in that family, as upstream's per-family
+	// proxiers each report their own). It counts addresses, not ports.
+	LocalEndpoints LocalEndpoints
 	// Problems lists each item that was skipped (bad IP, unknown port name, out-of-range
 	// value...), one human-readable line each.
 	Problems []string
@@ -97,6 +97,20 @@ type ServiceModel struct {
 	// Service, skipped. They are logged but not reported as problems (events): they are
 	// normal for the moment between a Service's ports changing and its slices following.
 	Unmatched []string
+}
+
+// LocalEndpoints counts a Service's distinct ready endpoints on this node, per IP family.
+type LocalEndpoints struct {
+	IPv4, IPv6 int
+}
+
+// set sets fam's count.
+func (l *LocalEndpoints) set(fam tables.Family, n int) {
+	if fam == tables.IPv6 {
+		l.IPv6 = n
+	} else {
+		l.IPv4 = n
+	}
 }
 
 // Build turns one Service and its EndpointSlices into a ServiceModel. It returns nil for
@@ -529,7 +543,7 @@ func (b *builder) build(clusterIPs map[tables.Family]netip.Addr, epSlices []*dis
 			list = append(list, &sp)
 		}
 		b.model.Ports[f] = list
-		b.model.LocalEndpoints = max(b.model.LocalEndpoints, len(localIPs))
+		b.model.LocalEndpoints.set(f, len(localIPs))
 	}
 }
 

@@ -103,7 +103,7 @@ func FuzzBuild(f *testing.F) {
 // checkModel fails on a model that breaks what the compiler relies on.
 func checkModel(t *testing.T, m *ServiceModel) {
 	t.Helper()
-	if m.HealthCheckNodePort < 0 || m.HealthCheckNodePort > 65535 || m.LocalEndpoints < 0 {
+	if m.HealthCheckNodePort < 0 || m.HealthCheckNodePort > 65535 || m.LocalEndpoints.IPv4 < 0 || m.LocalEndpoints.IPv6 < 0 {
 		t.Fatalf("HealthCheckNodePort %d, LocalEndpoints %d", m.HealthCheckNodePort, m.LocalEndpoints)
 	}
 	for f, ports := range m.Ports {

@@ -24,7 +24,7 @@ type buildCase struct {
 
 	want            map[tables.Family][]*tables.ServicePort
 	wantHealthCheck int32
-	wantLocal       int
+	wantLocal       LocalEndpoints
 	// wantProblems are substrings of the expected Problems, in order.
 	wantProblems []string
 	// wantUnmatched are the expected Unmatched slice ports, exactly.
@@ -105,7 +105,7 @@ func TestBuildAddresses(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "service without endpoints has no endpoints",
@@ -113,7 +113,7 @@ func TestBuildAddresses(t *testing.T) {
 			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4)}},
 		},
 		{
-			name: "dual stack service splits families",
+			name: "dual stack service splits families, local endpoints counted per family",
 			svc: service(dualStack, func(s *corev1.Service) {
 				s.Spec.ExternalIPs = []string{"192.0.2.1", "2001:db8::1"}
 			}),
@@ -134,7 +134,7 @@ func TestBuildAddresses(t *testing.T) {
 					sp.HasEndpoints = true
 				})},
 			},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "IPv6 only service has no IPv4 family",
@@ -152,7 +152,7 @@ func TestBuildAddresses(t *testing.T) {
 				sp.LocalEndpoints = eps("[fd00:10:244:1::2]:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv6: 1},
 		},
 		{
 			name: "dual stack service without IPv6 endpoints has none in IPv6 only",
@@ -557,7 +557,7 @@ func TestBuildEndpoints(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "duplicate endpoint keeps the ready copy",
@@ -583,7 +583,7 @@ func TestBuildEndpoints(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "endpoints sorted by IP then port",
@@ -647,7 +647,7 @@ func TestBuildEndpoints(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.3:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "terminating endpoints that stopped serving are never used",
@@ -747,7 +747,7 @@ func TestBuildTrafficPolicies(t *testing.T) {
 			want: map[tables.Family][]*tables.ServicePort{tables.IPv4: {wantPort(tables.IPv4, twoLocalPort, func(sp *tables.ServicePort) {
 				sp.InternalLocal = true
 			})}},
-			wantLocal: 2,
+			wantLocal: LocalEndpoints{IPv4: 2},
 		},
 		{
 			name:   "internal Local service without local endpoints still has endpoints elsewhere",
@@ -770,7 +770,7 @@ func TestBuildTrafficPolicies(t *testing.T) {
 				sp.ExternalLocal = true
 			})}},
 			wantHealthCheck: 32000,
-			wantLocal:       2,
+			wantLocal:       LocalEndpoints{IPv4: 2},
 		},
 		{
 			name:   "externalTrafficPolicy Local on a NodePort service has no health check node port",
@@ -780,7 +780,7 @@ func TestBuildTrafficPolicies(t *testing.T) {
 				sp.NodePort = 30080
 				sp.ExternalLocal = true
 			})}},
-			wantLocal: 2,
+			wantLocal: LocalEndpoints{IPv4: 2},
 		},
 		{
 			name: "externalTrafficPolicy Local applies to external IPs of a ClusterIP service",
@@ -817,7 +817,7 @@ func TestBuildTrafficPolicies(t *testing.T) {
 			wantProblems: []string{`spec.healthCheckNodePort: 0 is out of range`},
 		},
 		{
-			name: "local endpoints counted once per address across ports and families",
+			name: "local endpoints counted once per address across ports, in each family",
 			svc: service(dualStack, func(s *corev1.Service) {
 				s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "metrics", Port: 9090, Protocol: corev1.ProtocolTCP})
 			}),
@@ -855,7 +855,7 @@ func TestBuildTrafficPolicies(t *testing.T) {
 					}),
 				},
 			},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1, IPv6: 1},
 		},
 	})
 }
@@ -895,7 +895,7 @@ func TestBuildTopology(t *testing.T) {
 			svc:       service(preferClose),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "zone hints filter cluster endpoints with trafficDistribution PreferSameZone",
@@ -904,21 +904,21 @@ func TestBuildTopology(t *testing.T) {
 			}),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name:      "zone hints filter cluster endpoints with the topology-mode Auto annotation",
 			svc:       service(annotate(corev1.AnnotationTopologyMode, "Auto")),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name:      "zone hints filter cluster endpoints with the deprecated topology-aware-hints annotation",
 			svc:       service(annotate(corev1.DeprecatedAnnotationTopologyAwareHints, "auto")),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			// As upstream, the proxy leaves it to the EndpointSlice controller to read the
@@ -928,21 +928,21 @@ func TestBuildTopology(t *testing.T) {
 				annotate(corev1.AnnotationTopologyMode, "Auto")),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name:      "hints honoured when the service does not ask for topology",
 			svc:       service(),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name:      "hints honoured when topology-mode says Disabled",
 			svc:       service(annotate(corev1.AnnotationTopologyMode, "Disabled")),
 			slices:    zoned,
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "hints ignored when a ready endpoint lacks one",
@@ -953,7 +953,7 @@ func TestBuildTopology(t *testing.T) {
 				ep("10.244.3.2", "node-c"),
 			)},
 			want:      everywhere,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "hints of endpoints that are not ready do not matter",
@@ -965,7 +965,7 @@ func TestBuildTopology(t *testing.T) {
 				ep("10.244.3.3", "node-c", notReady),
 			)},
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "hints ignored when none is for this zone",
@@ -985,7 +985,7 @@ func TestBuildTopology(t *testing.T) {
 			slices:    zoned,
 			node:      &NodeInfo{Name: thisNodeName},
 			want:      everywhere,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "node hints take priority over zone hints",
@@ -1002,7 +1002,7 @@ func TestBuildTopology(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "node hints honoured when the service does not ask for topology",
@@ -1016,7 +1016,7 @@ func TestBuildTopology(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "zone hints used when no node hint is for this node",
@@ -1040,7 +1040,7 @@ func TestBuildTopology(t *testing.T) {
 				ep("10.244.3.2", "node-c", forZones("zone-b"), forNodes("node-c")),
 			)},
 			want:      sameZone,
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "topology does not filter local endpoints",
@@ -1057,7 +1057,7 @@ func TestBuildTopology(t *testing.T) {
 				sp.LocalEndpoints = eps("10.244.1.2:8080")
 				sp.HasEndpoints = true
 			})}},
-			wantLocal: 1,
+			wantLocal: LocalEndpoints{IPv4: 1},
 		},
 		{
 			name: "terminating fallback ignores topology",

@@ -72,19 +72,19 @@ func TestSyncResultHealthChecks(t *testing.T) {
 		name      string
 		change    func()
 		wantPorts map[types.NamespacedName]int32
-		wantLocal map[types.NamespacedName]int
+		wantLocal map[types.NamespacedName]LocalEndpoints
 		wantSame  bool // the result shares the previous result's maps
 	}{
 		{"LB Local Service, no endpoints", func() { p.UpdateService(service(lbLocal(32000))) },
-			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]int{webName: 0}, false},
+			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]LocalEndpoints{webName: {IPv4: 0}}, false},
 		{"a local endpoint", func() { p.UpdateEndpointSlice(v4Slice("web-1", ep("10.244.0.5", thisNodeName))) },
-			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]int{webName: 1}, false},
+			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]LocalEndpoints{webName: {IPv4: 1}}, false},
 		{"an unrelated ClusterIP Service", func() { p.UpdateService(service(other)) },
-			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]int{webName: 1}, true},
+			map[types.NamespacedName]int32{webName: 32000}, map[types.NamespacedName]LocalEndpoints{webName: {IPv4: 1}}, true},
 		{"another health check port", func() { p.UpdateService(service(lbLocal(32001))) },
-			map[types.NamespacedName]int32{webName: 32001}, map[types.NamespacedName]int{webName: 1}, false},
+			map[types.NamespacedName]int32{webName: 32001}, map[types.NamespacedName]LocalEndpoints{webName: {IPv4: 1}}, false},
 		{"no longer Local", func() { p.UpdateService(service(ofType(corev1.ServiceTypeLoadBalancer))) },
-			map[types.NamespacedName]int32{}, map[types.NamespacedName]int{}, false},
+			map[types.NamespacedName]int32{}, map[types.NamespacedName]LocalEndpoints{}, false},
 	}
 	var prev *SyncResult
 	for _, st := range steps {

@@ -121,7 +121,7 @@ type SyncResult struct {
 	// externalTrafficPolicy Local the instance owns. Read-only: results share them until
 	// they change.
 	HealthCheckNodePorts map[types.NamespacedName]int32
-	LocalEndpoints       map[types.NamespacedName]int
+	LocalEndpoints       map[types.NamespacedName]LocalEndpoints
 	// NoLocalInternal and NoLocalExternal count, per IP family, the Service ports with a
 	// Local internal, respectively external, policy and no local endpoint.
 	NoLocalInternal, NoLocalExternal map[tables.Family]int
@@ -170,7 +170,7 @@ type Proxy struct {
 	sums     map[types.NamespacedName]summary
 	total    summary
 	hcPorts  map[types.NamespacedName]int32
-	localEps map[types.NamespacedName]int
+	localEps map[types.NamespacedName]LocalEndpoints
 	// costs are the cost units of each admitted Service (under both limits), totalCost
 	// their sum; kept by model, under syncMu, whether or not the sync then succeeds (a
 	// failed sync's full retry admits again in the same order).
@@ -186,7 +186,7 @@ type Proxy struct {
 	// still walks them per sync, as upstream's proxier does: ownership between
 	// instances can change without this instance's maps changing).
 	hcResult    map[types.NamespacedName]int32
-	localResult map[types.NamespacedName]int
+	localResult map[types.NamespacedName]LocalEndpoints
 	hcChanged   bool
 	// triggers are the endpoint change times not yet programmed (kept across a failed
 	// sync, reported by the next successful one).
@@ -226,7 +226,7 @@ func New(opts Options) (*Proxy, error) {
 		applied:    map[types.NamespacedName]*ServiceModel{},
 		sums:       map[types.NamespacedName]summary{},
 		hcPorts:    map[types.NamespacedName]int32{},
-		localEps:   map[types.NamespacedName]int{},
+		localEps:   map[types.NamespacedName]LocalEndpoints{},
 		costs:      map[types.NamespacedName]int{},
 
 		overInstance: map[types.NamespacedName]bool{},

@@ -128,7 +128,7 @@ func (o *observer) Synced(res *instance.SyncResult) {
 	o.observeFamilies(res)
 	o.metrics.SetOwned(inst, res.Services, res.Endpoints)
 	o.svcHC.SyncServices(inst, o.healthChecks(inst, res.HealthCheckNodePorts))
-	o.svcHC.SyncEndpoints(inst, res.LocalEndpoints)
+	o.svcHC.SyncEndpoints(inst, localEndpoints(res.LocalEndpoints))
 	if o.conntrack != nil {
 		o.conntrack.Synced(inst, res.Changed, res.Full)
 	}
@@ -189,6 +189,15 @@ func ipFamilies(stats map[tables.Family]tables.Stats) []corev1.IPFamily {
 		fams = append(fams, corev1.IPFamily(fam.String()))
 	}
 	return fams
+}
+
+// localEndpoints converts an instance's local endpoint counts for the health checks.
+func localEndpoints(in map[types.NamespacedName]instance.LocalEndpoints) map[types.NamespacedName]healthcheck.LocalEndpoints {
+	out := make(map[types.NamespacedName]healthcheck.LocalEndpoints, len(in))
+	for name, n := range in {
+		out[name] = healthcheck.LocalEndpoints{IPv4: n.IPv4, IPv6: n.IPv6}
+	}
+	return out
 }
 
 // healthChecks are the health checks inst serves: those of the Services it owns, each in

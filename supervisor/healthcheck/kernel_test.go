@@ -3,10 +3,14 @@ package healthcheck
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -168,4 +172,107 @@ func TestServiceHealthListensInsideNodePortAddressesOnly(t *testing.T) {
 	}
 	t.Logf("%d probes during the move, %d without an answer", probes.Load(), gaps.Load())
 	check("after the move to team-b", teamB, all(teamA, outside))
+}
+
+// wildcardListener opens each port on the dual-stack wildcard address (":port", taking
+// IPv4 and IPv6 connections on one socket) in namespace ns, whatever address it is
+// given.
+type wildcardListener struct{ ns string }
+
+func (l wildcardListener) Listen(_ netip.Addr, port int) (net.Listener, error) {
+	var out net.Listener
+	err := inNetns(l.ns, func() error {
+		var err error
+		out, err = net.Listen("tcp", ":"+strconv.Itoa(port))
+		return err
+	})
+	return out, err
+}
+
+// probeIn GETs a health check at addr:port from inside ns: its status and body.
+func probeIn(t *testing.T, ns string, addr netip.Addr, port int) (int, string) {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
+			var c net.Conn
+			err := inNetns(ns, func() error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, address)
+				return err
+			})
+			return c, err
+		},
+	}}
+	resp, err := client.Get("http://" + netip.AddrPortFrom(addr, uint16(port)).String() + "/")
+	if err != nil {
+		t.Fatalf("probing %s port %d: %v", addr, port, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the answer of %s port %d: %v", addr, port, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// TestServiceHealthAnswersPerFamily runs a dual-stack Service's health check on real
+// sockets in a namespace: each IP family's probe gets that family's local endpoints (as
+// upstream's per-family health check servers answer), so a node whose IPv6 endpoints of
+// the Service are gone fails IPv6 probes while IPv4 probes pass, and back. It holds on
+// the instance's node addresses (one socket per address) and on a dual-stack wildcard
+// socket, where the family is the one the client reached.
+func TestServiceHealthAnswersPerFamily(t *testing.T) {
+	testutil.RequireKernel(t, "ip")
+	ns := testutil.NewNetns(t, "sphcf-")
+	v4, v6 := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8:1::1")
+	if out, err := exec.Command("ip", "-n", ns, "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set lo up: %v: %s", err, out)
+	}
+	for _, p := range []string{"192.0.2.1/32", "2001:db8:1::1/128"} {
+		if out, err := exec.Command("ip", "-n", ns, "addr", "add", p, "dev", "lo", "nodad").CombinedOutput(); err != nil {
+			t.Fatalf("adding %s: %v: %s", p, err, out)
+		}
+	}
+	svc := types.NamespacedName{Namespace: "shop", Name: "dual"}
+	const port = 30124
+	for _, lc := range []struct {
+		name   string
+		listen Listener
+		addrs  []netip.Addr
+	}{
+		{"a socket per node address", netnsListener{ns: ns}, []netip.Addr{v4, v6}},
+		{"a dual-stack wildcard socket", wildcardListener{ns: ns}, []netip.Addr{netip.IPv4Unspecified()}},
+	} {
+		t.Run(lc.name, func(t *testing.T) {
+			sh := NewServiceHealth(lc.listen, &fakeRecorder{}, nil)
+			defer sh.Close()
+			sh.SetInstanceAddrs("team-a", lc.addrs)
+			sh.SyncServices("team-a", map[types.NamespacedName]HealthCheck{svc: {Port: port, IPv4: true, IPv6: true}})
+			if got := sh.Unbound(); len(got) != 0 {
+				t.Fatalf("not bound: %q", got)
+			}
+			for _, st := range []struct {
+				endpoints        LocalEndpoints
+				wantV4, wantV6   int
+				localV4, localV6 int
+			}{
+				{LocalEndpoints{IPv4: 2}, http.StatusOK, http.StatusServiceUnavailable, 2, 0},
+				{LocalEndpoints{IPv6: 1}, http.StatusServiceUnavailable, http.StatusOK, 0, 1},
+				{LocalEndpoints{IPv4: 1, IPv6: 3}, http.StatusOK, http.StatusOK, 1, 3},
+			} {
+				sh.SyncEndpoints("team-a", map[types.NamespacedName]LocalEndpoints{svc: st.endpoints})
+				for _, p := range []struct {
+					addr        netip.Addr
+					code, local int
+				}{{v4, st.wantV4, st.localV4}, {v6, st.wantV6, st.localV6}} {
+					code, body := probeIn(t, ns, p.addr, port)
+					want := fmt.Sprintf(`{"service":{"namespace":"shop","name":"dual"},"localEndpoints":%d,"serviceProxyHealthy":true}`, p.local)
+					if code != p.code || body != want {
+						t.Errorf("endpoints %+v, probe of %s: %d %s, want %d %s", st.endpoints, p.addr, code, body, p.code, want)
+					}
+				}
+			}
+		})
+	}
 }

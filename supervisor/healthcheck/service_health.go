@@ -33,6 +33,15 @@ type EventRecorder interface {
 	Eventf(service types.NamespacedName, eventType, reason, messageFmt string, args ...any)
 }
 
+// LocalEndpoints counts a Service's ready endpoints on this node per IP family. Each
+// family's health check answers with its own count, as upstream's per-family proxiers
+// each run their own health check server with their own family's endpoints: a
+// dual-stack Service whose IPv6 endpoints on this node are gone fails IPv6 probes while
+// IPv4 probes pass.
+type LocalEndpoints struct {
+	IPv4, IPv6 int
+}
+
 // HealthCheck is one Service's health-check node port and the IP families it is served
 // in: the Service's, as upstream's per-family proxiers serve it in each of them.
 type HealthCheck struct {
@@ -80,8 +89,8 @@ type hcService struct {
 	instance string
 	name     types.NamespacedName
 	check    HealthCheck
-	// endpoints is the number of local ready endpoints, guarded by ServiceHealth.mu.
-	endpoints int
+	// endpoints are the numbers of local ready endpoints, guarded by ServiceHealth.mu.
+	endpoints LocalEndpoints
 	// server serves every listener; nil while none is open.
 	server *http.Server
 	// listeners are the open sockets by address, closed by us too: the server only learns
@@ -265,10 +274,10 @@ func (s *ServiceHealth) adoptLocked(logger klog.Logger, instance string, name ty
 	return holder
 }
 
-// SyncEndpoints sets the number of local ready endpoints of the instance's Services; a
-// Service missing from localEndpoints has none. Services the instance has not passed to
-// SyncServices are ignored.
-func (s *ServiceHealth) SyncEndpoints(instance string, localEndpoints map[types.NamespacedName]int) {
+// SyncEndpoints sets the numbers of local ready endpoints of the instance's Services, per
+// IP family; a Service missing from localEndpoints has none. Services the instance has
+// not passed to SyncServices are ignored.
+func (s *ServiceHealth) SyncEndpoints(instance string, localEndpoints map[types.NamespacedName]LocalEndpoints) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, svc := range s.services[instance] {
@@ -504,10 +513,18 @@ type serviceRef struct {
 	Name      string `json:"name"`
 }
 
-func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+// ServeHTTP answers with the local endpoints of the IP family the probe came in on: the
+// connection's local address's, which is the listener's own on a node address, and on a
+// wildcard socket taking both families (an IPv4-mapped address is IPv4) the one the
+// client reached.
+func (h hcHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.s.mu.RLock()
-	count, instance := h.svc.endpoints, h.svc.instance
+	endpoints, instance := h.svc.endpoints, h.svc.instance
 	h.s.mu.RUnlock()
+	count := endpoints.IPv4
+	if probedIPv6(r) {
+		count = endpoints.IPv6
+	}
 	proxyHealthy := h.s.healthy(instance)
 
 	// Load balancers that support weights (upstream added this header for them) spread
@@ -518,6 +535,18 @@ func (h hcHandler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 		LocalEndpoints:      count,
 		ServiceProxyHealthy: proxyHealthy,
 	})
+}
+
+// probedIPv6 reports whether r came in on an IPv6 address of this node.
+func probedIPv6(r *http.Request) bool {
+	switch local := r.Context().Value(http.LocalAddrContextKey).(type) {
+	case *net.TCPAddr:
+		return local.AddrPort().Addr().Unmap().Is6()
+	case net.Addr:
+		ap, err := netip.ParseAddrPort(local.String())
+		return err == nil && ap.Addr().Unmap().Is6()
+	}
+	return false
 }
 
 // sortedNames returns the keys of m by namespace/name, so which of two Services asking

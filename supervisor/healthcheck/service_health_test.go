@@ -1,10 +1,12 @@
 package healthcheck
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
@@ -166,7 +168,7 @@ func TestServiceHealthResponse(t *testing.T) {
 	svc := nsn("shop", "frontend")
 	tests := []struct {
 		name      string
-		endpoints map[types.NamespacedName]int
+		endpoints map[types.NamespacedName]LocalEndpoints
 		healthy   bool
 		path      string
 		wantCode  int
@@ -174,7 +176,7 @@ func TestServiceHealthResponse(t *testing.T) {
 	}{
 		{
 			name:      "local endpoints and healthy instance",
-			endpoints: map[types.NamespacedName]int{svc: 3},
+			endpoints: map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 3}},
 			healthy:   true,
 			path:      "/",
 			wantCode:  http.StatusOK,
@@ -182,7 +184,7 @@ func TestServiceHealthResponse(t *testing.T) {
 		},
 		{
 			name:      "any path is answered",
-			endpoints: map[types.NamespacedName]int{svc: 1},
+			endpoints: map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 1}},
 			healthy:   true,
 			path:      "/some/lb/probe?x=1",
 			wantCode:  http.StatusOK,
@@ -190,7 +192,7 @@ func TestServiceHealthResponse(t *testing.T) {
 		},
 		{
 			name:      "no local endpoints",
-			endpoints: map[types.NamespacedName]int{svc: 0},
+			endpoints: map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 0}},
 			healthy:   true,
 			path:      "/",
 			wantCode:  http.StatusServiceUnavailable,
@@ -198,7 +200,7 @@ func TestServiceHealthResponse(t *testing.T) {
 		},
 		{
 			name:      "service missing from endpoints has none",
-			endpoints: map[types.NamespacedName]int{nsn("shop", "other"): 4},
+			endpoints: map[types.NamespacedName]LocalEndpoints{nsn("shop", "other"): {IPv4: 4}},
 			healthy:   true,
 			path:      "/",
 			wantCode:  http.StatusServiceUnavailable,
@@ -206,7 +208,7 @@ func TestServiceHealthResponse(t *testing.T) {
 		},
 		{
 			name:      "unhealthy instance",
-			endpoints: map[types.NamespacedName]int{svc: 3},
+			endpoints: map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 3}},
 			healthy:   false,
 			path:      "/",
 			wantCode:  http.StatusServiceUnavailable,
@@ -228,7 +230,7 @@ func TestServiceHealthResponse(t *testing.T) {
 				t.Errorf("body\n got %s\nwant %s", r.body, tc.wantBody)
 			}
 			checkJSONHeaders(t, r)
-			wantWeight := fmt.Sprint(tc.endpoints[svc])
+			wantWeight := fmt.Sprint(tc.endpoints[svc].IPv4)
 			if got := r.header.Get("X-Load-Balancing-Endpoint-Weight"); got != wantWeight {
 				t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want %q", got, wantWeight)
 			}
@@ -248,12 +250,12 @@ func TestServiceHealthEndpointsFollowSync(t *testing.T) {
 	if r := get(t, url); r.code != http.StatusServiceUnavailable {
 		t.Errorf("before any endpoints: status %d, want 503", r.code)
 	}
-	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 2})
+	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 2}})
 	if r := get(t, url); r.code != http.StatusOK {
 		t.Errorf("with endpoints: status %d, want 200", r.code)
 	}
 	// Another instance's endpoints never touch team-a's Services.
-	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{})
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]LocalEndpoints{})
 	if r := get(t, url); r.code != http.StatusOK {
 		t.Errorf("after another instance's sync: status %d, want 200", r.code)
 	}
@@ -387,12 +389,12 @@ func TestServiceHealthMovedServiceKeepsItsServer(t *testing.T) {
 	f := newFixture(t)
 	svc := nsn("shop", "frontend")
 	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{svc: 30001}))
-	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 1})
+	f.sh.SyncEndpoints("team-a", map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 1}})
 	addr := f.listener.addr(t, 30001)
 
 	// The Service moves to team-b, and team-b syncs first.
 	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{svc: 30001}))
-	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{svc: 5})
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 5}})
 	if events := f.recorder.take(); len(events) != 0 {
 		t.Errorf("events %+v, want none: the Service only changed instance", events)
 	}
@@ -423,7 +425,7 @@ func TestServiceHealthFreedPortGoesToWaitingService(t *testing.T) {
 	old, waiting := nsn("shop", "old"), nsn("shop", "new")
 	f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{old: 30001}))
 	f.sh.SyncServices("team-b", checks(map[types.NamespacedName]int32{waiting: 30001}))
-	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]int{waiting: 5})
+	f.sh.SyncEndpoints("team-b", map[types.NamespacedName]LocalEndpoints{waiting: {IPv4: 5}})
 	if events := f.recorder.take(); len(events) != 1 || events[0].service != waiting {
 		t.Errorf("events %+v, want one for %s's conflict", events, waiting)
 	}
@@ -453,7 +455,7 @@ func TestServiceHealthBindFailure(t *testing.T) {
 	ports := map[types.NamespacedName]int32{svc: int32(port)}
 
 	sh.SyncServices("team-a", checks(ports))
-	sh.SyncEndpoints("team-a", map[types.NamespacedName]int{svc: 2})
+	sh.SyncEndpoints("team-a", map[types.NamespacedName]LocalEndpoints{svc: {IPv4: 2}})
 	events := recorder.take()
 	if len(events) != 1 {
 		t.Fatalf("events %+v, want one", events)
@@ -636,6 +638,53 @@ func TestServiceHealthHandOverReportsOnce(t *testing.T) {
 				if !slices.Equal(got, st.events) {
 					t.Errorf("%s: events naming %v, want %v", st.name, got, st.events)
 				}
+			}
+		})
+	}
+}
+
+// TestServiceHealthAnswersTheProbedFamily: a probe gets the local endpoints of the IP
+// family of the node address it reached (the connection's local address; an
+// IPv4-mapped one, on a dual-stack wildcard socket, is IPv4), in the status, the body's
+// localEndpoints and the weight header.
+func TestServiceHealthAnswersTheProbedFamily(t *testing.T) {
+	svc := nsn("shop", "dual")
+	tests := []struct {
+		name      string
+		local     string
+		endpoints LocalEndpoints
+		wantCode  int
+		wantLocal int
+	}{
+		{"IPv4 probe, IPv4 endpoints", "192.0.2.1:30001", LocalEndpoints{IPv4: 2}, http.StatusOK, 2},
+		{"IPv6 probe, only IPv4 endpoints", "[2001:db8::1]:30001", LocalEndpoints{IPv4: 2}, http.StatusServiceUnavailable, 0},
+		{"IPv6 probe, IPv6 endpoints", "[2001:db8::1]:30001", LocalEndpoints{IPv4: 2, IPv6: 1}, http.StatusOK, 1},
+		{"IPv4 probe, only IPv6 endpoints", "192.0.2.1:30001", LocalEndpoints{IPv6: 3}, http.StatusServiceUnavailable, 0},
+		{"IPv4 probe on a dual-stack socket", "[::ffff:192.0.2.1]:30001", LocalEndpoints{IPv4: 4, IPv6: 0}, http.StatusOK, 4},
+		{"IPv6 link-local probe", "[fe80::1%eth0]:30001", LocalEndpoints{IPv4: 4, IPv6: 5}, http.StatusOK, 5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.sh.SyncServices("team-a", checks(map[types.NamespacedName]int32{svc: 30001}))
+			f.sh.SyncEndpoints("team-a", map[types.NamespacedName]LocalEndpoints{svc: tc.endpoints})
+			f.sh.mu.RLock()
+			h := f.sh.ports[30001].server.Handler
+			f.sh.mu.RUnlock()
+			local, err := net.ResolveTCPAddr("tcp", tc.local)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, local))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			want := fmt.Sprintf(`{"service":{"namespace":"shop","name":"dual"},"localEndpoints":%d,"serviceProxyHealthy":true}`, tc.wantLocal)
+			if rec.Code != tc.wantCode || rec.Body.String() != want {
+				t.Errorf("%d %s, want %d %s", rec.Code, rec.Body, tc.wantCode, want)
+			}
+			if got := rec.Header().Get("X-Load-Balancing-Endpoint-Weight"); got != fmt.Sprint(tc.wantLocal) {
+				t.Errorf("X-Load-Balancing-Endpoint-Weight %q, want %d", got, tc.wantLocal)
 			}
 		})
 	}
