@@ -269,16 +269,22 @@ tests_cpio() {
 	# With KERNEL_SET=ci (make test's kernel-6.1 layer), a "ci DIR RUN [SKIP]" line
 	# replaces DIR's RUN and SKIP, and "ci DIR none" leaves DIR out. A "lane DIR" line
 	# runs DIR's binary in a lane of its own, beside the lane that runs the others one
-	# after another (KERNEL_LANES=1: every binary in one lane).
-	local word dir run skip name ip flags lane
+	# after another (KERNEL_LANES=1: every binary in one lane); "lane DIR SHARED" keeps
+	# DIR's selected tests that SHARED matches in the shared lane (the binary runs twice,
+	# each time with its share of the tests), so that the two lanes end at about the
+	# same time.
+	local word dir run skip name ip flags lane own shared
 	local base="-test.count=1 -test.timeout=${test_timeout}"
-	declare -A ci_run=() ci_skip=() own_lane=()
+	declare -A ci_run=() ci_skip=() own_lane=() lane_shared=()
 	while read -r word dir run skip; do
 		if [[ "${word}" == ci ]]; then
 			ci_run[${dir}]="${run}"
 			ci_skip[${dir}]="${skip}"
 		fi
-		[[ "${word}" == lane && "${KERNEL_LANES:-}" != 1 ]] && own_lane[${dir}]=$((${#own_lane[@]} + 1))
+		if [[ "${word}" == lane && "${KERNEL_LANES:-}" != 1 ]]; then
+			own_lane[${dir}]=$((${#own_lane[@]} + 1))
+			lane_shared[${dir}]="${run}"
+		fi
 	done <"${root}/hack/kernels/tests.txt"
 	: >"${t}/repo/MANIFEST"
 	while read -r dir run skip; do
@@ -299,6 +305,13 @@ tests_cpio() {
 		log "go test -c ${ip}"
 		(cd "${root}" && ${go} test -c -ldflags="-s -w" -o "${t}/repo/${dir}/${name}" "./${dir}") >&2 || return 1
 		lane="${own_lane[${dir}]:-0}"
+		if [[ ${lane} != 0 && -n "${lane_shared[${dir}]:-}" && -z "${KERNEL_RUN:-}" ]]; then
+			split_lanes "${t}/repo/${dir}/${name}" "${run}" "${lane_shared[${dir}]}" || return 1
+			if [[ -n "${shared}" ]]; then
+				echo "0 ${ip} ${dir} ${name} ${base} -test.run=${shared}${skip:+ -test.skip=${skip}}" >>"${t}/repo/MANIFEST"
+				flags="${base} -test.run=${own}${skip:+ -test.skip=${skip}}"
+			fi
+		fi
 		echo "${lane} ${ip} ${dir} ${name} ${flags}" >>"${t}/repo/MANIFEST"
 	done <"${root}/hack/kernels/tests.txt"
 	if [[ ! -s "${t}/repo/MANIFEST" ]]; then
@@ -307,6 +320,33 @@ tests_cpio() {
 	fi
 	(cd "${t}" && find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0) >"${work}/tests.cpio" || return 1
 	echo "${work}/tests.cpio"
+}
+
+# split_lanes BIN RUN SHARED sets own and shared to -test.run patterns naming BIN's tests
+# one by one: shared those of RUN's selection that SHARED matches, own the rest of it
+# (shared empty when SHARED matches none of them). The names come from the binary itself
+# (-test.list, which runs no test), so a test renamed or added to RUN lands in exactly one
+# of the two runs; RUN must select top-level tests only (no "/").
+split_lanes() {
+	local bin="$1" run="$2" pattern="$3" all mine n
+	if [[ "${run}" == */* ]]; then
+		log "tests.txt: lane ${bin##*/}: RUN ${run} selects subtests; a lane's share needs top-level tests"
+		return 1
+	fi
+	all="$("${bin}" -test.list "${run}" | grep -v '^Benchmark')" || {
+		log "${bin##*/} -test.list ${run} failed"
+		return 1
+	}
+	mine="$("${bin}" -test.list "${pattern}" | grep -v '^Benchmark')"
+	shared="$(grep -Fxf <(echo "${mine}") <<<"${all}" | paste -sd'|')"
+	own="$(grep -vFxf <(echo "${mine}") <<<"${all}" | paste -sd'|')"
+	n="$(grep -c . <<<"${all}")"
+	if [[ -z "${own}" ]]; then
+		log "tests.txt: lane ${bin##*/}: SHARED ${pattern} takes every selected test (${n}): nothing left for its own lane"
+		return 1
+	fi
+	[[ -n "${shared}" ]] && shared="^(${shared})\$"
+	own="^(${own})\$"
 }
 
 # boot SERIES KDIR OUT: boots the kernel in KDIR with the tests, writing the guest's

@@ -82,7 +82,7 @@ run_lane() {
 		# shellcheck disable=SC2086 # flags are words
 		(cd "/repo/${dir}" && test2json -t -p "${pkg}" "./${bin}" -test.v=test2json ${flags}) >&3
 		status=$?
-		log "=== ${pkg}: exit ${status} in $(($(date +%s) - start))s"
+		log "=== ${pkg} (lane ${lane}): exit ${status} in $(($(date +%s) - start))s"
 		[[ ${status} -ne 0 ]] && failed=$((failed + 1))
 	done </repo/MANIFEST
 	echo "${failed}" >"/run/lane-${lane}.failed"

@@ -63,6 +63,11 @@ func TestSummarize(t *testing.T) {
 			want:     []string{"0 passed, 0 failed, 2 skipped", "no test ran (2 skipped)", "skipped: example.com/ts/allskip.TestNeedsRoot/a: s_test.go:7: needs root"},
 		},
 		{
+			name: "a package run twice (split between lanes) counts once and fails if one run failed", stream: "split.json", status: "1",
+			wantCode: 1,
+			want:     []string{"LAYER unit         FAIL: 1 passed, 1 failed, 0 skipped, 1 packages", "failed tests: example.com/ts/split.TestA", "failed packages: example.com/ts/split"},
+		},
+		{
 			name: "a missing module fails the layer", stream: "moderr.json", status: "1",
 			wantCode: 1,
 			want:     []string{"missing go.sum entry", "failed packages: example.com/m", "go test exited 1"},
