@@ -233,7 +233,7 @@ test-unit:
 	$(GO) test $(TEST_FLAGS) -short $(PKGS)
 
 fuzz:
-	$(GO) test ./instance -run '^$$' -fuzz FuzzBuild -fuzztime 40000x
+	$(GO) test ./instance/modelfuzz -run '^$$' -fuzz FuzzBuild -fuzztime 40000x
 
 fmt:
 	gofmt -l -w .

@@ -206,7 +206,7 @@ if ! skipped fuzz; then
 	fuzz_start=$(date +%s)
 	fuzz_ok=0
 	fuzz_failed=()
-	for target in "./supervisor/config FuzzDecode 250000x" "./instance FuzzBuild 70000x"; do
+	for target in "./supervisor/config FuzzDecode 250000x" "./instance/modelfuzz FuzzBuild 70000x"; do
 		set -- ${target}
 		fuzztime="${FUZZTIME:-$3}"
 		echo "=== layer fuzz: $2 in $1 for ${fuzztime}"
