@@ -579,8 +579,11 @@ func (h *ProxyHealth) snapshot() snapshot {
 
 // healthResponse builds the /healthz body and verdict (withNode), or the /livez ones,
 // where each instance's verdict is its live one. /healthz fails on the instances only
-// when none is healthy; /livez fails on any instance that is not live. An instance
-// syncs all its families at once, so its verdict is also its verdict on each family.
+// when there are some and none is healthy; /livez only when some instance is up and
+// none of those up is live (the node wedged as a whole: one stale instance among live
+// ones does not fail it, and instances that are all down do not either, since the
+// supervisor restarts them itself). An instance syncs all its families at once, so its
+// verdict is also its verdict on each family.
 func (s snapshot) healthResponse(withNode bool) (HealthResponse, bool) {
 	resp := HealthResponse{
 		CurrentTime: s.now,
