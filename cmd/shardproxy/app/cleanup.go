@@ -37,10 +37,10 @@ ownership marker under the prefix (--table-prefix, else the configuration's, els
 "shardproxy"), whatever the configuration says: what an uninstall runs on each node
 (deploy/cleanup). A table named like ours without the marker is left alone and listed.`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "supervisor configuration file (required unless --legacy)"},
+			&cli.StringFlag{Name: "config", Aliases: []string{"c"}, Usage: "supervisor configuration file: delete its instances' tables (with --instance or --all it only gives the prefix, and may be left out; not with --legacy)"},
 			&cli.StringFlag{Name: "instance", Usage: "only this instance (may be one no longer in the configuration)"},
 			&cli.BoolFlag{Name: "all", Usage: "every table carrying shardproxy's ownership marker under the prefix, configured or not (for an uninstall)"},
-			&cli.StringFlag{Name: "table-prefix", Usage: "with --instance: the prefix of its tables (default: the configuration's tablePrefix, else " + config.DefaultTablePrefix + ")"},
+			&cli.StringFlag{Name: "table-prefix", Usage: "with --instance or --all: the prefix of the tables (default: the configuration's tablePrefix, else " + config.DefaultTablePrefix + ")"},
 			&cli.StringFlag{Name: "legacy", Usage: "iptables or ipvs: clean up after a gone kube-proxy in that mode"},
 			&cli.BoolFlag{Name: "force", Usage: "with --legacy: go on although a kube-proxy is still running"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "with --legacy: only print what would be removed"},
