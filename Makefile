@@ -79,10 +79,12 @@ vet:
 	$(GO) vet $(PKGS)
 
 # docs rewrites the generated part of docs/configuration.md (the configuration reference)
-# from supervisor/config's types and example.yaml; docs/configref's test, in the unit
-# layer, fails when the page differs or a field is undocumented.
+# from supervisor/config's types and example.yaml, and of docs/commands.md (every command
+# and flag) from the CLI's command tree; docs/configref's and docs/cliref's tests, in the
+# unit layer, fail when a page differs or a field is undocumented.
 docs:
 	$(GO) run ./docs/configref/cmd/gendocs
+	$(GO) run ./docs/cliref/cmd/gencommands
 
 # release builds VERSION's release (vMAJOR.MINOR.PATCH) from the commit REF (HEAD) into
 # _output/release/VERSION (hack/release.sh): the binary and the image for amd64 and arm64 (an

@@ -236,19 +236,25 @@ func MissingFromExample(fields []Field, example []byte) []string {
 // Splice replaces the generated part of page (from Begin to End) with gen, or appends
 // gen when page has none.
 func Splice(page, gen []byte) ([]byte, error) {
-	i := bytes.Index(page, []byte(Begin))
-	j := bytes.Index(page, []byte(End))
+	return SpliceBetween(page, gen, Begin, End)
+}
+
+// SpliceBetween replaces the part of page from begin to end (the lines that delimit
+// what a generator writes) with gen, or appends gen when page has neither.
+func SpliceBetween(page, gen []byte, begin, end string) ([]byte, error) {
+	i := bytes.Index(page, []byte(begin))
+	j := bytes.Index(page, []byte(end))
 	switch {
 	case i < 0 && j < 0:
 		return append(append(bytes.TrimRight(page, "\n"), "\n\n"...), gen...), nil
 	case i < 0 || j < i:
 		return nil, errors.New("the generated part's markers are missing or out of order")
 	}
-	end := j + len(End)
-	if end < len(page) && page[end] == '\n' {
-		end++
+	stop := j + len(end)
+	if stop < len(page) && page[stop] == '\n' {
+		stop++
 	}
-	return append(append(append([]byte{}, page[:i]...), gen...), page[end:]...), nil
+	return append(append(append([]byte{}, page[:i]...), gen...), page[stop:]...), nil
 }
 
 // Page is docs/configuration.md with its generated part written from the sources under
