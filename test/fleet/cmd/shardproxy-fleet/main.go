@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
@@ -37,6 +38,9 @@ type options struct {
 	statusPeriod time.Duration
 	changes      int
 	churn        time.Duration
+	fanoutKB     []int
+	fanoutW      int
+	fanoutU      int
 	reserve      string
 	proxies      []fleet.Proxy
 	migrate      int
@@ -66,6 +70,9 @@ func run() int {
 	fs.IntVar(&o.moverBurst, "mover-burst", 0, "the mover's client burst (0: the CLI's, migrate.ClientBurst)")
 	fs.DurationVar(&o.migrateIdle, "migrate-idle", 0, "leave the fleet idle this long before the move, so that node statuses are as old as at rest (>90s: the mover reads each such node's Node)")
 	fs.DurationVar(&o.blockTO, "block-timeout", 30*time.Second, "the --timeout of the move one stopped node blocks")
+	fanout := fs.String("fanout-kb", "", "instead of fleets: measure the apiserver's CPU per byte sent to watchers, one ConfigMap of each of these sizes (kB, comma-separated) updated -fanout-updates times with -fanout-watchers watching it")
+	fs.IntVar(&o.fanoutW, "fanout-watchers", 50, "-fanout-kb: watchers, each on a connection of its own")
+	fs.IntVar(&o.fanoutU, "fanout-updates", 20, "-fanout-kb: updates per size")
 	proxies := fs.String("proxies", "shardproxy,kube-proxy", "proxies to run at each size: shardproxy, kube-proxy (kubemark's hollow proxy), kube-proxy+node (that and the own-Node watch kubemark's lacks)")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -84,6 +91,16 @@ func run() int {
 			return 2
 		}
 		o.nodes = append(o.nodes, n)
+	}
+	if *fanout != "" {
+		for f := range strings.SplitSeq(*fanout, ",") {
+			kb, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || kb <= 0 {
+				fmt.Fprintf(os.Stderr, "-fanout-kb %q: want positive integers\n", *fanout)
+				return 2
+			}
+			o.fanoutKB = append(o.fanoutKB, kb)
+		}
 	}
 	for r := range strings.SplitSeq(o.reserve, ",") {
 		if r != "on" && r != "off" && r != "published" {
@@ -131,6 +148,11 @@ func measure(ctx context.Context, o options) error {
 			logf("stopping the control plane: %v", err)
 		}
 	}()
+	if len(o.fanoutKB) > 0 {
+		pids, admin := cp.PIDs(), cp.Client()
+		return measureFanout(ctx, o, fleet.Env{Admin: admin, NodeConfig: func() *rest.Config { return cp.RESTConfig() },
+			APIServerPID: pids[len(pids)-1], APIServerMetrics: apiserverMetrics(admin)})
+	}
 	var kubemark *fleet.KubemarkOptions
 	if slices.ContainsFunc(o.proxies, fleet.Proxy.Kubemark) {
 		bin, err := controlplane.KubemarkBinary(ctx, os.Stderr)
@@ -157,17 +179,11 @@ func measure(ctx context.Context, o options) error {
 	}
 	logf("created %d Nodes and %d Services × %d endpoints in %v", maxNodes, o.services, o.endpoints, time.Since(start).Round(time.Second))
 	env := fleet.Env{
-		Admin:        admin,
-		Kubemark:     kubemark,
-		NodeConfig:   func() *rest.Config { return cp.RESTConfig() },
-		APIServerPID: pids[len(pids)-1],
-		APIServerMetrics: func(ctx context.Context) (fleet.APIServerCounters, error) {
-			raw, err := admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-			if err != nil {
-				return fleet.APIServerCounters{}, fmt.Errorf("reading kube-apiserver /metrics: %w", err)
-			}
-			return fleet.ParseAPIServerMetrics(strings.NewReader(string(raw)))
-		},
+		Admin:            admin,
+		Kubemark:         kubemark,
+		NodeConfig:       func() *rest.Config { return cp.RESTConfig() },
+		APIServerPID:     pids[len(pids)-1],
+		APIServerMetrics: apiserverMetrics(admin),
 	}
 	var results []*fleet.Result
 	for _, n := range o.nodes {
@@ -218,6 +234,30 @@ func measure(ctx context.Context, o options) error {
 	}
 	fmt.Printf("load average at the end: %s\n", loadavg())
 	return nil
+}
+
+// apiserverMetrics reads kube-apiserver's /metrics with admin's client.
+func apiserverMetrics(admin kubernetes.Interface) func(context.Context) (fleet.APIServerCounters, error) {
+	return func(ctx context.Context) (fleet.APIServerCounters, error) {
+		raw, err := admin.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			return fleet.APIServerCounters{}, fmt.Errorf("reading kube-apiserver /metrics: %w", err)
+		}
+		return fleet.ParseAPIServerMetrics(strings.NewReader(string(raw)))
+	}
+}
+
+// measureFanout runs -fanout-kb: no fleet, the apiserver's cost per watcher event and
+// per byte sent to watchers.
+func measureFanout(ctx context.Context, o options, env fleet.Env) error {
+	sizes := make([]int, len(o.fanoutKB))
+	for i, kb := range o.fanoutKB {
+		sizes[i] = kb << 10
+	}
+	rs, err := fleet.MeasureFanout(ctx, env, "default", o.fanoutW, o.fanoutU, sizes)
+	fmt.Print(fleet.FanoutTable(rs))
+	fmt.Printf("load average at the end: %s\n", loadavg())
+	return err
 }
 
 // loadavg is /proc/loadavg's first three fields: the machine is shared, and the figures
