@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 )
 
 // Rescope changes the label selectors of the Service and EndpointSlice watches to
@@ -42,7 +41,7 @@ func (w *Watches) Rescope(ctx context.Context, scope []string, timeout time.Dura
 			w.dropScopedWatch(sw)
 		}
 	}
-	klog.Background().Info("Watches rescoped", "scope", w.Scope(), "was", old)
+	w.logger.Info("Watches rescoped", "scope", w.Scope(), "was", old)
 	return nil
 }
 

@@ -60,7 +60,8 @@ func (l *sinkLog) take() []string {
 // TestRescope: on a node without a default instance, a live change of the proxy names
 // rescopes the watches: the Services and slices of an added name arrive, those of a
 // removed name are deleted, and the Services of a name in both scopes are not given
-// again.
+// again. The watches log through the logger they are given (the supervisor's), not
+// klog's global one.
 func TestRescope(t *testing.T) {
 	labelled := func(ns, name, proxyName string) (*corev1.Service, *discoveryv1.EndpointSlice) {
 		l := map[string]string{selector.LabelServiceProxyName: proxyName}
@@ -74,7 +75,8 @@ func TestRescope(t *testing.T) {
 	client := testutil.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, a, aSlice, c, cSlice)
 	teamA := config.Instance{Name: "team-a", ProxyNames: []string{"team-a"}}
 	teamC := config.Instance{Name: "team-c", ProxyNames: []string{"team-c"}}
-	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{teamA}, true), WatchOptions{ServiceCIDRs: true})
+	logs := &logCapture{}
+	w, err := NewWatches(client, "node-1", watchScope([]config.Instance{teamA}, true), WatchOptions{ServiceCIDRs: true, Logger: logs.logger().WithValues("node", "node-1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +128,16 @@ func TestRescope(t *testing.T) {
 	}
 	if err := w.Rescope(ctx, []string{""}, time.Minute); err == nil {
 		t.Error("rescoping to every Service did not fail")
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	for _, want := range []string{`"msg"="Watches connected"`, `"msg"="Watches rescoped"`} {
+		if !slices.ContainsFunc(logs.lines, func(l string) bool { return strings.Contains(l, want) && strings.Contains(l, `"node"="node-1"`) }) {
+			t.Errorf("no %s line with the given logger's values in %q", want, logs.lines)
+		}
+	}
+	if w.serviceMerger.logger != w.logger || w.sliceMerger.logger != w.logger {
+		t.Error("the mergers do not log through the watches' logger")
 	}
 }
 

@@ -91,7 +91,8 @@ type getFunc func(ctx context.Context, namespace, name, rv string) (metav1.Objec
 // client's rate limit makes each wait). Until its read answers, an object that left
 // stays held, with no watch.
 type merger struct {
-	what string
+	what   string
+	logger klog.Logger
 	// selectors are the watches' selectors by index; nil: a free index (Rescope). Read
 	// and written under mu.
 	selectors []labels.Selector
@@ -116,7 +117,7 @@ type heldObject struct {
 }
 
 func newMerger(what string, selectors []string, get getFunc, changed, deleted func(any)) (*merger, error) {
-	m := &merger{what: what, get: get, changed: changed, deleted: deleted, held: map[string]*heldObject{},
+	m := &merger{what: what, logger: klog.Background(), get: get, changed: changed, deleted: deleted, held: map[string]*heldObject{},
 		leaving: map[string]any{}, wake: make(chan struct{}, 1)}
 	for _, s := range selectors {
 		sel, err := labels.Parse(s)
@@ -264,7 +265,7 @@ func (m *merger) stillInScope(ctx context.Context, o metav1.Object) metav1.Objec
 	defer cancel()
 	cur, err := m.get(ctx, o.GetNamespace(), o.GetName(), o.GetResourceVersion())
 	if err != nil && !apierrors.IsNotFound(err) {
-		klog.Background().Error(err, "Reading an object that left a watch; taking it as gone", "resource", m.what, "object", objectKey(o))
+		m.logger.Error(err, "Reading an object that left a watch; taking it as gone", "resource", m.what, "object", objectKey(o))
 		return nil
 	}
 	if cur == nil || err != nil {

@@ -383,7 +383,7 @@ func (s *Supervisor) wire(ctx context.Context) (*Watches, *selector.Dispatcher, 
 	if !serviceCIDRs {
 		s.logger.Info("The ServiceCIDR API is not served; continuing without it")
 	}
-	opts := WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: s.cfg.WatchesOtherNodes()}
+	opts := WatchOptions{ServiceCIDRs: serviceCIDRs, OtherNodes: s.cfg.WatchesOtherNodes(), Logger: s.logger}
 	if s.cfg.PublishedNodeAddresses() {
 		opts.PublishedNodeAddresses = &types.NamespacedName{Namespace: s.cfg.StatusNamespace, Name: nodeaddrs.DefaultName}
 	}

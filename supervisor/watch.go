@@ -55,6 +55,9 @@ type WatchOptions struct {
 	// (nodeaddrs) to read the other Nodes' addresses from, with OtherNodes, instead of
 	// a watch of every Node (otherNodeAddresses: published).
 	PublishedNodeAddresses *types.NamespacedName
+	// Logger is where the watches log (the supervisor's, with its values); the zero
+	// Logger is klog's global one.
+	Logger klog.Logger
 }
 
 // Watches are the node's API watches: one informer per resource and label selector of
@@ -62,6 +65,7 @@ type WatchOptions struct {
 type Watches struct {
 	client   kubernetes.Interface
 	nodeName string
+	logger   klog.Logger
 	shared   *endpointValues
 	// otherNodes: the other Nodes' addresses are watched: every Node (the Node watch
 	// holds them all) or, with published, the published list.
@@ -148,7 +152,10 @@ func (w *Watches) watches() []*scopedWatch {
 // NewWatches creates the informers (nothing runs before Start) for the Services and
 // EndpointSlices of scope (watchScope's selectors), this Node, and what opts add.
 func NewWatches(client kubernetes.Interface, nodeName string, scope []string, opts WatchOptions) (*Watches, error) {
-	w := &Watches{client: client, nodeName: nodeName, shared: newEndpointValues(), otherNodes: opts.OtherNodes}
+	w := &Watches{client: client, nodeName: nodeName, shared: newEndpointValues(), otherNodes: opts.OtherNodes, logger: opts.Logger}
+	if w.logger.GetSink() == nil {
+		w.logger = klog.Background()
+	}
 	for _, sel := range scope {
 		w.scoped = append(w.scoped, w.newScopedWatch(sel))
 	}
@@ -585,7 +592,7 @@ func (w *Watches) Connect(d *selector.Dispatcher, onNode NodeHandler, onServiceC
 		}
 		w.handlers = append(w.handlers, reg)
 	}
-	klog.Background().Info("Watches connected", "scope", w.Scope())
+	w.logger.Info("Watches connected", "scope", w.Scope())
 	return nil
 }
 
@@ -601,6 +608,9 @@ func (w *Watches) resourceHandlers(what string, get getFunc, changed, deleted fu
 		}}, nil, nil
 	}
 	m, err := newMerger(what, scope, get, changed, deleted)
+	if m != nil {
+		m.logger = w.logger
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("watching %s: %w", what, err)
 	}
