@@ -161,9 +161,12 @@ func TestInitContainerScriptWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	max := max(32768*cpus, 131072)
+	// kube-proxy v1.36's getConntrackMax: 32768 per CPU, at least 131072, at most 1048576.
+	max := min(max(32768*cpus, 131072), 1048576)
 	want := map[string]string{"nf_conntrack_max": strconv.Itoa(max), "nf_conntrack_tcp_timeout_established": "86400",
 		"nf_conntrack_tcp_timeout_close_wait": "3600", "hashsize": strconv.Itoa(max / 4)}
+	// On 64 CPUs kube-proxy writes the cap, not 32768 × 64 = 2097152.
+	want64 := with(with(want, "nf_conntrack_max", "1048576"), "hashsize", "262144")
 	kernelDefaults := map[string]string{"nf_conntrack_max": "65536", "nf_conntrack_tcp_timeout_established": "432000",
 		"nf_conntrack_tcp_timeout_close_wait": "60", "hashsize": "16384"}
 
@@ -171,6 +174,7 @@ func TestInitContainerScriptWrites(t *testing.T) {
 		name     string
 		before   map[string]string // nil: nf_conntrack is not loaded
 		loadable bool              // the fake nft loads it
+		nproc    string            // what a fake nproc says; "": the machine's
 		want     map[string]string // nil: no value exists after
 		wantNFT  bool
 		wantOut  []string
@@ -179,6 +183,8 @@ func TestInitContainerScriptWrites(t *testing.T) {
 			wantOut: []string{"conntrack sysctls already set; nothing written"}},
 		{name: "the kernel's defaults: kube-proxy's written", before: kernelDefaults, want: want,
 			wantOut: []string{"nf_conntrack_max = " + want["nf_conntrack_max"] + " (was 65536)", "hashsize = " + want["hashsize"]}},
+		{name: "64 CPUs: kube-proxy's cap, 1048576", before: kernelDefaults, nproc: "64", want: want64,
+			wantOut: []string{"nf_conntrack_max = 1048576 (was 65536)", "hashsize = 262144"}},
 		{name: "a larger hash table is kept", before: with(want, "hashsize", strconv.Itoa(max)), want: with(want, "hashsize", strconv.Itoa(max)),
 			wantOut: []string{"already set"}},
 		{name: "only the value that differs is written", before: with(want, "nf_conntrack_tcp_timeout_close_wait", "60"), want: want,
@@ -222,6 +228,11 @@ func TestInitContainerScriptWrites(t *testing.T) {
 			}
 			if err := os.WriteFile(filepath.Join(bin, "nft"), []byte(fakeNFT), 0o755); err != nil {
 				t.Fatal(err)
+			}
+			if tc.nproc != "" {
+				if err := os.WriteFile(filepath.Join(bin, "nproc"), []byte("#!/bin/sh\necho "+tc.nproc+"\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
 			}
 			cmd := exec.Command("/bin/sh", "-ec", script)
 			cmd.Env = []string{"PATH=" + bin + ":/usr/sbin:/usr/bin:/sbin:/bin", "NF_SYSCTLS=" + nf, "NF_HASHSIZE=" + hashsize}

@@ -1100,7 +1100,10 @@ func (p *Proxy) NodePortIPs() []netip.Addr {
 // Reconfigure changes the node-dependent table settings (NodePort addresses, node IPs,
 // pod CIDRs for detect-local) and queues a full sync, which applies them. It does not
 // wait for a sync in progress (the node's event handler calls it for every instance).
-// A change of table name or slot is refused, and nothing changes.
+// Settings that mutate leaves as they are queue nothing: the supervisor calls it for
+// every instance on each change of the node's addresses, and only the instances the
+// change concerns should pay a full sync. A change of table name or slot is refused,
+// and nothing changes.
 func (p *Proxy) Reconfigure(mutate func(*tables.Config)) error {
 	// mutate may list the node's interfaces: not under p.mu.
 	p.reconfigMu.Lock()
@@ -1108,9 +1111,15 @@ func (p *Proxy) Reconfigure(mutate func(*tables.Config)) error {
 	p.mu.Lock()
 	cfg := p.wantTables
 	p.mu.Unlock()
+	before := cfg
+	before.NodePortIPs, before.NodeIPs = slices.Clone(cfg.NodePortIPs), slices.Clone(cfg.NodeIPs)
+	before.Local.CIDRs = slices.Clone(cfg.Local.CIDRs)
 	mutate(&cfg)
 	if cfg.TablePrefix != p.opts.Tables.TablePrefix || cfg.Slot != p.opts.Tables.Slot {
 		return fmt.Errorf("instance %q: table prefix and slot cannot change while running", p.opts.Name)
+	}
+	if reflect.DeepEqual(cfg, before) {
+		return nil
 	}
 	p.mu.Lock()
 	p.wantTables = cfg

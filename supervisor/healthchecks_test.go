@@ -69,7 +69,8 @@ func (l *recordedListener) Close() error {
 
 // TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily: the supervisor opens a
 // Local-policy LoadBalancer Service's health-check node port on the owning instance's
-// node port addresses (primary: the Node's InternalIPs) of the Service's families only.
+// node port addresses (primary: the Node's first InternalIP of each family) of the Service's
+// families only.
 func TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily(t *testing.T) {
 	rec := &addrRecorder{}
 	f := startSupervisorWith(t, fixtureOptions{hcListener: rec})
@@ -98,7 +99,7 @@ func TestHealthCheckNodePortOnPrimaryAddressOfServiceFamily(t *testing.T) {
 	got := rec.get()
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
-		t.Errorf("opened %v, want %v: the Node's InternalIPs of each Service's families only", got, want)
+		t.Errorf("opened %v, want %v: the Node's primary IPs of each Service's families only", got, want)
 	}
 }
 

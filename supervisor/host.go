@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -9,7 +11,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +40,54 @@ func hostAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
+// NetlinkAddrEvents returns a Deps.AddrEvents that follows the address changes of
+// network namespace ns (netns.None(): the caller's) through a netlink subscription to
+// the kernel's IPv4 and IPv6 address groups. It returns when ctx ends (nil) or when the
+// subscription ends (an error: the kernel dropped messages, ENOBUFS, or the socket
+// failed), so that the caller subscribes again and re-reads what it missed.
+func NetlinkAddrEvents(ns netns.NsHandle) func(ctx context.Context, changed func()) error {
+	return func(ctx context.Context, changed func()) error {
+		updates := make(chan netlink.AddrUpdate, 64)
+		done := make(chan struct{})
+		var mu sync.Mutex
+		var lastErr error
+		opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			lastErr = err
+		}}
+		if ns.IsOpen() {
+			opts.Namespace = &ns
+		}
+		if err := netlink.AddrSubscribeWithOptions(updates, done, opts); err != nil {
+			return fmt.Errorf("subscribing to address changes: %w", err)
+		}
+		// Closing done closes the socket, which ends the reader, which closes updates;
+		// it is drained so that the reader never blocks on a send meanwhile.
+		defer func() {
+			close(done)
+			for range updates {
+			}
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case _, ok := <-updates:
+				if !ok {
+					mu.Lock()
+					defer mu.Unlock()
+					if lastErr == nil {
+						return errors.New("address change subscription ended")
+					}
+					return fmt.Errorf("address change subscription ended: %w", lastErr)
+				}
+				changed()
+			}
+		}
+	}
+}
+
 // writeSysctl writes one sysctl under /proc/sys ("net.netfilter.nf_conntrack_max").
 func writeSysctl(name, value string) error {
 	path := filepath.Join("/proc/sys", strings.ReplaceAll(name, ".", "/"))
@@ -46,8 +100,11 @@ func writeSysctl(name, value string) error {
 	return nil
 }
 
-// conntrackMaxLimit caps nf_conntrack_max computed from maxPerCore, as upstream does, so
-// that many-core machines do not reserve excessive memory.
+// conntrackMaxLimit caps nf_conntrack_max computed from maxPerCore, as kube-proxy v1.36
+// does (getConntrackMax in k8s.io/kubernetes pkg/proxy/conntrack/sysctls.go: "Cap the
+// value to 1M to avoid excessive memory usage on high-core machines"; its tests
+// TestGetConntrackMax and TestGetConntrackMax_Capped pin it). A 64-CPU node therefore
+// gets 1,048,576 with the defaults, not 32768 × 64, from kube-proxy and from us alike.
 const conntrackMaxLimit = 1 << 20
 
 const (
@@ -58,9 +115,10 @@ const (
 )
 
 // conntrackMax is the nf_conntrack_max to set for ct on a node with cpus CPUs, computed
-// as upstream kube-proxy does: maxPerCore × CPUs, capped at conntrackMaxLimit (the cap
-// wins even over min), else at least min. 0 (maxPerCore unset or 0) leaves it alone,
-// whatever min says.
+// as kube-proxy v1.36 does: maxPerCore × CPUs, capped at conntrackMaxLimit, else at least
+// min. When maxPerCore × CPUs is over the cap the cap wins even over a larger min, as
+// upstream's (its check of the cap comes before min's). 0 (maxPerCore unset or 0) leaves
+// it alone, whatever min says.
 func conntrackMax(ct config.Conntrack, cpus int) int {
 	if ct.MaxPerCore == nil || *ct.MaxPerCore <= 0 {
 		return 0

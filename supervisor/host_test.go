@@ -53,6 +53,31 @@ func TestConntrackSysctls(t *testing.T) {
 			},
 		},
 		{
+			// kube-proxy v1.36.3 writes 1048576 here too, not 32768 × 64 = 2097152
+			// (pkg/proxy/conntrack/sysctls.go, TestGetConntrackMax_Capped).
+			name: "defaults on 64 CPUs: capped at 1Mi",
+			ct:   defaults(), cpus: 64,
+			want: []string{
+				"net.netfilter.nf_conntrack_max=1048576", "hashsize>=262144",
+				"net.netfilter.nf_conntrack_tcp_timeout_established=86400",
+				"net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600",
+			},
+		},
+		{
+			name: "defaults on 32 CPUs: exactly the cap, written as it is",
+			ct:   defaults(), cpus: 32,
+			want: []string{
+				"net.netfilter.nf_conntrack_max=1048576", "hashsize>=262144",
+				"net.netfilter.nf_conntrack_tcp_timeout_established=86400",
+				"net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600",
+			},
+		},
+		{
+			name: "a min above the cap wins while per core stays under it",
+			ct:   config.Conntrack{MaxPerCore: i32(1000), Min: i32(2_000_000)}, cpus: 64,
+			want: []string{"net.netfilter.nf_conntrack_max=2000000", "hashsize>=500000"},
+		},
+		{
 			name: "many CPUs are capped at 1Mi, above min too",
 			ct:   config.Conntrack{MaxPerCore: i32(32768), Min: i32(2_000_000)}, cpus: 64,
 			want: []string{"net.netfilter.nf_conntrack_max=1048576", "hashsize>=262144"},

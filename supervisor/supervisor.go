@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -65,6 +66,16 @@ type Deps struct {
 	Recorder Recorder
 	// InterfaceAddrs lists the node's addresses (for CIDR nodePortAddresses); default: net.InterfaceAddrs.
 	InterfaceAddrs func() ([]netip.Addr, error)
+	// AddrEvents calls changed after each change of the node's interface addresses until
+	// ctx ends (then it returns nil) or it fails; default, when InterfaceAddrs is
+	// defaulted too: a netlink subscription in the supervisor's network namespace
+	// (NetlinkAddrEvents). Nil after defaulting: the addresses are re-read every
+	// AddrResync only.
+	AddrEvents func(ctx context.Context, changed func()) error
+	// AddrResync is how often the node's interface addresses are re-read without any
+	// event (a missed one, or no AddrEvents); default 30 s, the default syncPeriod
+	// (kube-proxy re-reads them at every sync).
+	AddrResync time.Duration
 	// Sysctl writes a sysctl; default: /proc/sys. Errors are logged, never fatal.
 	Sysctl func(name, value string) error
 	// ConntrackHashsize raises nf_conntrack's hash table to at least buckets (never
@@ -138,6 +149,8 @@ type Supervisor struct {
 
 	nodeMu sync.Mutex
 	node   *corev1.Node
+	// nodeTablesMu serializes refreshNodeTables, so an older view never lands last.
+	nodeTablesMu sync.Mutex
 	// nodeChanged is closed (and replaced) when node changes.
 	nodeChanged chan struct{}
 
@@ -169,6 +182,12 @@ func (deps Deps) withDefaults(cfg *config.Config) Deps {
 	}
 	if deps.InterfaceAddrs == nil {
 		deps.InterfaceAddrs = hostAddrs
+		if deps.AddrEvents == nil {
+			deps.AddrEvents = NetlinkAddrEvents(netns.None())
+		}
+	}
+	if deps.AddrResync <= 0 {
+		deps.AddrResync = defaultAddrResync
 	}
 	if deps.Sysctl == nil {
 		deps.Sysctl = writeSysctl
@@ -488,6 +507,7 @@ func (s *Supervisor) startServers(ctx context.Context, wg *sync.WaitGroup, d *se
 // of unconfigured instances' tables once every instance has had a full sync.
 func (s *Supervisor) startLoops(ctx context.Context, wg *sync.WaitGroup, w *Watches, cidrDrop *servicecidr.Keeper) {
 	wg.Go(func() { s.runOtherNodes(ctx) })
+	wg.Go(func() { s.runInterfaceAddrs(ctx, wg) })
 	wg.Go(func() { s.runServiceCIDRDrop(ctx, cidrDrop) })
 	wg.Go(func() { s.auditSlices(ctx, w) })
 	s.takeOverTables(ctx)
@@ -694,21 +714,95 @@ func (s *Supervisor) onNode(node *corev1.Node, deleted bool) {
 	if deleted {
 		return
 	}
-	old := s.setNode(node)
+	s.setNode(node)
 	s.updateReserved()
-	addrsChanged := old == nil || !slices.Equal(nodeAddresses(old), nodeAddresses(node)) || !slices.Equal(old.Spec.PodCIDRs, node.Spec.PodCIDRs)
-	instances, specs := s.running()
-	for name, p := range instances {
+	instances, _ := s.running()
+	for _, p := range instances {
 		p.SetNode(nodeInfo(s.cfg.NodeName, node))
-		if addrsChanged {
-			spec := specs[name]
-			if err := p.Reconfigure(func(cfg *tables.Config) {
-				s.tableConfigs.applyNode(spec, node, cfg)
+	}
+	s.refreshNodeTables()
+}
+
+// refreshNodeTables recomputes every running instance's node-dependent table settings
+// (NodePort addresses, node IPs, pod CIDRs) from this Node and the node's interface
+// addresses, and reconfigures the instances whose settings changed, moving their
+// health-check node ports along. An instance whose settings stay as they are is left
+// alone: no full sync (instance.Proxy.Reconfigure). Calls are serialized and each reads
+// the newest Node and addresses. When the interfaces cannot be listed, the instances
+// with CIDR nodePortAddresses keep the addresses they have.
+func (s *Supervisor) refreshNodeTables() {
+	s.nodeTablesMu.Lock()
+	defer s.nodeTablesMu.Unlock()
+	s.nodeMu.Lock()
+	node := s.node
+	s.nodeMu.Unlock()
+	addrs := sync.OnceValues(s.deps.InterfaceAddrs)
+	instances, specs := s.running()
+	for _, name := range slices.Sorted(maps.Keys(instances)) {
+		spec := specs[name]
+		if err := instances[name].Reconfigure(func(cfg *tables.Config) {
+			before := cfg.NodePortIPs
+			s.tableConfigs.applyNode(spec, node, addrs, cfg)
+			if !slices.Equal(before, cfg.NodePortIPs) {
+				s.logger.Info("NodePort addresses changed", "instance", name, "from", before, "to", cfg.NodePortIPs)
 				s.svcHC.SetInstanceAddrs(name, cfg.NodePortIPs)
-			}); err != nil {
-				s.logger.Error(err, "Reconfiguring instance for new node addresses", "instance", name)
 			}
+		}); err != nil {
+			s.logger.Error(err, "Reconfiguring instance for new node addresses", "instance", name)
 		}
+	}
+}
+
+// defaultAddrResync is Deps.AddrResync's default.
+const defaultAddrResync = 30 * time.Second
+
+// runInterfaceAddrs follows the node's interface addresses until ctx ends: after every
+// change AddrEvents reports, and every AddrResync in any case, it re-reads them, updates
+// the reserved addresses and reconfigures the instances whose CIDR nodePortAddresses now
+// match other addresses (refreshNodeTables). So an address added later (a DHCP
+// renumbering, a keepalived VIP, a new NIC) serves NodePorts without a restart, as
+// kube-proxy's re-reading at every sync does. A burst of events costs one re-read or
+// two. A failed subscription is retried with backoff, with a re-read after each retry
+// (events may have been missed meanwhile).
+func (s *Supervisor) runInterfaceAddrs(ctx context.Context, wg *sync.WaitGroup) {
+	changed := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changed <- struct{}{}:
+		default: // one is pending already
+		}
+	}
+	if s.deps.AddrEvents != nil {
+		wg.Go(func() {
+			backoff := restartBackoff()
+			for ctx.Err() == nil {
+				err := s.deps.AddrEvents(ctx, notify)
+				if ctx.Err() != nil {
+					return
+				}
+				delay := backoff.Step()
+				s.logger.Error(err, "Following the node's address changes failed; retrying (meanwhile they are re-read periodically)",
+					"backoff", delay, "resync", s.deps.AddrResync)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(delay):
+				}
+				notify()
+			}
+		})
+	}
+	tick := time.NewTicker(s.deps.AddrResync)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-tick.C:
+		}
+		s.updateReserved()
+		s.refreshNodeTables()
 	}
 }
 

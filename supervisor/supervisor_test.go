@@ -253,6 +253,11 @@ type fixtureOptions struct {
 	// liveConfig writes the configuration (with the test's bind addresses) to a file the
 	// supervisor watches every 10 ms: fixture.configPath.
 	liveConfig bool
+	// addrs, when set, is this host's changing interface addresses (replaces
+	// interfaceAddrs) and what reports their changes (Deps.AddrEvents); addrResync sets
+	// Deps.AddrResync.
+	addrs      *hostAddrsFake
+	addrResync time.Duration
 }
 
 func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
@@ -330,6 +335,7 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 		Logger:               opts.logger,
 		HealthCheckListener:  opts.hcListener,
 		InterfaceAddrs:       interfaceAddrs(opts.interfaceAddrs),
+		AddrResync:           opts.addrResync,
 		MinRestartStuckAfter: opts.minRestartStuckAfter,
 		FullSync:             opts.fullSync,
 		ConfigFile:           configPath,
@@ -339,6 +345,10 @@ func startSupervisorWith(t *testing.T, opts fixtureOptions) *fixture {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.addrs != nil {
+		f.sup.deps.InterfaceAddrs, f.sup.tableConfigs.interfaceAddrs = opts.addrs.list, opts.addrs.list
+		f.sup.deps.AddrEvents = opts.addrs.events
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -32,7 +32,7 @@ func (t tableConfigs) forInstance(spec config.Instance, node *corev1.Node) table
 		MasqueradeBit: *t.cfg.MasqueradeBit,
 		MasqueradeAll: spec.MasqueradeAll,
 	}
-	t.applyNode(spec, node, &cfg)
+	t.applyNode(spec, node, t.interfaceAddrs, &cfg)
 	return cfg
 }
 
@@ -43,29 +43,19 @@ func loadBalancing(spec config.Instance) instance.LoadBalancing {
 	return instance.LoadBalancing{Mode: mode, Allowed: allowed}
 }
 
-// applyNode fills the node-dependent table settings of an instance.
-func (t tableConfigs) applyNode(spec config.Instance, node *corev1.Node, cfg *tables.Config) {
+// applyNode fills the node-dependent table settings of an instance: from node, and for
+// CIDR nodePortAddresses from the node's interface addresses, which addrs lists. When
+// addrs fails, cfg keeps the NodePort addresses it had (none for a new instance): a
+// failed listing must not take a running instance's NodePorts away.
+func (t tableConfigs) applyNode(spec config.Instance, node *corev1.Node, addrs func() ([]netip.Addr, error), cfg *tables.Config) {
 	nodeIPs := nodeAddresses(node)
 	cfg.NodeIPs = nodeIPs
-	cfg.NodePortIPs = nil
-	if len(spec.NodePortAddresses) == 0 || slices.Contains(spec.NodePortAddresses, config.NodePortAddressesPrimary) {
-		cfg.NodePortIPs = nodeIPs
+	if !usesInterfaceAddrs(spec) {
+		cfg.NodePortIPs = primaryNodeIPs(node)
+	} else if listed, err := addrs(); err != nil {
+		t.logger.Error(err, "Listing node addresses for nodePortAddresses; keeping the ones in use", "instance", spec.Name)
 	} else {
-		addrs, err := t.interfaceAddrs()
-		if err != nil {
-			t.logger.Error(err, "Listing node addresses for nodePortAddresses", "instance", spec.Name)
-		}
-		for _, c := range spec.NodePortAddresses {
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				continue
-			}
-			for _, a := range addrs {
-				if p.Contains(a) && !a.IsLoopback() && !slices.Contains(cfg.NodePortIPs, a) {
-					cfg.NodePortIPs = append(cfg.NodePortIPs, a)
-				}
-			}
-		}
+		cfg.NodePortIPs = matchNodePortCIDRs(spec.NodePortAddresses, listed)
 	}
 	cfg.Local = tables.LocalTraffic{Mode: tables.LocalMode(spec.DetectLocal.Mode)}
 	switch cfg.Local.Mode {
@@ -80,6 +70,90 @@ func (t tableConfigs) applyNode(spec config.Instance, node *corev1.Node, cfg *ta
 	case tables.LocalInterfaceNamePrefix:
 		cfg.Local.Interface = spec.DetectLocal.InterfaceNamePrefix
 	}
+}
+
+// usesInterfaceAddrs reports whether spec's NodePort addresses come from the node's
+// interface addresses (CIDR nodePortAddresses) rather than from its Node object.
+func usesInterfaceAddrs(spec config.Instance) bool {
+	return len(spec.NodePortAddresses) > 0 && !slices.Contains(spec.NodePortAddresses, config.NodePortAddressesPrimary)
+}
+
+// matchNodePortCIDRs are the addresses of addrs inside the CIDRs cidrs, in the order of
+// the CIDRs, without repeats, never loopback. A link-local address (fe80::/10,
+// 169.254.0.0/16) is matched only by a CIDR inside the link-local range itself, not by a
+// wider one such as ::/0: every pod's host-side veth holds one that comes and goes with
+// the pod, and serving NodePorts on them would reconfigure (fully sync) the instance at
+// every pod start and stop.
+func matchNodePortCIDRs(cidrs []string, addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			continue
+		}
+		p = p.Masked()
+		for _, a := range addrs {
+			if !p.Contains(a) || a.IsLoopback() || slices.Contains(out, a) {
+				continue
+			}
+			if a.IsLinkLocalUnicast() && !isLinkLocalPrefix(p) {
+				continue
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// The link-local unicast ranges.
+var (
+	linkLocal4 = netip.MustParsePrefix("169.254.0.0/16")
+	linkLocal6 = netip.MustParsePrefix("fe80::/10")
+)
+
+// isLinkLocalPrefix reports whether every address of p is link-local unicast.
+func isLinkLocalPrefix(p netip.Prefix) bool {
+	ll := linkLocal6
+	if p.Addr().Is4() {
+		ll = linkLocal4
+	}
+	return p.Bits() >= ll.Bits() && ll.Contains(p.Addr())
+}
+
+// primaryNodeIPs are the addresses nodePortAddresses "primary" serves NodePorts on: the
+// node's primary address of each family, as kube-proxy resolves "primary" (its
+// NodeManager's node IPs, from GetNodeHostIPs in k8s.io/component-helpers node/util):
+// the first InternalIP, else the first ExternalIP, and then the first address of the
+// other family, again InternalIPs before ExternalIPs. So a Node with several InternalIPs
+// serves NodePorts on the first of each family only, and a Node with ExternalIPs only
+// (some bare-metal and cloud setups) serves them on its ExternalIP. A family with no
+// address serves none (kube-proxy then accepts NodePorts on every local address of that
+// family, which it warns about at start; we stay closed).
+func primaryNodeIPs(node *corev1.Node) []netip.Addr {
+	if node == nil {
+		return nil
+	}
+	var all []netip.Addr
+	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != typ {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				all = append(all, ip.Unmap())
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	out := []netip.Addr{all[0]}
+	for _, ip := range all[1:] {
+		if ip.Is4() != all[0].Is4() {
+			return append(out, ip)
+		}
+	}
+	return out
 }
 
 // nodeAddresses are the node's InternalIPs, sorted.

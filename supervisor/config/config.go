@@ -62,8 +62,9 @@ const (
 	OtherNodeAddressesPublished = "published"
 )
 
-// NodePortAddressesPrimary is the nodePortAddresses entry meaning "the node's
-// InternalIPs". It must be the only entry when used; it is the default.
+// NodePortAddressesPrimary is the nodePortAddresses entry meaning "the node's primary IP
+// of each family" (its first InternalIP, else its first ExternalIP), as kube-proxy's
+// "primary". It must be the only entry when used; it is the default.
 const NodePortAddressesPrimary = "primary"
 
 // TablePrefixStart is how every tablePrefix begins: table names of other components
@@ -187,7 +188,8 @@ type Instance struct {
 	// Tenant narrows what the instance accepts from the Services it serves.
 	Tenant Tenant `yaml:"tenant"`
 	// NodePortAddresses are the CIDRs NodePorts are served on, or the single entry
-	// "primary" (the node's InternalIPs), which is the default.
+	// "primary" (the node's primary IP of each family, as kube-proxy's: its first
+	// InternalIP, else its first ExternalIP), which is the default.
 	NodePortAddresses []string `yaml:"nodePortAddresses"`
 	// DetectLocal says how traffic from local pods is told apart.
 	DetectLocal DetectLocal `yaml:"detectLocal"`

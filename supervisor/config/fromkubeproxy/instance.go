@@ -99,7 +99,7 @@ func (c *converter) nodePortAddresses(m *mapNode) {
 	}
 	switch {
 	case len(list) == 0 && c.mode == "nftables", len(list) == 1 && list[0] == config.NodePortAddressesPrimary:
-		m.set("nodePortAddresses", []string{config.NodePortAddressesPrimary}, commentLines("The Node's InternalIPs, as kube-proxy's nftables mode."))
+		m.set("nodePortAddresses", []string{config.NodePortAddressesPrimary}, commentLines("The Node's primary IP of each family (its first InternalIP, else its first ExternalIP), as kube-proxy's."))
 	case len(list) == 0:
 		m.set("nodePortAddresses", everyAddress, commentLines(fmt.Sprintf("Every node address, as kube-proxy's %s mode with nodePortAddresses unset.", c.mode)))
 	default:
