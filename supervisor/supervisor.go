@@ -758,7 +758,7 @@ const defaultAddrResync = 30 * time.Second
 
 // runInterfaceAddrs follows the node's interface addresses until ctx ends: after every
 // change AddrEvents reports, and every AddrResync in any case, it re-reads them, updates
-// the reserved addresses and reconfigures the instances whose CIDR nodePortAddresses now
+// the reserved addresses if they changed and reconfigures the instances whose CIDR nodePortAddresses now
 // match other addresses (refreshNodeTables). So an address added later (a DHCP
 // renumbering, a keepalived VIP, a new NIC) serves NodePorts without a restart, as
 // kube-proxy's re-reading at every sync does. A burst of events costs one re-read or
@@ -794,6 +794,7 @@ func (s *Supervisor) runInterfaceAddrs(ctx context.Context, wg *sync.WaitGroup) 
 	}
 	tick := time.NewTicker(s.deps.AddrResync)
 	defer tick.Stop()
+	var last []netip.Addr
 	for {
 		select {
 		case <-ctx.Done():
@@ -801,7 +802,15 @@ func (s *Supervisor) runInterfaceAddrs(ctx context.Context, wg *sync.WaitGroup) 
 		case <-changed:
 		case <-tick.C:
 		}
-		s.updateReserved()
+		// The reserved addresses are recomputed (every Node's, at a cost that grows with
+		// the cluster) only when this node's addresses did change.
+		if addrs, err := s.deps.InterfaceAddrs(); err == nil {
+			slices.SortFunc(addrs, netip.Addr.Compare)
+			if !slices.Equal(addrs, last) {
+				last = addrs
+				s.updateReserved()
+			}
+		}
 		s.refreshNodeTables()
 	}
 }
