@@ -758,10 +758,10 @@ const defaultAddrResync = 30 * time.Second
 
 // runInterfaceAddrs follows the node's interface addresses until ctx ends: after every
 // change AddrEvents reports, and every AddrResync in any case, it re-reads them, updates
-// the reserved addresses if they changed and reconfigures the instances whose CIDR nodePortAddresses now
-// match other addresses (refreshNodeTables). So an address added later (a DHCP
-// renumbering, a keepalived VIP, a new NIC) serves NodePorts without a restart, as
-// kube-proxy's re-reading at every sync does. A burst of events costs one re-read or
+// the reserved addresses if they changed, and reconfigures the instances whose CIDR
+// nodePortAddresses now match other addresses (refreshNodeTables). So an address added
+// later (a DHCP renumbering, a keepalived VIP, a new NIC) serves NodePorts without a
+// restart, as kube-proxy's re-reading at every sync does. A burst of events costs one re-read or
 // two. A failed subscription is retried with backoff, with a re-read after each retry
 // (events may have been missed meanwhile).
 func (s *Supervisor) runInterfaceAddrs(ctx context.Context, wg *sync.WaitGroup) {
