@@ -150,7 +150,9 @@ func TestTableDeletedFromOutside(t *testing.T) {
 	}
 	reach(t, e, e.TP.Pod2, "tcp", victim.Spec.ClusterIP, 80, "pod1")
 	reach(t, e, e.TP.Pod2, "tcp", bystander.Spec.ClusterIP, 80, "pod1")
-	time.Sleep(300 * time.Millisecond) // let every pending sync finish before the baseline
+	// Every pending sync finishes before the baseline, so that none is counted as caused
+	// by the deletion.
+	testutil.Eventually(t, 20*time.Second, "every instance to have applied every queued update", func() bool { return e.Idle(ctx) })
 	before, err := e.Metrics(ctx)
 	if err != nil {
 		t.Fatal(err)

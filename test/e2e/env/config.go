@@ -11,12 +11,36 @@ import (
 	"github.com/shardproxy/shardproxy/supervisor/healthcheck"
 )
 
+// Status reads the supervisor's /status (on the node's loopback); false when it cannot.
+func (e *Env) Status(ctx context.Context) (healthcheck.StatusResponse, bool) {
+	code, body, err := e.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", HealthzPort))
+	var st healthcheck.StatusResponse
+	if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil {
+		return healthcheck.StatusResponse{}, false
+	}
+	return st, true
+}
+
+// Idle tells whether every instance of the supervisor is up and has applied every
+// update queued to it (/status shows none queued): no sync is pending.
+func (e *Env) Idle(ctx context.Context) bool {
+	st, ok := e.Status(ctx)
+	if !ok || len(st.Instances) == 0 {
+		return false
+	}
+	for _, inst := range st.Instances {
+		if !inst.Up || !inst.LastQueued.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
 // ConfigStatus reads the supervisor's configuration in force from /status (on the
 // node's loopback); false when it cannot.
 func (e *Env) ConfigStatus(ctx context.Context) (healthcheck.ConfigStatus, bool) {
-	code, body, err := e.HTTPGet(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", HealthzPort))
-	var st healthcheck.StatusResponse
-	if err != nil || code != http.StatusOK || json.Unmarshal([]byte(body), &st) != nil || st.Config == nil {
+	st, ok := e.Status(ctx)
+	if !ok || st.Config == nil {
 		return healthcheck.ConfigStatus{}, false
 	}
 	return *st.Config, true
