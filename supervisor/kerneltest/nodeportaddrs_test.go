@@ -3,9 +3,7 @@ package kerneltest
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -152,17 +150,9 @@ func createNodePort(t *testing.T, client kubernetes.Interface, ns, name, ip stri
 // fullSyncs sums an instance's full syncs (both families) from the metrics server.
 func fullSyncs(t *testing.T, port int, inst string) int {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := scrapeMetrics(t, port)
 	n, seen := 0, false
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "kubeproxy_sync_full_proxy_rules_duration_seconds_count{") ||
 			!strings.Contains(line, `proxy_instance="`+inst+`"`) {
 			continue

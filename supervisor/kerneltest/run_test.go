@@ -2,6 +2,9 @@ package kerneltest
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"sync"
 	"testing"
 
@@ -44,4 +47,19 @@ func runSupervisor(t *testing.T, cfg *config.Config, deps supervisor.Deps) (stop
 	stop = func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)
 	return stop
+}
+
+// scrapeMetrics returns the text of the metrics server on 127.0.0.1:port.
+func scrapeMetrics(t *testing.T, port int) string {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }

@@ -2,8 +2,6 @@ package kerneltest
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,18 +86,10 @@ func TestLiveSlotChangeRehooksTables(t *testing.T) {
 // syncFailures are the metrics server's non-zero sync failure counters.
 func syncFailures(t *testing.T, port int) []string {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := scrapeMetrics(t, port)
 	var out []string
 	seen := false
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{") {
 			continue
 		}
