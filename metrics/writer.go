@@ -9,7 +9,8 @@ import (
 
 // NodeAddressWriter is the metrics of `shardproxy node-addresses`, the writer of the
 // published node address list: whether this replica leads, when it last published, how
-// many publishes failed and how many Nodes the list names. Its series carry the
+// many publishes failed, how many Nodes the list names and how long writes waited for
+// the egress budget. Its series carry the
 // ConfigMap (namespace/name) as configmap, as the supervisors'
 // shardproxy_published_node_addresses_* do, so the two join.
 type NodeAddressWriter struct {
@@ -22,6 +23,7 @@ type NodeAddressWriter struct {
 	lastPublish   *prometheus.GaugeVec
 	publishErrors prometheus.Counter
 	nodes         prometheus.Gauge
+	budgetWait    prometheus.Histogram
 	buildInfo     *prometheus.GaugeVec
 }
 
@@ -50,8 +52,14 @@ func NewNodeAddressWriter(configMap string) *NodeAddressWriter {
 		Namespace: shardproxyNamespace, Name: "node_addresses_writer_nodes", ConstLabels: constLabels,
 		Help: "Nodes in the node address list this writer last published",
 	})
+	m.budgetWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: shardproxyNamespace, Name: "node_addresses_writer_budget_wait_seconds", ConstLabels: constLabels,
+		Help: "Waits of a write of the node address list for the egress budget (--max-egress), beyond the debounce: one per wait, observed when it begins",
+		// From the small clusters' milliseconds to the ~51 s of 5,000 Nodes at 50 MiB/s.
+		Buckets: []float64{0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
+	})
 	m.buildInfo = newBuildInfo()
-	m.registry.MustRegister(m.leader, m.lastPublish, m.publishErrors, m.nodes, m.buildInfo)
+	m.registry.MustRegister(m.leader, m.lastPublish, m.publishErrors, m.nodes, m.budgetWait, m.buildInfo)
 	m.handler = handlerFor(m.registry)
 	return m
 }
@@ -83,3 +91,6 @@ func (m *NodeAddressWriter) Published(nodes int, at time.Time) {
 
 // PublishFailed counts a failed publish.
 func (m *NodeAddressWriter) PublishFailed() { m.publishErrors.Inc() }
+
+// BudgetWait records that a write of the list waits wait for the egress budget.
+func (m *NodeAddressWriter) BudgetWait(wait time.Duration) { m.budgetWait.Observe(wait.Seconds()) }

@@ -397,6 +397,12 @@ func (r *recorder) Published(nodes int, _ time.Time) {
 	r.events = append(r.events, fmt.Sprintf("published %d", nodes))
 }
 
+func (r *recorder) BudgetWait(wait time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, fmt.Sprintf("budget wait %v", wait))
+}
+
 func (r *recorder) PublishFailed() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

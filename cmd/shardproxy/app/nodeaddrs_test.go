@@ -149,3 +149,34 @@ func TestNodeAddressesClientConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestParseMaxEgress: --max-egress takes a quantity of bytes a second or a plain number,
+// and refuses fractions and negatives.
+func TestParseMaxEgress(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    int64
+		wantErr string
+	}{
+		{in: "50Mi", want: 50 << 20},
+		{in: "10M", want: 10_000_000},
+		{in: "52428800", want: 52428800},
+		{in: "0", want: 0},
+		{in: "-1", wantErr: "0 or more"},
+		{in: "0.5", wantErr: "whole number"},
+		{in: "fast", wantErr: `--max-egress "fast"`},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := parseMaxEgress(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("parseMaxEgress(%q) = %d, %v, want an error with %q", tc.in, got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("parseMaxEgress(%q) = %d, %v, want %d", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
