@@ -2,12 +2,17 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/shardproxy/shardproxy/migrate"
+
 	"github.com/shardproxy/shardproxy/test/e2e/env"
+	"github.com/shardproxy/shardproxy/test/testutil"
 )
 
 // idleWindow is how long TestAPIRequestsWhenIdle watches the supervisor's requests.
@@ -27,6 +32,12 @@ func TestAPIRequestsWhenIdle(t *testing.T) {
 	if err := e.WaitHealthy(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// Steady state begins once the node status carries every instance's first sync: the
+	// instances finish their first syncs moments apart, and each one's first LastSync is a
+	// status write of start-up, not of idleness.
+	testutil.Eventually(t, time.Minute, "the node status lists every instance's first sync", func() bool {
+		return firstSyncsPublished(ctx, e)
+	})
 	before := requestsByMethod(ctx, t, e)
 	if before[http.MethodGet] == 0 {
 		t.Fatalf("rest_client_requests_total counts no GET since start: the client's transport is not instrumented (%v)", before)
@@ -61,6 +72,25 @@ func TestAPIRequestsWhenIdle(t *testing.T) {
 	}
 	t.Logf("idle for %v: %v reads, %v writes (%.2f requests/minute/node; %.1f/s on the apiserver at 5,000 nodes); since start %v",
 		elapsed.Round(time.Second), reads, writes, perMinute(reads+writes), perMinute(reads+writes)*5000/60, after)
+}
+
+// firstSyncsPublished reports whether this node's status ConfigMap lists every
+// instance, each with a LastSync.
+func firstSyncsPublished(ctx context.Context, e *env.Env) bool {
+	cm, err := e.Client.CoreV1().ConfigMaps("shardproxy-system").Get(ctx, migrate.ConfigMapName(env.NodeName), metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	var st migrate.NodeStatus
+	if json.Unmarshal([]byte(cm.Data[migrate.StatusKey]), &st) != nil || len(st.Instances) == 0 {
+		return false
+	}
+	for _, inst := range st.Instances {
+		if inst.LastSync.IsZero() {
+			return false
+		}
+	}
+	return true
 }
 
 // requestsByMethod reads the supervisor's rest_client_requests_total, summed by method.
